@@ -144,8 +144,14 @@ def test_batching_parameters_parse_as_tf_serving_proto(tfs: dict[str, Any]) -> N
 
     params = read_batching_parameters(host_path(tfs, tfs_flags(tfs)["batching_parameters_file"]))
     assert params.max_batch_size.value > 0
-    if params.allowed_batch_sizes:
-        assert params.allowed_batch_sizes[-1] == params.max_batch_size.value
+    assert params.batch_timeout_micros.value > 0
+    assert params.max_enqueued_batches.value > 0
+    # CPU serving: no padding to fixed batch sizes, no length padding (it changes BERT outputs).
+    assert not params.allowed_batch_sizes
+    assert not params.pad_variable_length_inputs
+    # Unset, TF Serving runs one batch thread per core of the machine it lands on; a number here
+    # would be the core count of whoever wrote the file.
+    assert not params.HasField("num_batch_threads")
 
 
 def test_monitoring_config_enables_prometheus(tfs: dict[str, Any]) -> None:
