@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from export.hardware import CpuInfo, cpu_info
 
 
 @dataclass(frozen=True)
@@ -30,17 +31,7 @@ class BenchContext:
     repeats: int = 5
     quick: bool = False
     notes: list[str] = field(default_factory=list)
-
-
-def cpu_name() -> str:
-    """Return the CPU model name (from /proc/cpuinfo where there is one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    cpu: CpuInfo = field(default_factory=cpu_info)
 
 
 def time_calls(fn: Callable[[], object], n: int) -> list[float]:

@@ -19,22 +19,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import BenchContext, Row, cpu_name  # noqa: E402
+from benchmarks import BenchContext, Row  # noqa: E402
+from export.hardware import CpuInfo  # noqa: E402
 
 MODULES = ["export_bench", "modelserver_bench", "gateway_bench"]
 
 
-def machine() -> str:
-    """Return a one-line description of this machine."""
-    import os
-
-    return f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+def machine(cpu: CpuInfo) -> str:
+    """Return a one-line description of this machine: CPU model, class, flags, cores, Python."""
+    return f"{cpu.describe()}, Python {platform.python_version()}"
 
 
-def render(rows: list[Row]) -> str:
-    """Return the rows as a markdown table."""
-    out = ["| figure | value | ratio | aim | how measured |", "|---|---|---|---|---|"]
-    out += [f"| {r.figure} | {r.value} | {r.ratio} | {r.aim} | {r.how} |" for r in rows]
+def render(rows: list[Row], cpu: CpuInfo) -> str:
+    """Return the rows as a markdown table, each figure beside the CPU class it was measured on."""
+    out = ["| figure | value | ratio | aim | CPU | how measured |", "|---|---|---|---|---|---|"]
+    out += [
+        f"| {r.figure} | {r.value} | {r.ratio} | {r.aim} | {cpu.cpu_class} | {r.how} |"
+        for r in rows
+    ]
     return "\n".join(out)
 
 
@@ -64,8 +66,8 @@ def main() -> int:
                 traceback.print_exc()
                 rows.append(Row(figure=f"{name}", value=f"FAILED: {exc}"))
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    table = render(rows)
-    text = f"Measured {stamp} on {machine()}.\n\n{table}\n"
+    table = render(rows, ctx.cpu)
+    text = f"Measured {stamp} on {machine(ctx.cpu)}.\n\n{table}\n"
     if ctx.notes:
         text += "\n" + "\n".join(f"- {n}" for n in ctx.notes) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import csv
 import importlib.metadata
 import math
-import os
 import platform
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks import cpu_name
+from export.hardware import cpu_info
 from scripts.loadlib import Cell, CellResult
 
 CSV_FIELDS = [
@@ -26,9 +25,12 @@ PACKAGES = ["grpcio", "protobuf", "tensorflow-serving-api", "requests", "orjson"
 
 def machine() -> dict[str, str]:
     """Return the machine and software the figures were measured with."""
+    cpu = cpu_info()
     info = {
-        "cpu": cpu_name(),
-        "cores": str(os.cpu_count()),
+        "cpu": cpu.model,
+        "cpu class": cpu.cpu_class,
+        "cpu flags": " ".join(cpu.notable_flags),
+        "cores": str(cpu.cores),
         "os": platform.platform(),
         "python": platform.python_version(),
     }
