@@ -1,9 +1,16 @@
 """``build``: a checkpoint in, a complete published SavedModel version out (DESIGN.md contract 1).
 
-Steps: read and check the checkpoint, build the FP32 reference model (and the converted one for
+Steps: resolve the precision (``auto`` from the machine's capabilities, see export/precision.py),
+read and check the checkpoint, build the FP32 reference model (and the converted one for
 fp16/bf16), embed zero-shot label prompts, save under a temporary directory, reload what was saved
 and measure it against the FP32 reference on a probe batch (refusing to publish beyond tolerance),
 write assets and warmup records, fsync, rename. Any failure removes the temporary directory.
+
+The gate (see export/README.md for the measurements behind it): embeddings need a minimum cosine
+to FP32; classifiers need every *decisive* probe row (FP32 top-two probabilities at least
+``DECISIVE_GAP`` apart) to keep its argmax, and a bounded score drift: ``|Δprobability|`` for a
+trained head, ``|Δlogit| / scale`` for a zero-shot head, whose logits are ``scale · cos`` so that
+|Δprobability| grows with an arbitrary scale while the cosine error is the precision's own.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import numpy as np
 from export import __version__
 from export.checkpoint import Checkpoint, read_checkpoint
 from export.errors import ExportError
+from export.hardware import CpuInfo, cpu_info
 from export.layout import LABELS_TXT, MODEL_JSON, VOCAB_TXT
+from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
 from export.publish import (
     choose_version,
     fsync_tree,
@@ -33,10 +42,12 @@ from export.publish import (
 )
 
 TASKS = ("classify", "embed")
-PRECISIONS = ("fp32", "fp16", "bf16")
 POOLINGS = ("mean", "cls")
 ZERO_SHOT_SCALE = 20.0  # sentence-transformers' cosine scale; sharp enough for MiniLM intents
 PROBE_BATCH = 8
+# Rows whose FP32 top-two probabilities are closer than this are ties at 16-bit precision: their
+# argmax may flip without anything being wrong. Every other row must keep its argmax.
+DECISIVE_GAP = 0.1
 
 Progress = Callable[[str], None]
 
@@ -45,8 +56,9 @@ Progress = Callable[[str], None]
 class Tolerance:
     """How far a converted model may drift from FP32 on the probe batch and still be published."""
 
-    max_prob_diff: float = 1e-2
-    min_cosine: float = 0.999
+    max_prob_diff: float = 1e-2  # trained heads: |Δprobability|
+    max_cos_diff: float = 1e-2  # zero-shot heads: |Δlogit| / scale, the cosine-space error
+    min_cosine: float = 0.999  # embeddings
 
 
 @dataclass(frozen=True)
@@ -59,17 +71,25 @@ class BuildResult:
     conversion: dict[str, Any]
     model_info: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    warnings: tuple[str, ...] = ()
+
+    def _precision(self) -> str:
+        """Return the precision, with auto's reason when auto chose it."""
+        precision = str(self.model_info.get("precision", "?"))
+        if self.model_info.get("precision_requested") == "auto":
+            return f"{precision}: auto, {self.model_info.get('precision_reason')}"
+        return precision
 
     def summary(self) -> str:
         """Return the one-line summary the CLI prints last."""
         figures = ", ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in self.conversion.items()
-            if k not in ("reference", "probe_shape")
+            if k not in ("reference", "probe_shape", "metric")
         )
         return (
             f"published {self.path} ({self.size_bytes / 1e6:.1f} MB, "
-            f"{self.model_info.get('precision', '?')}) in {self.wall_s:.1f}s; "
+            f"{self._precision()}) in {self.wall_s:.1f}s; "
             f"vs fp32: {figures}"
         )
 
@@ -77,7 +97,7 @@ class BuildResult:
 def _check_args(task: str, precision: str, pooling: str, max_seq_len: int) -> None:
     for value, allowed, what in (
         (task, TASKS, "task"),
-        (precision, PRECISIONS, "precision"),
+        (precision, CHOICES, "precision"),
         (pooling, POOLINGS, "pooling"),
     ):
         if value not in allowed:
@@ -102,12 +122,25 @@ def build(
     tolerance: Tolerance | None = None,
     progress: Progress | None = None,
     do_lower_case: bool | None = None,
+    cpu: CpuInfo | None = None,
+    gpus: Sequence[str] | None = None,
 ) -> BuildResult:
-    """Export ``checkpoint`` as ``<base_path>/<name>/<version>`` and return what was published."""
+    """Export ``checkpoint`` as ``<base_path>/<name>/<version>`` and return what was published.
+
+    ``precision`` is ``auto`` or one of fp32/fp16/bf16; ``cpu`` and ``gpus`` default to this
+    machine's (tests inject other machines').
+    """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     tolerance = tolerance or Tolerance()
     _check_args(task, precision, pooling, max_seq_len)
+    cpu = cpu or cpu_info()
+    gpus = visible_gpus() if gpus is None else list(gpus)
+    choice = choose_precision(precision, cpu, gpus)
+    say(f"precision {choice.precision} ({choice.reason})")
+    for warning in choice.warnings:
+        say(f"warning: {warning}")
+    precision = choice.precision
     if label_prompts is not None and task != "classify":
         raise ExportError("--label-prompts builds a classification head: use it with task classify")
     if label_prompts is not None and labels is not None:
@@ -148,7 +181,8 @@ def build(
                 # a trained head reads the pooled [CLS] vector whatever --pooling says
                 pooling="cls" if task == "classify" and label_prompts is None else pooling,
                 labels=out_labels, zero_shot_scale=scale, probe=probe, expected=expected,
-                tolerance=tolerance, warmup=warmup, say=say,
+                tolerance=tolerance, warmup=warmup, say=say, choice=choice,
+                verified=verified_on(cpu, gpus),
             )  # fmt: skip
     except OSError as exc:  # disk full, read-only, permissions: the temp dir is already gone
         where = exc.filename or model_dir
@@ -167,6 +201,7 @@ def build(
         conversion=info["conversion"],
         model_info=info,
         wall_s=time.perf_counter() - started,
+        warnings=choice.warnings,
     )
 
 
@@ -232,17 +267,32 @@ def _run(fn: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return run(fn, feeds)
 
 
-def measure(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Return the differences between two output dicts (classify or embed) as plain floats."""
+def measure(
+    expected: dict[str, np.ndarray],
+    got: dict[str, np.ndarray],
+    zero_shot_scale: float | None = None,
+) -> dict[str, Any]:
+    """Return the differences between two output dicts (classify or embed) as plain floats.
+
+    Classify figures include ``decisive_agreement`` (argmax agreement on the rows whose expected
+    top-two probabilities are ``DECISIVE_GAP`` apart) and, for a zero-shot head with logits
+    ``scale · cos``, ``max_cos_diff`` = max |Δlogit| / scale.
+    """
     if "probabilities" in expected:
-        prob_diff = np.abs(expected["probabilities"] - got["probabilities"])
-        logit_diff = np.abs(expected["logits"] - got["logits"])
-        agree = expected["probabilities"].argmax(-1) == got["probabilities"].argmax(-1)
-        return {
-            "max_abs_prob_diff": float(prob_diff.max()),
-            "max_abs_logit_diff": float(logit_diff.max()),
+        probs = expected["probabilities"]
+        logit_diff = float(np.abs(expected["logits"] - got["logits"]).max())
+        agree = probs.argmax(-1) == got["probabilities"].argmax(-1)
+        top_two = np.sort(probs, axis=-1)[:, -2:]
+        decisive = (top_two[:, -1] - top_two[:, 0]) >= DECISIVE_GAP
+        figures = {
+            "max_abs_prob_diff": float(np.abs(probs - got["probabilities"]).max()),
+            "max_abs_logit_diff": logit_diff,
             "argmax_agreement": float(agree.mean()),
+            "decisive_agreement": float(agree[decisive].mean()) if decisive.any() else 1.0,
         }
+        if zero_shot_scale:
+            figures["max_cos_diff"] = logit_diff / zero_shot_scale
+        return figures
     a, b = expected["embedding"], got["embedding"]
     cosine = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1),
                                           1e-12)  # fmt: skip
@@ -251,14 +301,29 @@ def measure(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict
 
 def _worse(key: str, a: float, b: float) -> float:
     """Return the worse of two measurements of ``key`` (minima for agreement/cosine)."""
-    return min(a, b) if key in ("argmax_agreement", "min_cosine") else max(a, b)
+    return min(a, b) if key in LOWER_IS_WORSE else max(a, b)
+
+
+LOWER_IS_WORSE = ("argmax_agreement", "decisive_agreement", "min_cosine")
+
+
+def gate_metric(figures: dict[str, Any]) -> str:
+    """Return the name of the figure the gate bounds for these measurements."""
+    if "max_cos_diff" in figures:
+        return "max_cos_diff"
+    return "max_abs_prob_diff" if "max_abs_prob_diff" in figures else "min_cosine"
 
 
 def within(figures: dict[str, Any], tolerance: Tolerance) -> bool:
     """Return True when measured figures are inside ``tolerance``."""
-    if "max_abs_prob_diff" in figures:
-        return bool(figures["max_abs_prob_diff"] <= tolerance.max_prob_diff)
-    return bool(figures["min_cosine"] >= tolerance.min_cosine)
+    metric = gate_metric(figures)
+    if metric == "min_cosine":
+        return bool(figures["min_cosine"] >= tolerance.min_cosine)
+    if figures.get("decisive_agreement", 1.0) < 1.0:
+        return False
+    if metric == "max_cos_diff":
+        return bool(figures["max_cos_diff"] <= tolerance.max_cos_diff)
+    return bool(figures["max_abs_prob_diff"] <= tolerance.max_prob_diff)
 
 
 def _write_version(
@@ -280,6 +345,8 @@ def _write_version(
     tolerance: Tolerance,
     warmup: bool,
     say: Progress,
+    choice: PrecisionChoice,
+    verified: dict[str, Any],
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
@@ -293,13 +360,20 @@ def _write_version(
     tf.saved_model.save(target, str(temp), signatures=target.signatures(lens))
     say("verifying the saved model against fp32 on a probe batch")
     loaded = tf.saved_model.load(str(temp))
-    figures = measure(expected, _run(loaded.signatures["serving_default"], probe))
+    figures = measure(expected, _run(loaded.signatures["serving_default"], probe), zero_shot_scale)
     # The probe's length is always a bucket (min(64, max_seq_len)): check that signature too.
     probe_sig = bucket_signatures.get(str(probe["input_ids"].shape[1]))
     if probe_sig is not None:
-        bucket_figures = measure(expected, _run(loaded.signatures[probe_sig], probe))
+        bucket_figures = measure(
+            expected, _run(loaded.signatures[probe_sig], probe), zero_shot_scale
+        )
         figures = {k: _worse(k, v, bucket_figures[k]) for k, v in figures.items()}
-    figures = {**figures, "reference": "fp32", "probe_shape": list(probe["input_ids"].shape)}
+    figures = {
+        **figures,
+        "metric": gate_metric(figures),
+        "reference": "fp32",
+        "probe_shape": list(probe["input_ids"].shape),
+    }
     say("conversion: " + ", ".join(f"{k}={v}" for k, v in figures.items()))
     if not within(figures, tolerance):
         raise ExportError(
@@ -311,6 +385,9 @@ def _write_version(
         "max_seq_len": max_seq_len,
         "do_lower_case": ckpt.do_lower_case,
         "precision": precision,
+        "precision_requested": choice.requested,
+        "precision_reason": choice.reason,
+        "verified_on": verified,
         "labels": labels,
         "pooling": pooling,
         "zero_shot": zero_shot_scale is not None,

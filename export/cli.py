@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--base-path", required=True, type=Path)
     b.add_argument("--version", type=int, help="default: newest + 1")
     b.add_argument("--task", choices=["classify", "embed"], default="classify")
-    b.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
+    b.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="fp32",
+                   help="auto: fp16 on a GPU, bf16 on native-bf16 CPUs, else fp32")  # fmt: skip
     b.add_argument("--max-seq-len", type=int, default=128)
     b.add_argument("--labels", type=Path, help="file with one label per line (head order)")
     b.add_argument("--label-prompts", type=Path,
@@ -37,10 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--pooling", choices=["mean", "cls"], default="mean")
     b.add_argument("--no-warmup", action="store_true", help="skip the warmup records")
     b.add_argument("--cased", action="store_true", help="do not lower-case (Google checkpoints)")
-    b.add_argument("--max-prob-diff", type=float, default=1e-2,
-                   help="refuse to publish beyond this |Δprobability| vs fp32")  # fmt: skip
-    b.add_argument("--min-cosine", type=float, default=0.999,
-                   help="refuse to publish below this embedding cosine vs fp32")  # fmt: skip
+    _tolerance_flags(b)
 
     i = sub.add_parser("inspect", help="show a version's signature, model.json and size")
     i.add_argument("path", type=Path)
@@ -49,13 +47,30 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="run a version's warmup records; compare with another")
     v.add_argument("path", type=Path)
     v.add_argument("--against", type=Path, help="another version directory to compare with")
-    v.add_argument("--max-prob-diff", type=float, default=1e-2)
-    v.add_argument("--min-cosine", type=float, default=0.999)
+    _tolerance_flags(v)
     return parser
 
 
+def _tolerance_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the conversion gate's flags (defaults from export.build.Tolerance)."""
+    parser.add_argument("--max-prob-diff", type=float, default=1e-2,
+                        help="trained heads: max |Δprobability| vs fp32")  # fmt: skip
+    parser.add_argument("--max-cos-diff", type=float, default=1e-2,
+                        help="zero-shot heads: max |Δlogit|/scale vs fp32")  # fmt: skip
+    parser.add_argument("--min-cosine", type=float, default=0.999,
+                        help="embeddings: min cosine vs fp32")  # fmt: skip
+
+
+def _tolerance(args: argparse.Namespace) -> Any:
+    from export.build import Tolerance
+
+    return Tolerance(
+        max_prob_diff=args.max_prob_diff, max_cos_diff=args.max_cos_diff, min_cosine=args.min_cosine
+    )
+
+
 def _build(args: argparse.Namespace) -> int:
-    from export.build import Tolerance, build
+    from export.build import build
     from export.checkpoint import read_labels_file
 
     started = time.perf_counter()
@@ -68,10 +83,12 @@ def _build(args: argparse.Namespace) -> int:
         precision=args.precision, max_seq_len=args.max_seq_len,
         labels=read_labels_file(args.labels) if args.labels else None,
         label_prompts=args.label_prompts, pooling=args.pooling, warmup=not args.no_warmup,
-        tolerance=Tolerance(max_prob_diff=args.max_prob_diff, min_cosine=args.min_cosine),
+        tolerance=_tolerance(args),
         progress=progress, do_lower_case=False if args.cased else None,
     )  # fmt: skip
     print(result.summary(), flush=True)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -84,6 +101,11 @@ def _print_inspection(report: dict[str, Any]) -> None:
                 "zero_shot", "labels", "hidden_size", "num_layers", "vocab_size",
                 "exporter_version", "created_at"):  # fmt: skip
         print(f"{key:<17}{model.get(key)}")
+    if "precision_requested" in model:  # versions exported before auto existed lack these
+        print(f"precision choice {model['precision_requested']}: {model.get('precision_reason')}")
+        machine = model.get("verified_on") or {}
+        print(f"verified on      {machine.get('cpu_model')} ({machine.get('cpu_class')}: "
+              f"{' '.join(machine.get('cpu_flags', []))}), GPU {machine.get('gpu')}")  # fmt: skip
     print(f"source           {model.get('source')}")
     print(f"conversion       {model.get('conversion')}")
     print(f"warmup           {report['warmup_records']} records")
@@ -107,11 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 _print_inspection(report)
             return 0
-        from export.build import Tolerance
         from export.inspection import verify_version
 
-        tolerance = Tolerance(max_prob_diff=args.max_prob_diff, min_cosine=args.min_cosine)
-        figures = verify_version(args.path, args.against, tolerance)
+        figures = verify_version(args.path, args.against, _tolerance(args))
         print(json.dumps(figures, indent=2))
         ok = figures["all_finite"] and figures.get("within_tolerance", True)
         return 0 if ok else 1

@@ -109,7 +109,8 @@ def verify_version(
             )
         vocab = min(int(info.get("vocab_size", 100)), int(other_info.get("vocab_size", 100)))
         probe = _probe_for(path, info, vocab)
-        figures = measure(other.predict(probe), predictor.predict(probe))
+        scale = info.get("zero_shot_scale") if info.get("zero_shot") else None
+        figures = measure(other.predict(probe), predictor.predict(probe), scale)
         out.update({"against": str(other_path), **figures})
         out["within_tolerance"] = within(figures, tolerance or Tolerance())
     return out

