@@ -183,10 +183,18 @@ def test_sigkill_mid_export_leaves_no_numbered_directory(
 ) -> None:
     _kill_build_at(stage, hf_classify, tmp_path)
     numbered = [p for p in (tmp_path / "k").iterdir() if p.name.isdigit()]
-    # killed before the rename: nothing numbered; killed after it: a complete version
+    temps = [p for p in (tmp_path / "k").iterdir() if p.name.startswith(".tmp-") and p.is_dir()]
     assert all(_complete(p) for p in numbered), numbered
-    if stage != "publishing":
-        assert numbered == []
+    if stage == "publishing":
+        # SIGKILL runs no cleanup: before the rename the complete temp dir is left, after it the
+        # complete version, never both and never neither (that would be lost or half-moved work).
+        assert (len(numbered), len(temps)) in {(1, 0), (0, 1)}, (numbered, temps)
+        assert all(_complete(p) for p in temps), temps
+    else:
+        assert numbered == [] and len(temps) == 1, (numbered, temps)
+    result = build(hf_classify, "k", tmp_path, max_seq_len=16, warmup=False)
+    assert [p.name for p in (tmp_path / "k").iterdir() if p.name.startswith(".tmp-")] == []
+    assert (result.path / SAVED_MODEL_FILE).is_file()
 
 
 def test_killed_while_verifying_then_next_export_removes_leftovers(
