@@ -8,7 +8,6 @@ names and field numbers as TF Serving's ``session_bundle_config.proto`` and
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from google.protobuf import (
 )
 from tensorflow_serving.config import model_server_config_pb2
 
+from export.hardware import usable_cores
 from modelserver.errors import failed_precondition, invalid
 
 ModelServerConfig = model_server_config_pb2.ModelServerConfig
@@ -172,7 +172,7 @@ def batching_settings(params: Any) -> dict[str, Any]:
         "max_batch_size": int(value("max_batch_size", 1000)),
         "batch_timeout_micros": int(value("batch_timeout_micros", 0)),
         "max_enqueued_batches": int(value("max_enqueued_batches", 10)),
-        "num_batch_threads": int(value("num_batch_threads", os.cpu_count() or 1)),
+        "num_batch_threads": int(value("num_batch_threads", usable_cores())),
         "allowed_batch_sizes": [int(s) for s in params.allowed_batch_sizes],
         "pad_variable_length_inputs": bool(params.pad_variable_length_inputs),
     }

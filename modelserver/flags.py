@@ -6,9 +6,10 @@ Accepts ``--flag=value`` and ``--flag value``; boolean flags may stand alone.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from export.hardware import usable_cores
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def _bool(text: str) -> bool:
 
 def parse_flags(argv: Sequence[str] | None = None) -> Flags:
     """Return the Flags for ``argv`` (defaults as in TF Serving's server.h)."""
-    threads = 4 * (os.cpu_count() or 1)
+    threads = 4 * usable_cores()  # the binary's 4 x cores, counting the cores we may use
     parser = argparse.ArgumentParser(
         prog="python -m modelserver",
         description="TF-Serving-compatible model server (gRPC + REST).",
