@@ -16,6 +16,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -56,6 +57,16 @@ TOKENS_PER_REQUEST = Histogram(
     "gateway_tokens_per_request",
     "Tokens (specials included, before padding) per inference request.",
     buckets=(16, 64, 256, 1024, 4096, 16384, 65536, 262144),
+)
+
+MODEL_CONFIG_ERRORS = Counter(
+    "gateway_model_config_errors_total",
+    "Failed reads of the serving config (GATEWAY_MODEL_CONFIG_FILE); the last good labels stay.",
+)
+MODEL_CONFIG_STALE = Gauge(
+    "gateway_model_config_stale",
+    "1 while a worker serves labels from an older config because the file is unreadable.",
+    multiprocess_mode="max",
 )
 
 

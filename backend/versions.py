@@ -12,6 +12,8 @@ The gateway decides the version *before* tokenizing, then sends exactly that ver
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import threading
 import time
@@ -23,6 +25,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
+from backend import metrics
 from backend.clients.base import VersionStatus, newest_available
 from backend.errors import (
     LabelNotFound,
@@ -35,6 +38,7 @@ from backend.protos import config_pb2
 from backend.tokenization import BertTokenizer
 
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -99,25 +103,47 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
     )
 
 
+def version_identity(base_path: Path, model: str, version: int) -> tuple[int, int, int]:
+    """Return what changes when a version number is deleted and published again.
+
+    Export renames a new directory into place, so a republished version has a new inode (and a
+    new model.json); (-1, -1, -1) when it does not exist, which ``load_assets`` then reports.
+    """
+    try:
+        directory = os.stat(base_path / model / str(version))
+        info = os.stat(base_path / model / str(version) / "assets" / "model.json")
+    except OSError:
+        return (-1, -1, -1)
+    return (directory.st_ino, info.st_ino, info.st_mtime_ns)
+
+
 class AssetCache:
-    """ModelAssets per (model, version), loaded once; versions never change on disk."""
+    """ModelAssets per (model, version), loaded once per published directory.
+
+    A version directory never changes once published, but it may be deleted and a new one
+    published under the same number: each hit is checked against the directory's identity
+    (two ``stat`` calls), so the new version's vocabulary and labels are used.
+    """
 
     def __init__(self, base_path: str | Path, capacity: int = 16) -> None:
         self.base_path = Path(base_path)
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, int], ModelAssets] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int], tuple[Any, ModelAssets]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, model: str, version: int) -> ModelAssets:
         """Return the assets of ``model`` ``version``, loading them on first use."""
         key = (model, version)
+        identity = version_identity(self.base_path, check_model_name(model), version)
         with self._lock:
-            if key in self._items:
+            hit = self._items.get(key)
+            if hit is not None and hit[0] == identity:
                 self._items.move_to_end(key)
-                return self._items[key]
+                return hit[1]
         assets = load_assets(self.base_path, model, version)  # outside the lock: file I/O
         with self._lock:
-            self._items[key] = assets
+            self._items[key] = (identity, assets)
+            self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
         return assets
@@ -138,6 +164,7 @@ class LabelTable:
         self._labels: dict[str, dict[str, int]] = {}
         self._mtime: float | None = None
         self._checked = -float("inf")
+        self._failing: str | None = None  # the read error while the last good table is served
         self._lock = threading.Lock()
 
     def version_for(self, model: str, label: str) -> int:
@@ -165,32 +192,84 @@ class LabelTable:
                 if mtime != self._mtime:
                     self._labels = parse_version_labels(self.path.read_text(encoding="utf-8"))
                     self._mtime = mtime
-            except (OSError, text_format.ParseError):
+            except (OSError, UnicodeDecodeError, text_format.ParseError) as exc:
                 # Keep the last good table: a config being rewritten must not drop every label.
-                pass
+                self._failed(str(exc))
+            else:
+                self._recovered()
             return self._labels
+
+    def _failed(self, error: str) -> None:
+        metrics.MODEL_CONFIG_ERRORS.inc()
+        if error != self._failing:  # once per distinct failure, not once per recheck
+            log.warning(
+                "serving config %s is unreadable (%s); serving the last good labels %s",
+                self.path, error, self._labels,
+            )  # fmt: skip
+            metrics.MODEL_CONFIG_STALE.set(1)
+        self._failing = error
+
+    def _recovered(self) -> None:
+        if self._failing is not None:
+            log.warning("serving config %s is readable again", self.path)
+            metrics.MODEL_CONFIG_STALE.set(0)
+        self._failing = None
+
+
+class _Fetch:
+    """One GetModelStatus call in flight, shared by every thread that needs its answer."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.done = threading.Event()
+        self.statuses: list[VersionStatus] = []
+        self.error: BaseException | None = None
 
 
 class StatusCache:
-    """The model server's version states per model, cached for ``ttl_s``."""
+    """The model server's version states per model, cached for ``ttl_s``.
+
+    Single flight: when the entry is missing or expired, one thread fetches and the others wait
+    for its answer (or its error) instead of each calling the model server. ``invalidate`` bumps
+    the model's generation, so a fetch that started before it can't store its older answer.
+    """
 
     def __init__(self, fetch: Callable[[str], list[VersionStatus]], ttl_s: float = 1.0) -> None:
         self._fetch = fetch
         self.ttl_s = ttl_s
         self._items: dict[str, tuple[float, list[VersionStatus]]] = {}
+        self._generations: dict[str, int] = {}
+        self._flights: dict[str, _Fetch] = {}
         self._lock = threading.Lock()
 
     def get(self, model: str) -> list[VersionStatus]:
-        """Return ``model``'s version states (fetched at most once per ttl)."""
-        now = time.monotonic()
+        """Return ``model``'s version states (fetched at most once per ttl, by one thread)."""
         with self._lock:
             hit = self._items.get(model)
-        if hit is not None and now - hit[0] < self.ttl_s:
-            return hit[1]
-        statuses = self._fetch(model)
-        with self._lock:
-            self._items[model] = (time.monotonic(), statuses)
-        return statuses
+            if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+                return hit[1]
+            flight = self._flights.get(model)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[model] = _Fetch(self._generations.get(model, 0))
+        if not leader:
+            flight.done.wait()  # the leader's call carries the client's deadline
+            if flight.error is not None:
+                raise flight.error
+            return flight.statuses
+        try:
+            flight.statuses = self._fetch(model)
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                if self._flights.get(model) is flight:
+                    del self._flights[model]
+                if flight.error is None and self._generations.get(model, 0) == flight.generation:
+                    self._items[model] = (time.monotonic(), flight.statuses)
+            flight.done.set()
+        return flight.statuses
 
     def newest_available(self, model: str) -> int:
         """Return the newest AVAILABLE version of ``model``; 503 if none is loaded yet."""
@@ -200,9 +279,11 @@ class StatusCache:
         return newest
 
     def invalidate(self, model: str) -> None:
-        """Forget ``model``'s cached states."""
+        """Forget ``model``'s cached states, and any answer a fetch in flight would store."""
         with self._lock:
             self._items.pop(model, None)
+            self._generations[model] = self._generations.get(model, 0) + 1
+            self._flights.pop(model, None)
 
 
 class VersionResolver:

@@ -1,0 +1,163 @@
+"""The gateway's version caches: single-flight status, labels from an unreadable config,
+assets of a version number that was deleted and published again."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from backend.clients.base import VersionStatus
+from backend.errors import UpstreamUnavailable
+from backend.versions import AssetCache, LabelTable, StatusCache
+from tests.backend.conftest import other_vocab
+from tests.support.tiny_bert import tiny_vocab
+
+
+def _status(version: int) -> list[VersionStatus]:
+    return [VersionStatus(version=version, state="AVAILABLE")]
+
+
+class GatedFetch:
+    """A GetModelStatus stand-in that blocks each call until released, and counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.answer: list[VersionStatus] | Exception = _status(1)
+
+    def __call__(self, model: str) -> list[VersionStatus]:
+        self.calls += 1
+        answer = self.answer
+        self.started.set()
+        assert self.release.wait(10), "test never released the fetch"
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _in_thread(fn: object, results: list[object]) -> threading.Thread:
+    def run() -> None:
+        try:
+            results.append(fn())  # type: ignore[operator]
+        except Exception as exc:
+            results.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_fetch_started_before_invalidate_does_not_store_its_stale_answer() -> None:
+    fetch = GatedFetch()
+    cache = StatusCache(fetch, ttl_s=60)
+    results: list[object] = []
+    thread = _in_thread(lambda: cache.get("m"), results)
+    assert fetch.started.wait(10)
+    cache.invalidate("m")  # e.g. a version vanished upstream while this fetch was in flight
+    fetch.answer = _status(2)
+    fetch.release.set()
+    thread.join(10)
+    assert results == [_status(1)]  # its own caller still gets what it fetched
+    assert cache.get("m") == _status(2)  # but the next caller fetches again
+    assert fetch.calls == 2
+
+
+def test_concurrent_misses_share_one_fetch() -> None:
+    fetch = GatedFetch()
+    cache = StatusCache(fetch, ttl_s=60)
+    results: list[object] = []
+    first = _in_thread(lambda: cache.get("m"), results)
+    assert fetch.started.wait(10)
+    others = [_in_thread(lambda: cache.get("m"), results) for _ in range(7)]
+    fetch.release.set()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert fetch.calls == 1
+    assert results == [_status(1)] * 8
+
+
+def test_waiters_get_the_leaders_error_without_calling_again() -> None:
+    fetch = GatedFetch()
+    fetch.answer = UpstreamUnavailable("model server unreachable")
+    cache = StatusCache(fetch, ttl_s=60)
+    results: list[object] = []
+    first = _in_thread(lambda: cache.get("m"), results)
+    assert fetch.started.wait(10)
+    others = [_in_thread(lambda: cache.get("m"), results) for _ in range(3)]
+    fetch.release.set()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert fetch.calls == 1
+    assert len(results) == 4 and all(isinstance(r, UpstreamUnavailable) for r in results)
+
+
+CONFIG = """model_config_list {
+  config {
+    name: "m"
+    base_path: "/models/m"
+    model_platform: "tensorflow"
+    version_labels { key: "stable" value: %d }
+  }
+}
+"""
+
+
+def _sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_unreadable_config_keeps_the_last_labels_logs_once_and_shows_in_metrics(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = tmp_path / "models.config"
+    config.write_text(CONFIG % 1)
+    table = LabelTable(str(config), recheck_s=0)
+    assert table.version_for("m", "stable") == 1
+    errors_before = _sample("gateway_model_config_errors_total")
+
+    config.write_text("model_config_list { config { name: ")  # a broken rewrite
+    os.utime(config, ns=(1, 1))  # a new mtime whatever the file system's resolution
+    with caplog.at_level(logging.WARNING, logger="backend.versions"):
+        assert table.version_for("m", "stable") == 1
+        assert table.version_for("m", "stable") == 1
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "unreadable" in caplog.records[0].message
+    assert _sample("gateway_model_config_errors_total") == errors_before + 2
+    assert _sample("gateway_model_config_stale") == 1
+
+    config.write_text(CONFIG % 2)
+    assert table.version_for("m", "stable") == 2
+    assert _sample("gateway_model_config_stale") == 0
+
+
+def _publish(base: Path, version: int, vocab: list[str]) -> None:
+    """Publish a minimal version directory the way export does (write aside, rename)."""
+    temp = base / "m" / f".tmp-{version}"
+    (temp / "assets").mkdir(parents=True)
+    (temp / "assets" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    info = {"task": "embed", "max_seq_len": 16, "do_lower_case": True}
+    (temp / "assets" / "model.json").write_text(json.dumps(info))
+    temp.rename(base / "m" / str(version))
+
+
+def test_a_version_deleted_and_published_again_gets_its_new_vocabulary(tmp_path: Path) -> None:
+    _publish(tmp_path, 3, tiny_vocab())
+    cache = AssetCache(tmp_path)
+    first = cache.get("m", 3)
+    assert cache.get("m", 3) is first  # cached while the directory stays
+    shutil.rmtree(tmp_path / "m" / "3")
+    _publish(tmp_path, 3, other_vocab())
+    second = cache.get("m", 3)
+    assert second is not first
+    word = tiny_vocab()[7]
+    assert list(second.tokenizer.encode([word])[0].ids) != list(
+        first.tokenizer.encode([word])[0].ids
+    )
