@@ -178,11 +178,14 @@ class Gateway:
         try:
             return self._infer_once(version, label, *args)
         except VersionNotFound:
-            if version is not None or label is not None:
-                raise
-            # The newest version was unloaded since the status was cached: look again once.
+            if version is not None:
+                raise  # the caller named it: their 404
+            # The label or newest version we resolved was unloaded since we cached it (a
+            # rollback moves the label and drops the old version in one config change): read
+            # labels and states afresh and try once more.
+            self.labels.refresh()
             self.statuses.invalidate(model)
-            return self._infer_once(None, None, *args)
+            return self._infer_once(None, label, *args)
 
     def _infer_once(
         self,

@@ -156,13 +156,13 @@ def parse_version_labels(text: str) -> dict[str, dict[str, int]]:
 
 
 class LabelTable:
-    """Version labels from the serving config file, re-read when its mtime changes."""
+    """Version labels from the serving config file, re-read when it changes."""
 
     def __init__(self, config_file: str, recheck_s: float = 1.0) -> None:
         self.path = Path(config_file) if config_file else None
         self.recheck_s = recheck_s
         self._labels: dict[str, dict[str, int]] = {}
-        self._mtime: float | None = None
+        self._stamp: tuple[int, int, int] | None = None  # inode, size, mtime of the table's file
         self._checked = -float("inf")
         self._failing: str | None = None  # the read error while the last good table is served
         self._lock = threading.Lock()
@@ -188,16 +188,24 @@ class LabelTable:
                 return self._labels
             self._checked = now
             try:
-                mtime = self.path.stat().st_mtime
-                if mtime != self._mtime:
+                stat = self.path.stat()
+                # push_model replaces the file by rename (new inode) and may do so twice within
+                # one mtime tick: any of the three changing means a new table.
+                stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                if stamp != self._stamp:
                     self._labels = parse_version_labels(self.path.read_text(encoding="utf-8"))
-                    self._mtime = mtime
+                    self._stamp = stamp
             except (OSError, UnicodeDecodeError, text_format.ParseError) as exc:
                 # Keep the last good table: a config being rewritten must not drop every label.
                 self._failed(str(exc))
             else:
                 self._recovered()
             return self._labels
+
+    def refresh(self) -> None:
+        """Re-check the file on the next look-up, whatever ``recheck_s`` says."""
+        with self._lock:
+            self._checked = -float("inf")
 
     def _failed(self, error: str) -> None:
         metrics.MODEL_CONFIG_ERRORS.inc()
