@@ -35,15 +35,18 @@ def bucket_for(
     smallest: int = MIN_BUCKET,
     lengths: Sequence[int] | None = None,
 ) -> int:
-    """Return the smallest bucket that holds ``length`` tokens (capped at ``max_seq_len``).
+    """Return the smallest bucket that holds ``length`` tokens, never fewer than ``length``.
 
     ``lengths`` replaces the 16/32/64/… rule with a model's own buckets (its ``seq_<L>``
-    signatures), so every chunk is padded to a length the model has a signature for.
+    signatures), so every chunk is padded to a length the model has a signature for. A length
+    past every bucket (a model whose buckets stop short of ``max_seq_len``) is padded to
+    ``max_seq_len``, which the gateway then sends to ``serving_default``: cutting it to the
+    largest bucket would drop tokens.
     """
     for size in sorted(lengths) if lengths else buckets(max_seq_len, smallest):
         if length <= size:
             return size
-    return max(lengths) if lengths else max_seq_len
+    return max(length, max_seq_len)
 
 
 def plan_chunks(

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from backend.errors import UpstreamError
+
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Return the row-wise softmax of ``logits`` [batch, n] in float32."""
@@ -33,6 +35,11 @@ def classifications(
     """Return one ``{"label", "score", "top_k": [...]}`` per row of a classifier's outputs."""
     probabilities = outputs.get("probabilities")
     if probabilities is None:
+        if "logits" not in outputs:
+            raise UpstreamError(
+                "the model returned neither 'probabilities' nor 'logits' "
+                f"(outputs: {sorted(outputs)}): is it a classifier?"
+            )
         probabilities = softmax(outputs["logits"])
     names = list(labels) or [str(i) for i in range(probabilities.shape[-1])]
     if len(names) != probabilities.shape[-1]:

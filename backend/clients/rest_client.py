@@ -163,6 +163,13 @@ class RestClient:
                 f"cannot reach the model server at {self.base_url}",
                 retry_after_s=self.retry_after_s,
             ) from exc
+        except requests.RequestException as exc:
+            # A reply that broke off mid-body (ChunkedEncodingError), could not be decoded, or
+            # any other HTTP-level failure: the model server answered, but not usably.
+            raise UpstreamError(
+                f"the model server's reply to {method} {path} was unusable: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         try:
             payload = orjson.loads(response.content)
         except orjson.JSONDecodeError:

@@ -16,7 +16,7 @@ def test_buckets_double_from_16_up_to_max_seq_len() -> None:
     assert buckets(8) == [8]
 
 
-@pytest.mark.parametrize(("length", "bucket"), [(1, 16), (16, 16), (17, 32), (65, 128), (300, 128)])
+@pytest.mark.parametrize(("length", "bucket"), [(1, 16), (16, 16), (17, 32), (65, 128), (128, 128)])
 def test_bucket_for_picks_the_smallest_that_fits(length: int, bucket: int) -> None:
     assert bucket_for(length, 128) == bucket
 
@@ -67,7 +67,7 @@ def test_every_text_is_sent_once_and_comes_back_in_caller_order(
 
 
 @pytest.mark.parametrize(
-    ("length", "bucket"), [(1, 16), (16, 16), (17, 32), (33, 100), (100, 100), (300, 100)]
+    ("length", "bucket"), [(1, 16), (16, 16), (17, 32), (33, 100), (100, 100), (110, 128)]
 )
 def test_a_models_own_bucket_lengths_replace_the_doubling_rule(length: int, bucket: int) -> None:
     assert bucket_for(length, 128, lengths=[32, 16, 100]) == bucket
@@ -78,3 +78,17 @@ def test_chunks_pad_to_the_models_bucket_lengths_when_it_has_them() -> None:
     assert [c.seq_len for c in chunks] == [16, 32, 64]
     chunks = plan_chunks([3, 40], max_batch=1, max_seq_len=100, bucket_lens=[16, 48, 100])
     assert [c.seq_len for c in chunks] == [16, 48]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    max_seq_len=st.integers(2, 512),
+    model_buckets=st.one_of(st.none(), st.lists(st.integers(1, 512), min_size=1, max_size=6)),
+    data=st.data(),
+)
+def test_a_bucket_never_cuts_a_text(
+    max_seq_len: int, model_buckets: list[int] | None, data: st.DataObject
+) -> None:
+    # Texts arrive truncated to max_seq_len; a model's buckets may stop short of it.
+    length = data.draw(st.integers(1, max_seq_len))
+    assert bucket_for(length, max_seq_len, lengths=model_buckets) >= length

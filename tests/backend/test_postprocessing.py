@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from backend.postprocessing import classifications, l2_normalize, softmax, top_k
 
@@ -43,3 +44,10 @@ def test_l2_normalize_gives_unit_rows_and_keeps_zero_rows() -> None:
     out = l2_normalize(np.array([[3.0, 4.0], [0.0, 0.0]], np.float32))
 
     np.testing.assert_allclose(out, [[0.6, 0.8], [0.0, 0.0]])
+
+
+def test_classifier_outputs_without_scores_are_a_502_naming_what_came() -> None:
+    from backend.errors import UpstreamError
+
+    with pytest.raises(UpstreamError, match=r"neither 'probabilities' nor 'logits'.*embedding"):
+        classifications({"embedding": np.zeros((1, 4), np.float32)}, ["a", "b"], 1)

@@ -156,6 +156,48 @@ def test_silent_model_server_is_504_at_the_timeout(
     assert elapsed < 3.0  # the timeout holds: no hang
 
 
+@pytest.fixture()
+def broken_chunks() -> Iterator[int]:
+    """A real HTTP server whose every reply breaks off mid-body (bad chunked encoding)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"out\r\nzz\r\n'
+                )
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield int(server.getsockname()[1])
+    stop.set()
+    thread.join(timeout=2)
+    server.close()
+
+
+def test_a_reply_broken_off_mid_body_is_a_502_not_a_500(
+    model_base: Path, broken_chunks: int
+) -> None:
+    client = _app(model_base, "rest", broken_chunks)
+
+    response = client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["hi"], "version": 1})
+
+    assert response.status_code == 502, response.get_json()
+    error = response.get_json()["error"]
+    assert error["code"] == "upstream_error" and "ChunkedEncodingError" in error["message"]
+
+
 def test_readyz_without_a_default_model_checks_the_server_answers(
     modelserver: ModelServer, model_base: Path
 ) -> None:
