@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, current_app, g, request
 
 from backend import metrics
 from backend.api import current_settings, health, meta, models
@@ -38,6 +38,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
     app.after_request(_record_request)
+    app.after_request(_finish_body)
     _use_gunicorn_logging()
     return app
 
@@ -68,6 +69,29 @@ def stop_worker(app: Flask) -> None:
     gateway: Gateway | None = app.extensions.pop("gateway", None)
     if gateway is not None and gateway.pid == os.getpid():
         gateway.close()
+
+
+def _finish_body(response: Response) -> Response:
+    """Read what the handler left unread of a body within the limit, so keep-alive survives.
+
+    An answer given before the body was read (an unknown route, an early error) would leave
+    the rest on the socket; gunicorn drains at most 64 KiB of it and otherwise closes the
+    connection after answering "keep-alive", so the client's next request on it is lost.
+    Bodies over the limit are not read at all: gunicorn's ``pre_request`` hook
+    (docker/gunicorn.conf.py) answers those with "Connection: close" instead.
+    """
+    length = request.content_length
+    if length and length <= (current_app.config["MAX_CONTENT_LENGTH"] or 0):
+        while request.stream.read(1 << 16):
+            pass
+    return response
+
+
+def body_over_limit(app: Flask, headers: Any) -> bool:
+    """Return True when a request's declared body exceeds the app's limit (it won't be read)."""
+    declared = next((v for name, v in headers if name.upper() == "CONTENT-LENGTH"), None)
+    limit = app.config["MAX_CONTENT_LENGTH"]
+    return bool(declared is not None and declared.isdigit() and limit and int(declared) > limit)
 
 
 def _start_timer() -> None:

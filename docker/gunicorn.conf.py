@@ -63,6 +63,20 @@ def on_starting(server: Any) -> None:
         stale.unlink()
 
 
+def pre_request(worker: Any, req: Any) -> None:
+    """Answer a body over GATEWAY_MAX_BODY_BYTES with "Connection: close".
+
+    The app refuses it (413) without reading it, and gunicorn would drain at most 64 KiB
+    before closing the connection it had just called keep-alive: the client's next request on
+    that connection would be lost. Said up front, the client opens a new one.
+    """
+    from backend.app import body_over_limit
+
+    worker.log.debug("%s %s", req.method, req.path)
+    if body_over_limit(worker.wsgi, req.headers):
+        req.force_close()
+
+
 def post_fork(server: Any, worker: Any) -> None:
     """Create this worker's Gateway (gRPC channel or HTTP session, chunk pool) after the fork."""
     from backend.app import start_worker
