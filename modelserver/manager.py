@@ -20,6 +20,11 @@ from modelserver.servable import LoadedVersion
 log = logging.getLogger(__name__)
 
 Loader = Callable[[Path], LoadedVersion]
+# How long a reload waits for its added models when the caller set no deadline (a gRPC reload
+# without one, the config-file poller): TF Serving's own budget for a failing load, its default
+# --max_num_load_retries (5) x --load_retry_interval_micros (60 s). TF Serving itself waits
+# forever there (issue #1519); a bound lets a stuck model fail its reload instead.
+DEFAULT_WAIT_S = 300.0
 
 
 @dataclass
@@ -41,6 +46,7 @@ class ModelState:
     labels: dict[str, int] = field(default_factory=dict)
     failed: set[int] = field(default_factory=set)
     removed: bool = False
+    missing: str | None = None  # "Could not find base path ..." while the base path is absent
 
 
 class ModelManager:
@@ -51,6 +57,8 @@ class ModelManager:
     ) -> None:
         self._loader = loader
         self._allow_unavailable_labels = allow_labels_for_unavailable
+        self.wait_s = DEFAULT_WAIT_S
+        self._generation = 0  # bumped by every config applied; labels follow the newest
         self._models: dict[str, ModelState] = {}
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -67,7 +75,9 @@ class ModelManager:
         """Apply a ModelServerConfig: add, change and remove models, then set labels.
 
         Initial configs check labels before loading (so labels on not-yet-loaded versions fail
-        unless allowed, as in TF Serving); reloads wait for newly added models first.
+        unless allowed, as in TF Serving); reloads wait for newly added models first, at most
+        ``timeout_s`` (``wait_s`` when None), without holding any lock a later reload needs:
+        when that later config arrives meanwhile, its labels win.
         """
         models = validate_config(config)
         with self._lock:
@@ -90,6 +100,8 @@ class ModelManager:
                     state.removed = True
                     state.labels = {}
             self.config = config
+            self._generation += 1
+            generation = self._generation
             if initial:
                 self._set_labels(models)
         self._wake.set()
@@ -99,6 +111,8 @@ class ModelManager:
             return
         self._raise_if_unavailable(added, timeout_s)
         with self._lock:
+            if generation != self._generation:
+                return  # a newer config was applied while this one waited
             self._check_labels(models)
             self._set_labels(models)
 
@@ -125,7 +139,7 @@ class ModelManager:
 
     def _raise_if_unavailable(self, names: list[str], timeout_s: float | None) -> None:
         """Wait until each model has an AVAILABLE version or all its loads failed."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = time.monotonic() + (self.wait_s if timeout_s is None else timeout_s)
         with self._changed:
             while True:
                 pending, failed = [], []
@@ -137,13 +151,17 @@ class ModelManager:
                         failed.append(f"{name}: {verdict}")
                 if not pending:
                     break
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    # As TF Serving, a missing base path is waited for (it may yet appear),
+                    # but the deadline's answer says what the wait was for.
+                    why = [f"{n} ({self._models[n].missing})" if self._models[n].missing else n
+                           for n in pending]  # fmt: skip
                     raise ServingError(
                         grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"models did not become available in time: {pending}",
+                        f"models did not become available in time: {why}",
                     )
-                self._changed.wait(timeout=0.5 if left is None else min(left, 0.5))
+                self._changed.wait(timeout=min(left, 0.5))
         if failed:
             raise ServingError(
                 grpc.StatusCode.UNKNOWN,
@@ -208,8 +226,15 @@ class ModelManager:
             on_disk: dict[int, str] = {}
         else:
             listing = vs.list_version_dirs(config.base_path)
+            with self._lock:
+                state.missing = (
+                    None
+                    if listing is not None
+                    else f"Could not find base path {config.base_path} for servable {name}"
+                )
+                self._changed.notify_all()
             if listing is None:
-                log.warning("Could not find base path %s for servable %s", config.base_path, name)
+                log.warning("%s", state.missing)
                 return  # loaded versions are kept while the base path is missing
             if not listing:
                 log.warning(

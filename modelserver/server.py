@@ -134,11 +134,16 @@ class ModelServer:
             raise StartupError(exc.message) from None
 
     def reload(self, config: Any, timeout_s: float | None = None) -> None:
-        """Apply a new ModelServerConfig (HandleReloadConfigRequest and config-file polling)."""
+        """Apply a new ModelServerConfig (HandleReloadConfigRequest and config-file polling).
+
+        The wait for added models holds no lock: a model stuck loading fails its own reload at
+        the deadline, and a later reload goes ahead meanwhile.
+        """
+        self.manager.wake()
+        self.manager.apply_config(config, initial=False, timeout_s=timeout_s)
         with self._reload_lock:
-            self.manager.wake()
-            self.manager.apply_config(config, initial=False, timeout_s=timeout_s)
-            self.config = config
+            if self.manager.config is config:  # not replaced by a newer reload meanwhile
+                self.config = config
 
     def start(self) -> None:
         """Load the initial models, then open the ports (clients see refused, not 404, before)."""

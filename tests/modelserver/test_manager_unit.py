@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,87 @@ def test_removed_model_unloads_and_keeps_end_states(tmp_path: Path) -> None:
     assert [(s.version, s.state) for s in manager.status("m")] == [(1, END)]
     with pytest.raises(ServingError, match=r"Latest\(m\)"):
         manager.servable("m")
+
+
+def two_models(base: Path, other: Path, extra: str = "") -> Any:
+    text = (
+        f'model_config_list {{ config {{ name: "m" base_path: "{base}" '
+        f'model_platform: "tensorflow" {extra} }} '
+        f'config {{ name: "other" base_path: "{other}" model_platform: "tensorflow" }} }}'
+    )
+    return text_format.Parse(text, ModelServerConfig())
+
+
+def test_reload_without_a_deadline_is_bounded_and_names_the_missing_base_path(
+    tmp_path: Path,
+) -> None:
+    manager, base = make(tmp_path, [1])
+    manager.apply_config(config(base), initial=True)
+    manager.wait_s = 1.0  # the bound a reload with no client deadline gets (300 s by default)
+    manager.start_polling(0.05)
+    try:
+        with pytest.raises(ServingError) as info:
+            manager.apply_config(two_models(base, tmp_path / "nowhere"), timeout_s=None)
+    finally:
+        manager.stop()
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert f"Could not find base path {tmp_path / 'nowhere'} for servable other" in (
+        info.value.message
+    )
+    assert manager.servable("m").version == 1  # the others kept serving
+
+
+class GatedVersion(FakeVersion):
+    """Loads of a version directory holding a ``gate`` file block until ``release`` is set."""
+
+    release = threading.Event()
+
+    def __init__(self, path: Path) -> None:
+        if (path / "gate").exists():
+            assert GatedVersion.release.wait(20), "the test never released the load"
+        super().__init__(path)
+
+
+def loading(manager: ModelManager, name: str) -> bool:
+    try:
+        return bool(manager.status(name))
+    except ServingError:  # no version known yet
+        return False
+
+
+def test_a_reload_waiting_on_a_stuck_model_does_not_hold_up_the_next(tmp_path: Path) -> None:
+    base, slow = tmp_path / "m", tmp_path / "slow"
+    (base / "1").mkdir(parents=True)
+    (base / "2").mkdir(parents=True)
+    (slow / "1").mkdir(parents=True)
+    (slow / "1" / "gate").touch()
+    manager = ModelManager(GatedVersion, allow_labels_for_unavailable=False)  # type: ignore[arg-type]
+    manager.apply_config(config(base, "model_version_policy { all {} }"), initial=True)
+    manager.start_polling(0.05)
+    stuck: list[BaseException] = []
+
+    def first() -> None:
+        labels = 'model_version_policy { all {} } version_labels { key: "stable" value: 1 }'
+        try:
+            manager.apply_config(two_models(base, slow, labels), timeout_s=30)
+        except BaseException as exc:
+            stuck.append(exc)
+
+    thread = threading.Thread(target=first)
+    try:
+        thread.start()
+        wait_until = time.monotonic() + 10
+        while not loading(manager, "other"):
+            assert time.monotonic() < wait_until, "the slow model never started loading"
+            time.sleep(0.01)
+        started = time.monotonic()
+        newer = 'model_version_policy { all {} } version_labels { key: "stable" value: 2 }'
+        manager.apply_config(two_models(base, slow, newer), timeout_s=30)
+        assert time.monotonic() - started < 5  # did not wait for the first reload's model
+        GatedVersion.release.set()
+        thread.join(20)
+    finally:
+        GatedVersion.release.set()
+        manager.stop()
+    assert not stuck, stuck
+    assert manager.servable("m", label="stable").version == 2  # the newer config's label stands
