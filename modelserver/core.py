@@ -5,6 +5,7 @@ Both the gRPC services and the REST handler call these functions, so codes and m
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,13 +38,21 @@ class Core:
     """Shared request logic over a ModelManager, an optional Batcher and the metrics."""
 
     def __init__(
-        self, manager: ModelManager, metrics: Metrics, batcher: Batcher | None = None
+        self,
+        manager: ModelManager,
+        metrics: Metrics,
+        batcher: Batcher | None = None,
+        timed_workers: int = 32,
     ) -> None:
         self.manager = manager
         self.metrics = metrics
         self.batcher = batcher
         # Runs model calls that must stop waiting at a timeout (REST); gRPC runs inline.
-        self._timed = ThreadPoolExecutor(max_workers=32, thread_name_prefix="timed-predict")
+        self._timed = ThreadPoolExecutor(max_workers=timed_workers, thread_name_prefix="timed")
+        # Calls running or queued there: a caller that timed out no longer waits, but a call
+        # already running finishes (TF can't be interrupted). Bounded, so calls that keep timing
+        # out can't pile up work behind the callers' backs; past it the answer is UNAVAILABLE.
+        self._timed_slots = threading.BoundedSemaphore(2 * timed_workers)
 
     def predict(
         self,
@@ -81,12 +90,23 @@ class Core:
         elif timeout_s is None:
             outputs = servable.run(plan)
         else:
-            future = self._timed.submit(servable.run, plan)
-            try:
-                outputs = future.result(timeout=timeout_s)
-            except FutureTimeout:
-                raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            outputs = self._run_timed(servable, plan, timeout_s)
         return PredictResult(outputs, servable.version or 0, plan.signature_name)
+
+    def _run_timed(self, servable: LoadedVersion, plan: Any, timeout_s: float) -> Any:
+        """Run ``plan`` on the timed pool; stop waiting (and drop it if not started) at timeout."""
+        if not self._timed_slots.acquire(blocking=False):
+            raise ServingError(
+                grpc.StatusCode.UNAVAILABLE,
+                "Too many requests in flight (earlier ones are still running past their timeout)",
+            )
+        future = self._timed.submit(servable.run, plan)
+        future.add_done_callback(lambda _: self._timed_slots.release())
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            future.cancel()  # a queued call never runs; a running one finishes unobserved
+            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
 
     def signature_for_json(
         self, name: str, version: int | None, label: str | None, signature_name: str

@@ -36,6 +36,13 @@ NOT_FOUND_HTML = (
 )
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 MAX_UNCOMPRESSED_BYTES = 100 << 20  # TF Serving's gzip limit (kMaxUncompressedBytes)
+# Bodies are read whole before decoding: past this size a request is refused unread (413), so a
+# client can't make the server buffer an unbounded Content-Length or chunked stream.
+MAX_BODY_BYTES = MAX_UNCOMPRESSED_BYTES
+# Open connections each hold a thread while they wait for their next request; past this many the
+# server answers 503 and closes, rather than growing without bound. Work is bounded separately by
+# --rest_api_num_threads (requests handled at once).
+MAX_CONNECTIONS = 1024
 
 
 def _version(text: str | None) -> int | None:
@@ -51,17 +58,26 @@ class RestApi:
     """Routes one request to Core and returns (HTTP status, content type, body)."""
 
     def __init__(
-        self, core: Core, timeout_s: float, monitoring_path: str | None, cors: bool = False
+        self,
+        core: Core,
+        timeout_s: float,
+        monitoring_path: str | None,
+        cors: bool = False,
+        num_threads: int = 4,
     ) -> None:
         self.core = core
         self.cors = cors
         self.in_flight = 0  # requests being handled (read at shutdown to drain them)
         self._count_lock = threading.Lock()
+        # --rest_api_num_threads: how many requests are worked on at once (TF Serving's executor)
+        self._workers = threading.BoundedSemaphore(max(1, num_threads))
         self.timeout_s = timeout_s
         self.monitoring_path = monitoring_path
 
     def handle(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
         """Return the response for ``method path`` with ``body``."""
+        if not self._workers.acquire(timeout=self.timeout_s):
+            return _error(503, "All REST worker threads are busy; try again")
         with self._count_lock:
             self.in_flight += 1
         try:
@@ -69,6 +85,7 @@ class RestApi:
         finally:
             with self._count_lock:
                 self.in_flight -= 1
+            self._workers.release()
 
     def _handle(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
         if self.monitoring_path and method == "GET" and path == self.monitoring_path:
@@ -170,10 +187,15 @@ class RestApi:
             self.core.record(name, api, "REST", started, error)
 
 
+def _error(status: int, message: str) -> tuple[int, str, bytes]:
+    return status, "application/json", rest_encode.error_body(message).encode()
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection
     server_version = "modelserver"
     api: RestApi
+    server: RestServer
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s - %s", self.address_string(), format % args)
@@ -189,11 +211,10 @@ class _Handler(BaseHTTPRequestHandler):
                 length = -1
             if length < 0:
                 self.close_connection = True
-                self._send(
-                    400,
-                    "application/json",
-                    rest_encode.error_body("Invalid Content-Length").encode(),
-                )
+                self._send(*_error(400, "Invalid Content-Length"))
+                return None
+            if length > MAX_BODY_BYTES:
+                self._refuse_body(f"Content-Length {length}")
                 return None
             body = self.rfile.read(length) if length > 0 else b""
             if len(body) < length:
@@ -213,13 +234,23 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
         return body
 
+    def _refuse_body(self, what: str) -> None:
+        """Answer 413 without reading the body, and close: the rest of it can't be skipped."""
+        self.close_connection = True
+        self._send(*_error(413, f"{what} exceeds the request body limit of {MAX_BODY_BYTES} bytes"))
+
     def _read_chunked(self) -> bytes | None:
         parts: list[bytes] = []
+        total = 0
         while True:
             line = self.rfile.readline(1024)
             try:
                 size = int(line.split(b";")[0].strip() or b"x", 16)
             except ValueError:
+                return None
+            total += size
+            if total > MAX_BODY_BYTES:
+                self._refuse_body("A chunked body")
                 return None
             if size == 0:
                 while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
@@ -247,6 +278,20 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         # Small responses must not wait for the client's delayed ACK (Nagle): ~40 ms otherwise.
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def handle(self) -> None:
+        if not self.server.admit():
+            self.close_connection = True
+            self.raw_requestline = b""
+            self.command, self.request_version = "GET", "HTTP/1.1"
+            self._send(*_error(503, "Too many open connections"))
+            return
+        try:
+            super().handle()
+        except TimeoutError:
+            pass  # the client went quiet: the connection closes
+        finally:
+            self.server.leave()
 
     def _send(self, status: int, ctype: str, payload: bytes) -> None:
         """Write status line, headers and body in one send."""
@@ -288,14 +333,39 @@ def _gunzip(body: bytes) -> bytes:
 
 
 class RestServer(ThreadingHTTPServer):
-    """A threaded HTTP server whose handler threads are daemons."""
+    """A threaded HTTP server whose handler threads are daemons, at most MAX_CONNECTIONS open."""
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open = 0
+        self._open_lock = threading.Lock()
+
+    def admit(self) -> bool:
+        """Count a new connection in; False when the server already holds its maximum."""
+        with self._open_lock:
+            if self._open >= self.max_connections:
+                return False
+            self._open += 1
+            return True
+
+    def leave(self) -> None:
+        """Count a connection out."""
+        with self._open_lock:
+            self._open -= 1
 
 
 def build_rest_server(api: RestApi, port: int) -> RestServer:
-    """Return an HTTP server bound to ``0.0.0.0:port`` dispatching to ``api``."""
-    handler = type("Handler", (_Handler,), {"api": api})
+    """Return an HTTP server bound to ``0.0.0.0:port`` dispatching to ``api``.
+
+    All interfaces, as the binary's REST listener (and its gRPC one, ``0.0.0.0:<port>``): a
+    container's published port needs it, and TF Serving has no flag for the REST address.
+    """
+    # A silent or trickling client (or an idle keep-alive one) lets its thread go after the REST
+    # timeout instead of holding it forever: StreamRequestHandler applies ``timeout`` to reads.
+    handler = type("Handler", (_Handler,), {"api": api, "timeout": api.timeout_s})
     return RestServer(("0.0.0.0", port), handler)

@@ -112,7 +112,7 @@ class ModelServer:
         self.manager = ModelManager(
             make_loader(flags, self.metrics), flags.allow_version_labels_for_unavailable_models
         )
-        self.core = Core(self.manager, self.metrics, batcher)
+        self.core = Core(self.manager, self.metrics, batcher, flags.rest_api_num_threads)
         self._reload_lock = threading.Lock()
         self._stopped = threading.Event()
         self._servers: list[Any] = []
@@ -168,7 +168,9 @@ class ModelServer:
         if self.flags.rest_api_port and self.flags.rest_api_port != self.flags.port:
             timeout_s = self.flags.rest_api_timeout_in_ms / 1000
             cors = self.flags.rest_api_enable_cors_support
-            api = RestApi(self.core, timeout_s, self.monitoring_path, cors)
+            api = RestApi(
+                self.core, timeout_s, self.monitoring_path, cors, self.flags.rest_api_num_threads
+            )
             self._rest_api = api
             rest = build_rest_server(api, self.flags.rest_api_port)
             threading.Thread(target=rest.serve_forever, name="rest", daemon=True).start()

@@ -1,0 +1,92 @@
+"""The REST listener's resource bounds: body size, silent clients, worker threads.
+
+These are modelserver's own guards (the binary's libevent server differs in detail), so they are
+skipped when TFS_BIN runs the real tensorflow_model_server.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.contract.conftest import TFS_BIN, Server, start_server, write_config
+
+pytestmark = pytest.mark.skipif(bool(TFS_BIN), reason="modelserver's own REST limits")
+
+LIMIT = 100 << 20  # modelserver.rest_server.MAX_BODY_BYTES
+
+
+@pytest.fixture(scope="module")
+def narrow_server(contract_root: Path, hp2_base: Path) -> Iterator[Server]:
+    """half_plus_two behind one REST worker thread and a 1 s REST timeout."""
+    config = write_config(
+        contract_root / "narrow.config", [{"name": "half_plus_two", "base_path": str(hp2_base)}]
+    )
+    flags = [f"--model_config_file={config}", "--rest_api_num_threads=1"]
+    server = start_server(contract_root, [*flags, "--rest_api_timeout_in_ms=1000"])
+    yield server
+    server.stop()
+
+
+def _exchange(port: int, head: bytes, wait_s: float = 10.0) -> bytes:
+    """Send ``head`` on a fresh connection and return everything the server sends back."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
+        sock.sendall(head)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
+
+
+def test_a_declared_body_over_the_limit_is_refused_unread(narrow_server: Server) -> None:
+    head = (
+        "POST /v1/models/half_plus_two:predict HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {LIMIT + 1}\r\n\r\n"
+    ).encode()
+    answer = _exchange(narrow_server.rest_port, head)  # returns: the server closed the socket
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b"Connection: close" in answer and b"request body limit" in answer
+
+
+def test_a_chunked_body_over_the_limit_is_refused_unread(narrow_server: Server) -> None:
+    head = (
+        "POST /v1/models/half_plus_two:predict HTTP/1.1\r\nHost: x\r\n"
+        f"Transfer-Encoding: chunked\r\n\r\n{LIMIT + 1:x}\r\n"
+    ).encode()
+    answer = _exchange(narrow_server.rest_port, head)
+    assert answer.startswith(b"HTTP/1.1 413 ")
+
+
+def test_a_silent_connection_is_closed_after_the_rest_timeout(narrow_server: Server) -> None:
+    started = time.monotonic()
+    answer = _exchange(narrow_server.rest_port, b"", wait_s=30)
+    assert answer == b""  # closed by the server, not by our 30 s socket timeout
+    assert time.monotonic() - started < 25
+
+
+def test_rest_api_num_threads_bounds_requests_worked_on_at_once(narrow_server: Server) -> None:
+    # Four 0.9 s calls at once on one worker thread: the first runs, the next waits for it, and
+    # those still waiting when the 1 s REST timeout passes are told the workers are busy.
+    slow_body = {"signature_name": "slow", "inputs": {"x": [[1.0]], "seconds": [0.9]}}
+    url = f"{narrow_server.url}/v1/models/half_plus_two:predict"
+    replies: list[requests.Response] = []
+
+    def call() -> None:
+        replies.append(requests.post(url, json=slow_body, timeout=30))
+
+    calls = [threading.Thread(target=call) for _ in range(4)]
+    for call in calls:
+        call.start()
+    for call in calls:
+        call.join(30)
+    statuses = sorted(r.status_code for r in replies)
+    assert statuses[0] == 200 and 503 in statuses, statuses
+    refused = next(r for r in replies if r.status_code == 503)
+    assert "busy" in json.loads(refused.text)["error"]
