@@ -66,7 +66,9 @@ MODEL_CONFIG_ERRORS = Counter(
 MODEL_CONFIG_STALE = Gauge(
     "gateway_model_config_stale",
     "1 while a worker serves labels from an older config because the file is unreadable.",
-    multiprocess_mode="max",
+    # live: a worker that dies while its config read fails must not leave a 1 behind for good
+    # (gunicorn's child_exit marks it dead, which drops only live gauges).
+    multiprocess_mode="livemax",
 )
 
 

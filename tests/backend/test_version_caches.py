@@ -7,12 +7,15 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
+from backend.app import create_app
 from backend.clients.base import VersionStatus
 from backend.errors import UpstreamUnavailable
 from backend.versions import AssetCache, LabelTable, StatusCache
@@ -132,10 +135,35 @@ def test_unreadable_config_keeps_the_last_labels_logs_once_and_shows_in_metrics(
     assert "unreadable" in caplog.records[0].message
     assert _sample("gateway_model_config_errors_total") == errors_before + 2
     assert _sample("gateway_model_config_stale") == 1
+    exposed = create_app({}).test_client().get("/metrics").get_data(as_text=True)
+    assert "\ngateway_model_config_stale 1.0\n" in exposed
+    assert f"\ngateway_model_config_errors_total {errors_before + 2}\n" in exposed
 
     config.write_text(CONFIG % 2)
     assert table.version_for("m", "stable") == 2
     assert _sample("gateway_model_config_stale") == 0
+
+
+def _in_worker(multiproc_dir: Path, code: str) -> str:
+    """Run ``code`` in a fresh process sharing ``multiproc_dir``, as a gunicorn worker would."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(multiproc_dir)}
+    done = subprocess.run(
+        [sys.executable, "-c", f"from backend import metrics\n{code}"],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout
+
+
+def test_a_dead_workers_stale_config_flag_leaves_metrics(tmp_path: Path) -> None:
+    # A worker that dies while its config is unreadable: gunicorn's child_exit marks it dead,
+    # and /metrics must stop saying "stale" for a process that no longer serves anything.
+    pid = _in_worker(tmp_path, "import os\nmetrics.MODEL_CONFIG_STALE.set(1)\nprint(os.getpid())")
+    show = "print(metrics.render()[0].decode())"
+    assert "\ngateway_model_config_stale 1.0\n" in _in_worker(tmp_path, show)
+
+    _in_worker(tmp_path, f"metrics.mark_worker_dead({int(pid)})")
+
+    assert "\ngateway_model_config_stale 1.0\n" not in _in_worker(tmp_path, show)
 
 
 def _publish(base: Path, version: int, vocab: list[str]) -> None:
