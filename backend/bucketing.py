@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from backend.errors import UpstreamError
+
 MIN_BUCKET = 16
 
 
@@ -100,15 +102,29 @@ def pad_batch(rows: Sequence[np.ndarray], seq_len: int, pad_id: int = 0) -> dict
 def reassemble(
     chunks: Sequence[Chunk], outputs: Sequence[dict[str, np.ndarray]], total: int
 ) -> dict[str, np.ndarray]:
-    """Return each output's rows put back in the caller's order."""
+    """Return each output's rows put back in the caller's order.
+
+    Every chunk must bring the same outputs with one row per text: a chunk that lacked one
+    would leave its rows of ``np.empty`` unwritten (garbage served as scores), and a single row
+    would be broadcast to every text of its chunk. Either is the model server's fault: a 502.
+    """
     if not chunks:
         return {}
     merged: dict[str, np.ndarray] = {}
     for name, first in outputs[0].items():
         merged[name] = np.empty((total, *first.shape[1:]), dtype=first.dtype)
     for chunk, result in zip(chunks, outputs, strict=True):
+        if result.keys() != merged.keys():
+            raise UpstreamError(
+                f"a chunk padded to {chunk.seq_len} tokens returned outputs {sorted(result)}, "
+                f"another {sorted(merged)}: the model's signatures disagree"
+            )
         index = np.asarray(chunk.indices, dtype=np.int64)
         for name, value in result.items():
-            if name in merged:
-                merged[name][index] = value
+            if value.shape != (len(index), *merged[name].shape[1:]):
+                raise UpstreamError(
+                    f"output {name!r} came back with shape {list(value.shape)} for "
+                    f"{len(index)} texts (another chunk's rows: {list(merged[name].shape[1:])})"
+                )
+            merged[name][index] = value
     return merged

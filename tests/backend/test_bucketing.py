@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.bucketing import bucket_for, buckets, pad_batch, plan_chunks, reassemble
+from backend.bucketing import Chunk, bucket_for, buckets, pad_batch, plan_chunks, reassemble
 
 
 def test_buckets_double_from_16_up_to_max_seq_len() -> None:
@@ -92,3 +92,24 @@ def test_a_bucket_never_cuts_a_text(
     # Texts arrive truncated to max_seq_len; a model's buckets may stop short of it.
     length = data.draw(st.integers(1, max_seq_len))
     assert bucket_for(length, max_seq_len, lengths=model_buckets) >= length
+
+
+@pytest.mark.parametrize(
+    ("second", "match"),
+    [
+        pytest.param({"logits": np.ones((2, 3), np.float32)}, "signatures disagree", id="missing"),
+        pytest.param(
+            {"logits": np.ones((2, 3)), "probabilities": np.ones((1, 3))}, "shape", id="one-row"
+        ),
+    ],
+)
+def test_chunks_whose_outputs_disagree_are_a_502_not_garbage_rows(
+    second: dict[str, np.ndarray], match: str
+) -> None:
+    from backend.errors import UpstreamError
+
+    chunks = [Chunk(indices=(0,), seq_len=16), Chunk(indices=(1, 2), seq_len=32)]
+    first = {"logits": np.zeros((1, 3), np.float32), "probabilities": np.zeros((1, 3), np.float32)}
+
+    with pytest.raises(UpstreamError, match=match):
+        reassemble(chunks, [first, second], 3)
