@@ -8,6 +8,8 @@ for an oversize body or a 404 for a large body to an unknown route used to be an
 
 from __future__ import annotations
 
+import http.client
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,3 +64,30 @@ def test_an_oversize_body_is_answered_with_connection_close(roomy_gateway: Gatew
     )
     assert response.status_code == 413
     assert response.headers["Connection"] == "close"
+
+
+# Bodies within the limit: the gateway answers early but keeps the connection, so it must be
+# usable. http.client sends on the same socket whatever state it is in, unlike a pool that
+# first checks whether the server has closed it (and then races that close): deterministic.
+WITHIN_LIMIT = [p for p in EARLY_ANSWERS if p.id != "oversize-413"]
+
+
+@pytest.mark.parametrize(("path", "body", "status"), WITHIN_LIMIT)
+def test_a_connection_answered_keep_alive_serves_the_next_request(
+    roomy_gateway: Gateway, path: str, body: bytes, status: int
+) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", roomy_gateway.port, timeout=30)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        rejected = conn.getresponse()
+        rejected.read()
+        assert rejected.status == status
+        assert rejected.getheader("Connection", "keep-alive").lower() == "keep-alive"
+
+        valid = json.dumps({"texts": ["hello world"]})
+        conn.request("POST", f"/v1/models/{INTENT}:classify", body=valid,
+                     headers={"Content-Type": "application/json"})  # fmt: skip
+        answer = conn.getresponse()
+        assert answer.status == 200, answer.read()
+    finally:
+        conn.close()
