@@ -3,7 +3,9 @@
 Run: ``gunicorn -c docker/gunicorn.conf.py 'backend.app:create_app()'``.
 
 - gthread workers: requests spend most of their time waiting on the model server, so threads
-  overlap that wait; one process per CPU core runs tokenization and JSON in parallel.
+  overlap that wait; one process per usable CPU core (affinity/cgroup, not the host's count)
+  runs tokenization and JSON in parallel. The CPU work scales through ``workers``; the threads
+  per worker only cover requests waiting upstream, so their number does not follow the cores.
 - Timeouts follow GATEWAY_TIMEOUT_S: the app answers 504 at GATEWAY_TIMEOUT_S, so gunicorn's
   worker timeout (a silent, stuck worker) and the graceful stop are set above it.
 - The app is preloaded in the master (imports shared copy-on-write), and each worker creates its
@@ -23,7 +25,10 @@ from typing import Any
 
 
 def _cpu_count() -> int:
-    """Return the CPUs this process may run on (cgroup affinity, not the host's count)."""
+    """Return the CPUs this process may run on (cgroup affinity, not the host's count).
+
+    The rule of ``export.hardware.usable_cores``, repeated: the gateway image ships backend/ only.
+    """
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

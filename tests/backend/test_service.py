@@ -20,10 +20,16 @@ from tests.backend.fake_grpc import predict_server
 
 
 class SlowEmbedder:
-    """Answers each Predict after a pause with one row per text: [row length, first word id]."""
+    """Answers each Predict with one row per text: [row length, first word id].
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
+    Calls are held until ``hold_until`` of them have been in flight at once (or 30 s pass),
+    so reaching the limit does not depend on how fast this machine dispatches them; a short
+    pause after that gives calls beyond the limit, if the gateway sent any, time to show.
+    """
+
+    def __init__(self, hold_until: int) -> None:
+        self.hold_until = hold_until
+        self.lock = threading.Condition()
         self.in_flight = 0
         self.most_in_flight = 0
         self.shapes: list[tuple[int, ...]] = []
@@ -32,6 +38,8 @@ class SlowEmbedder:
         with self.lock:
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self.lock.notify_all()
+            self.lock.wait_for(lambda: self.most_in_flight >= self.hold_until, timeout=30)
         time.sleep(0.2)
         ids = from_tensor_proto(request.inputs["input_ids"])
         mask = from_tensor_proto(request.inputs["attention_mask"])
@@ -48,7 +56,7 @@ class SlowEmbedder:
 
 @pytest.fixture()
 def embedder() -> Iterator[tuple[SlowEmbedder, str]]:
-    script = SlowEmbedder()
+    script = SlowEmbedder(hold_until=3)
     with predict_server(script, max_workers=16) as target:
         yield script, target
 
