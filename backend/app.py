@@ -77,8 +77,9 @@ def _finish_body(response: Response) -> Response:
     An answer given before the body was read (an unknown route, an early error) would leave
     the rest on the socket; gunicorn drains at most 64 KiB of it and otherwise closes the
     connection after answering "keep-alive", so the client's next request on it is lost.
-    Bodies over the limit are not read at all: gunicorn's ``pre_request`` hook
-    (docker/gunicorn.conf.py) answers those with "Connection: close" instead.
+    Bodies over the limit, and chunked bodies (their size is known only once read), are not
+    read here: gunicorn's ``pre_request`` hook (docker/gunicorn.conf.py) answers those with
+    "Connection: close" instead.
     """
     length = request.content_length
     if length and length <= (current_app.config["MAX_CONTENT_LENGTH"] or 0):
@@ -87,10 +88,16 @@ def _finish_body(response: Response) -> Response:
     return response
 
 
-def body_over_limit(app: Flask, headers: Any) -> bool:
-    """Return True when a request's declared body exceeds the app's limit (it won't be read)."""
-    declared = next((v for name, v in headers if name.upper() == "CONTENT-LENGTH"), None)
-    limit = app.config["MAX_CONTENT_LENGTH"]
+def body_may_stay_unread(app: Flask, headers: Any) -> bool:
+    """Return True when a request's body may be left unread: over the app's limit, or chunked.
+
+    A chunked body's size is known only once it has been read, which could be past the limit;
+    its connection is closed after the answer (a chunked client pays one reconnect).
+    """
+    values = {name.upper(): value for name, value in headers}
+    if "chunked" in values.get("TRANSFER-ENCODING", "").lower():
+        return True
+    declared, limit = values.get("CONTENT-LENGTH"), app.config["MAX_CONTENT_LENGTH"]
     return bool(declared is not None and declared.isdigit() and limit and int(declared) > limit)
 
 

@@ -69,16 +69,16 @@ def on_starting(server: Any) -> None:
 
 
 def pre_request(worker: Any, req: Any) -> None:
-    """Answer a body over GATEWAY_MAX_BODY_BYTES with "Connection: close".
+    """Answer a body over GATEWAY_MAX_BODY_BYTES, or a chunked one, with "Connection: close".
 
-    The app refuses it (413) without reading it, and gunicorn would drain at most 64 KiB
-    before closing the connection it had just called keep-alive: the client's next request on
-    that connection would be lost. Said up front, the client opens a new one.
+    The app refuses an oversize body (413) without reading it, and gunicorn would drain at most
+    64 KiB before closing the connection it had just called keep-alive: the client's next
+    request on that connection would be lost. Said up front, the client opens a new one.
     """
-    from backend.app import body_over_limit
+    from backend.app import body_may_stay_unread
 
     worker.log.debug("%s %s", req.method, req.path)
-    if body_over_limit(worker.wsgi, req.headers):
+    if body_may_stay_unread(worker.wsgi, req.headers):
         req.force_close()
 
 

@@ -91,3 +91,24 @@ def test_a_connection_answered_keep_alive_serves_the_next_request(
         assert answer.status == 200, answer.read()
     finally:
         conn.close()
+
+
+def test_a_chunked_body_answered_early_does_not_cost_the_next_request(
+    roomy_gateway: Gateway,
+) -> None:
+    # A chunked body's size is unknown until read: its answer closes the connection, which
+    # http.client (like any client) honours by opening a new one for the next request.
+    conn = http.client.HTTPConnection("127.0.0.1", roomy_gateway.port, timeout=30)
+    try:
+        pieces = iter([b"x" * 10_000] * 30)
+        conn.request("POST", "/v1/no/such/route", body=pieces, encode_chunked=True)
+        rejected = conn.getresponse()
+        rejected.read()
+        assert rejected.status == 404
+
+        valid = json.dumps({"texts": ["hello world"]})
+        conn.request("POST", f"/v1/models/{INTENT}:classify", body=valid,
+                     headers={"Content-Type": "application/json"})  # fmt: skip
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
