@@ -8,13 +8,15 @@ and ``modelserver/``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
+import fcntl
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,58 @@ def write_config_atomic(path: Path, config: Any) -> None:
     _fsync_dir(path.parent)
 
 
+def lock_path_for(config_path: Path) -> Path:
+    """Return the lock file every writer of ``config_path`` takes (a hidden sibling)."""
+    return config_path.with_name(f".{config_path.name}.lock")
+
+
+@contextlib.contextmanager
+def config_lock(
+    config_path: Path, timeout_s: float, progress: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Hold the exclusive lock on ``config_path`` across a read-modify-write-rename.
+
+    Without it two pushes both read the same config and the later rename drops the earlier
+    one's label. The lock is a sibling file because the config itself is replaced by rename (a
+    lock on the old inode would not stop the next writer); flock is released by the kernel if
+    the holder dies, so a killed push never leaves it held. The holder's pid is written in it.
+    """
+    path = lock_path_for(config_path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _try_flock(fd):
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            (progress or say)(
+                f"waiting for {path}: another push (pid {holder}) is changing the config"
+            )
+            deadline = time.monotonic() + timeout_s
+            while not _try_flock(fd):
+                if time.monotonic() > deadline:
+                    raise OpsError(
+                        f"{path} still held by pid {holder} after {timeout_s:.0f}s; is another "
+                        "push_model stuck? (the lock goes away when that process ends)"
+                    )
+                time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def say(text: str) -> None:
+    """Print ``text`` at once (the scripts' output is often a pipe or a log file)."""
+    print(text, flush=True)
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def config_diff(old: Any, new: Any, path: str = "models.config") -> str:
     """Return a unified diff between two configs ('' when equal)."""
     lines = difflib.unified_diff(
@@ -126,40 +180,61 @@ def policy_versions(model: Any, on_disk: Iterable[int]) -> set[int]:
     return set(disk[-keep:])
 
 
-def plan_versions(
-    model: Any,
-    on_disk: Iterable[int],
-    labels: dict[str, int],
-    keep: int,
-    extra: Iterable[int] = (),
-) -> Any:
-    """Return a copy of ``model`` with ``labels`` set and, for ``specific``, its versions planned.
+def widen_policy(model: Any, versions: Iterable[int]) -> Any:
+    """Return a copy whose ``specific`` policy also lists ``versions``; nothing leaves it.
 
-    A ``specific`` policy is managed here: it serves every labelled version plus the ``keep``
-    newest on disk, so an unlabelled old version unloads on the next push, one step after its
-    label moved away (in-flight requests that resolved the old label still find it).
-    ``extra`` versions are served too (targets that must load before a label may name them).
-    ``latest`` and ``all`` policies are left alone; the label targets are checked against them.
+    The first write of a push: the new version and every label target load while everything
+    served now stays served. ``latest`` and ``all`` policies are left alone.
     """
     new = copy.deepcopy(model)
-    previously_labelled = set(model.version_labels.values())
-    for label, version in labels.items():
-        new.version_labels[label] = version
-    disk = sorted(set(on_disk))
     if policy_kind(new) == "specific":
-        wanted = previously_labelled | set(new.version_labels.values()) | set(disk[-keep:])
-        wanted |= set(extra)
+        wanted = set(new.model_version_policy.specific.versions) | set(versions)
         del new.model_version_policy.specific.versions[:]
         new.model_version_policy.specific.versions.extend(sorted(wanted))
-    served = policy_versions(new, disk)
-    for label, version in sorted(new.version_labels.items()):
+    return new
+
+
+def move_labels(model: Any, on_disk: Iterable[int], labels: dict[str, int]) -> Any:
+    """Return a copy with ``labels`` set; raise OpsError if the policy does not serve one.
+
+    The policy is not changed: a version a label moved away from stays served until every
+    reader has seen the move (see ``shrink_policy``).
+    """
+    new = copy.deepcopy(model)
+    for label, version in labels.items():
+        new.version_labels[label] = version
+    check_labels_served(new, on_disk)
+    return new
+
+
+def shrink_policy(model: Any, on_disk: Iterable[int], keep: int) -> Any:
+    """Return a copy whose ``specific`` policy keeps only labelled versions and the ``keep`` newest.
+
+    The last write of a push, made only once every reader has seen the labels: what it drops
+    no label names any more. It never adds a version (loading is the first write's job).
+    ``latest`` and ``all`` policies are left alone.
+    """
+    new = copy.deepcopy(model)
+    if policy_kind(new) == "specific":
+        disk = sorted(set(on_disk))
+        kept = set(new.version_labels.values()) | set(disk[-keep:] if keep > 0 else [])
+        wanted = set(new.model_version_policy.specific.versions) & kept
+        del new.model_version_policy.specific.versions[:]
+        new.model_version_policy.specific.versions.extend(sorted(wanted))
+    check_labels_served(new, on_disk)
+    return new
+
+
+def check_labels_served(model: Any, on_disk: Iterable[int]) -> None:
+    """Raise OpsError naming the first label whose version the policy does not serve."""
+    served = policy_versions(model, on_disk)
+    for label, version in sorted(model.version_labels.items()):
         if version not in served:
             raise OpsError(
-                f"label {label!r} -> version {version}, but the {policy_kind(new)} version "
-                f"policy of {new.name!r} does not serve it (served: {sorted(served)}); use a "
+                f"label {label!r} -> version {version}, but the {policy_kind(model)} version "
+                f"policy of {model.name!r} does not serve it (served: {sorted(served)}); use a "
                 "`specific` policy or a larger `latest { num_versions }`"
             )
-    return new
 
 
 def pin_labelled_versions(

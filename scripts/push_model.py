@@ -7,13 +7,20 @@
   Add --dry-run to any of them to see the plan and the models.config diff, changing nothing.
   Arguments after `--` go to `python -m export build` (e.g. `-- --task embed --precision bf16`).
 
-The order is what TF Serving needs: publish the version atomically (temp dir + rename), let the
-server load it (a ``specific`` policy is widened first), wait until it reports AVAILABLE, and only
-then point a label at it, because a label may not name a version that is not loaded yet.
-models.config is rewritten atomically before HandleReloadConfigRequest, so the server, its config
-poll and the gateway (which reads labels from the same file) agree; a refused reload restores
-the old file. A ``latest``/``all`` policy that would unload a labelled version once the new one
-lands is pinned to ``specific`` (what is served now) before publishing.
+The order is what TF Serving and the gateway need: publish the version atomically (temp dir +
+rename), let the server load it (a ``specific`` policy is widened: nothing leaves it), wait until
+it reports AVAILABLE, and only then point a label at it, because a label may not name a version
+that is not loaded yet. A version leaves the policy last, in a separate write made only once
+every reader has seen the labels that stopped naming it: the gateway re-reads labels from this
+file at most GATEWAY_LABELS_CACHE_S after it changes, and a request that resolved the old label
+calls the model server within GATEWAY_TIMEOUT_S, so ``--reader-wait`` (default: the larger
+cache TTL plus the timeout, from the same GATEWAY_* variables) must have passed since the file
+last changed. models.config is rewritten atomically before each HandleReloadConfigRequest, so
+the server, its config poll and the gateway agree; a refused reload restores the old file. A
+``latest``/``all`` policy that would unload a labelled version once the new one lands is pinned
+to ``specific`` (what is served now) before publishing. The whole read-modify-write runs under
+an exclusive lock on ``.<config>.lock`` beside the config, so concurrent pushes take turns
+instead of losing each other's labels.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from backend.settings import SettingsError, load_settings  # noqa: E402
 from scripts import opslib  # noqa: E402
 from scripts.opslib import OpsError  # noqa: E402
 
@@ -100,24 +108,143 @@ def export_checkpoint(
         raise OpsError(f"export of {checkpoint} failed (command: {' '.join(cmd)})")
 
 
+@dataclass(frozen=True)
+class Writes:
+    """The models.config states one invocation goes through, in order (unchanged ones are skipped).
+
+    pin:    a latest/all policy that would unload a labelled version once the new one is on disk,
+            pinned to what is served now (written before publishing)
+    load:   the policy also serves the new version and every label target; labels unchanged
+    label:  the labels moved (their targets are AVAILABLE by then); the policy serves all it did
+    shrink: the policy drops what no label names and is not among the ``keep`` newest; written
+            once every reader has seen ``label``, so no label a reader still holds names a
+            version being unloaded
+    """
+
+    pin: Any
+    load: Any
+    label: Any
+    shrink: Any
+
+    def in_order(self) -> list[tuple[str, Any]]:
+        """Return (name, config) for each write."""
+        return [
+            ("pin", self.pin),
+            ("load", self.load),
+            ("label", self.label),
+            ("shrink", self.shrink),
+        ]
+
+
+def plan_writes(config: Any, model: Any, plan: Plan, on_disk: list[int], keep: int) -> Writes:
+    """Return the config writes for ``plan`` (pure: raises OpsError before anything changes)."""
+    future_disk = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
+    pinned = opslib.pin_labelled_versions(model, on_disk, future_disk, plan.labels)
+    if pinned is not None:
+        plan.notes.append(
+            f"policy {opslib.policy_kind(model)} -> specific: it would unload a labelled version"
+        )
+    base = pinned if pinned is not None else model
+    targets = {*plan.labels.values(), *([plan.new_version] if plan.new_version else [])}
+    loading = opslib.widen_policy(base, targets)
+    opslib.check_labels_served(loading, future_disk)
+    labelled = opslib.move_labels(loading, future_disk, plan.labels)
+    shrunk = opslib.shrink_policy(labelled, future_disk, keep)
+    return Writes(*(opslib.replace_model(config, m) for m in (base, loading, labelled, shrunk)))
+
+
+def served(config: Any, name: str, on_disk: list[int]) -> set[int]:
+    """Return the versions of ``name`` that ``config``'s policy serves with ``on_disk``."""
+    return opslib.policy_versions(opslib.find_model(config, name), on_disk)
+
+
+def default_reader_wait_s() -> float:
+    """Return how long after a label change no gateway request still uses the old labels.
+
+    A gateway worker re-reads the labels at most GATEWAY_LABELS_CACHE_S after the file changes
+    (version states: GATEWAY_STATUS_CACHE_S), and a request that resolved a version just before
+    makes its last call to the model server within GATEWAY_TIMEOUT_S (past it the gateway
+    answers 504). The values come from the same GATEWAY_* variables and defaults the gateway uses.
+    """
+    settings = load_settings()
+    return max(settings.labels_cache_s, settings.status_cache_s) + settings.request_timeout_s
+
+
+def wait_for_readers(config_path: Path, reader_wait_s: float, versions: list[int]) -> float:
+    """Sleep until ``reader_wait_s`` has passed since ``config_path`` last changed; return the wait.
+
+    The readers (gateway workers) see the labels of the file as it is now, including labels a
+    previous push moved moments ago; nothing can be observed per worker, so the bound is waited.
+    """
+    age = time.time() - config_path.stat().st_mtime
+    remaining = min(reader_wait_s, reader_wait_s - age)  # an mtime in the future waits it all
+    if remaining > 0:
+        print(
+            f"waiting {remaining:.1f}s for every reader to see the labels before unloading "
+            f"{', '.join(f'v{v}' for v in versions)} (--reader-wait {reader_wait_s:g}s)",
+            flush=True,
+        )
+        time.sleep(remaining)
+    return max(0.0, remaining)
+
+
+def pause_for_tests(config_path: Path, timeout_s: float) -> None:
+    """Wait, between reading the config and writing it, until $BERTGW_PUSH_PAUSE_FILE exists.
+
+    Only for tests: it makes two concurrent pushes overlap for certain (tests/ops).
+    """
+    flag = os.environ.get("BERTGW_PUSH_PAUSE_FILE")
+    if not flag:
+        return
+    print(f"paused after reading {config_path} until {flag} exists", flush=True)
+    deadline = time.monotonic() + timeout_s
+    while not Path(flag).exists():
+        if time.monotonic() > deadline:
+            raise OpsError(f"{flag} did not appear within {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
 def apply_config(
     server: opslib.ModelServer, config_path: Path, old: Any, new: Any, timeout_s: float
-) -> None:
-    """Write ``new`` atomically, then ask the server to reload it; restore ``old`` if refused."""
+) -> bool:
+    """Write ``new`` atomically, then ask the server to reload it; restore ``old`` if refused.
+
+    Return False when there was nothing to change.
+    """
     if opslib.render_config(new) == opslib.render_config(old):
-        return
+        return False
     opslib.write_config_atomic(config_path, new)
     try:
         server.reload(new, timeout_s=timeout_s)
     except OpsError:
         opslib.write_config_atomic(config_path, old)
         raise
+    return True
 
 
-def run(args: argparse.Namespace, extra: list[str]) -> int:
+@dataclass
+class Outcome:
+    """What one invocation did, for callers that time it (the reload drill)."""
+
+    labels_moved_at: float | None = None  # time.monotonic() once the label write was applied
+    unloaded: list[int] = field(default_factory=list)  # versions the shrink write dropped
+    reader_wait_s: float = 0.0  # seconds waited for readers before a version left the policy
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> Outcome:
     """Carry out (or, with --dry-run, show) one push / promote / rollback."""
+    if args.dry_run:
+        return execute(args, extra)
+    with opslib.config_lock(args.config, args.lock_timeout):
+        return execute(args, extra)
+
+
+def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
+    """Plan from the config as it is now and carry the plan out (the caller holds the lock)."""
     config_path: Path = args.config
     config = opslib.load_config(config_path)
+    if not args.dry_run:
+        pause_for_tests(config_path, args.timeout)
     model = opslib.find_model(config, args.name)
     model_dir = opslib.model_dir_on_host(model, args.base_path)
     on_disk = opslib.disk_versions(model_dir)
@@ -130,64 +257,85 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         source = str(args.checkpoint or args.from_dir)
         plan = plan_push(model, model_dir, source, args.label, args.version)
     future_disk = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
-    # Step 0 pins a latest/all policy that would drop a labelled version (before publishing);
-    # step 1 widens the policy to load the targets; step 2 sets the labels once they are loaded.
-    pinned = opslib.pin_labelled_versions(model, on_disk, future_disk, plan.labels)
-    if pinned is not None:
-        plan.notes.append(
-            f"policy {opslib.policy_kind(model)} -> specific: it would unload a labelled version"
-        )
-    step0 = opslib.replace_model(config, pinned) if pinned is not None else config
-    loaded_model = opslib.plan_versions(
-        pinned or model, future_disk, {}, args.keep, plan.labels.values()
+    writes = plan_writes(config, model, plan, on_disk, args.keep)
+    unloads = sorted(
+        served(writes.label, plan.model, future_disk)
+        - served(writes.shrink, plan.model, future_disk)
     )
-    step1 = opslib.replace_model(config, loaded_model)
-    labelled = opslib.plan_versions(loaded_model, future_disk, plan.labels, args.keep)
-    step2 = opslib.replace_model(config, labelled)
 
     print(f"model {plan.model}: {model_dir} (on disk: {on_disk or 'none'}), config {config_path}")
     if plan.new_version is not None:
         print(f"publish {plan.source} as version {plan.new_version}")
     for note in plan.notes:
         print(note)
-    diff = opslib.config_diff(config, step2, str(config_path))
+    if unloads:
+        print(
+            f"then, {args.reader_wait:g}s after the labels moved, unload "
+            f"{', '.join(f'v{v}' for v in unloads)}"
+        )
+    diff = opslib.config_diff(config, writes.shrink, str(config_path))
     print(diff or "models.config unchanged")
+    outcome = Outcome()
     if args.dry_run:
         print("dry run: nothing changed")
-        return 0
+        return outcome
 
     server = opslib.ModelServer(args.server)
     try:
         started = time.monotonic()
-        apply_config(server, config_path, config, step0, args.timeout)
+        apply_config(server, config_path, config, writes.pin, args.timeout)
         if plan.new_version is not None:
-            if args.checkpoint:
-                export_checkpoint(
-                    args.checkpoint, plan.model, model_dir.parent, plan.new_version, extra
-                )
-            else:
-                opslib.publish_copy(args.from_dir, model_dir, plan.new_version)
-            print(f"published {model_dir / str(plan.new_version)}")
+            # Under latest/all the new version itself makes the server unload the oldest one.
+            pinned = writes.pin
+            gone = sorted(
+                served(pinned, plan.model, on_disk) - served(pinned, plan.model, future_disk)
+            )
+            if gone:
+                outcome.reader_wait_s += wait_for_readers(config_path, args.reader_wait, gone)
+            publish(args, plan, model_dir, extra)
         try:
-            apply_config(server, config_path, step0, step1, args.timeout)
-            for version in sorted(set(plan.labels.values()) | {plan.new_version or 0} - {0}):
+            apply_config(server, config_path, writes.pin, writes.load, args.timeout)
+            for version in sorted({*plan.labels.values(), plan.new_version or 0} - {0}):
                 took = opslib.wait_available(server, plan.model, version, args.timeout)
                 print(f"{plan.model} v{version} AVAILABLE ({took:.1f}s)")
-            apply_config(server, config_path, step1, step2, args.timeout)
+            if apply_config(server, config_path, writes.load, writes.label, args.timeout):
+                outcome.labels_moved_at = time.monotonic()
         except OpsError:
             # Put the config back (keeping a pin: with the new version on disk, the old policy
             # would unload a labelled version); the published version stays on disk.
             try:
                 current = opslib.load_config(config_path)
-                apply_config(server, config_path, current, step0, args.timeout)
+                apply_config(server, config_path, current, writes.pin, args.timeout)
             except OpsError as exc:
                 print(f"push_model: could not restore {config_path}: {exc}", file=sys.stderr)
             raise
-        labels = ", ".join(f"{k}={v}" for k, v in sorted(labelled.version_labels.items()))
-        print(f"done in {time.monotonic() - started:.1f}s; labels: {labels or 'none'}")
+        if unloads:
+            outcome.reader_wait_s += wait_for_readers(config_path, args.reader_wait, unloads)
+            try:
+                apply_config(server, config_path, writes.label, writes.shrink, args.timeout)
+            except OpsError as exc:
+                raise OpsError(
+                    f"the labels moved, but unloading {unloads} was refused (they stay "
+                    f"served): {exc}"
+                ) from exc
+            outcome.unloaded = unloads
+            print(f"policy: {', '.join(f'v{v}' for v in unloads)} unloading")
+        labels = opslib.find_model(writes.label, plan.model).version_labels
+        moved = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        print(f"done in {time.monotonic() - started:.1f}s; labels: {moved or 'none'}")
     finally:
         server.close()
-    return 0
+    return outcome
+
+
+def publish(args: argparse.Namespace, plan: Plan, model_dir: Path, extra: list[str]) -> None:
+    """Publish the plan's new version: export the checkpoint or copy the exported directory."""
+    assert plan.new_version is not None
+    if args.checkpoint:
+        export_checkpoint(args.checkpoint, plan.model, model_dir.parent, plan.new_version, extra)
+    else:
+        opslib.publish_copy(args.from_dir, model_dir, plan.new_version)
+    print(f"published {model_dir / str(plan.new_version)}")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -220,22 +368,40 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--server", default="127.0.0.1:8500", help="model server gRPC host:port")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait per step")
     parser.add_argument(
-        "--keep", type=int, default=2, help="newest versions a specific policy keeps"
+        "--keep", type=int, default=2, help="newest versions a specific policy keeps (>= 1)"
     )
+    parser.add_argument(
+        "--reader-wait", type=float, default=None,
+        help="seconds after the last config change before a version may leave the policy "
+        "(default: max(GATEWAY_LABELS_CACHE_S, GATEWAY_STATUS_CACHE_S) + GATEWAY_TIMEOUT_S, "
+        "from this environment or the gateway's defaults: 1 + 10 s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--lock-timeout", type=float, default=600.0,
+        help="seconds to wait for another push holding the config's lock",
+    )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     args = parser.parse_args(argv)
     if args.label and (args.promote or args.rollback):
         parser.error("--label goes with --checkpoint or --from-dir")
+    if args.keep < 1:
+        parser.error("--keep must be at least 1: the newest version is always served")
+    if args.reader_wait is None:
+        try:
+            args.reader_wait = default_reader_wait_s()
+        except SettingsError as exc:
+            parser.error(f"--reader-wait: cannot derive it from the gateway settings: {exc}")
     return args, extra
 
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
     try:
-        return run(args, extra)
+        run(args, extra)
     except OpsError as exc:
         print(f"push_model: error: {exc}", file=sys.stderr)
         return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ With ``--spawn`` the newest version of the model is copied into a temporary base
 own model server and gateway, so the drill never touches your models. Otherwise it drives a
 running stack through push_model.py (it pushes copies of the newest version, or ``--source``).
 Checks: zero failed requests; every answer names a version the model server reported AVAILABLE
-while the request was in flight; each label move is visible within ``--switch-bound`` seconds;
-at the end the AVAILABLE versions are what the version policy asks for. Prints a per-second
-timeline (which version answered) and the counts; exits 1 if a check fails.
+while the request was in flight; each label move is visible within ``--switch-bound`` seconds
+of its label write; at the end the AVAILABLE versions are what the version policy asks for.
+A step that unloads a version (the promote) goes on for push_model's ``--reader-wait`` after
+moving the label: from GATEWAY_LABELS_CACHE_S/STATUS_CACHE_S/TIMEOUT_S, 11 s by default.
+Prints a per-second timeline (which version answered) and the counts; exits 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Step:
     label: str = ""
     started: float = 0.0
     finished: float = 0.0
+    labelled: float | None = None  # when the label write was applied (None: labels unchanged)
     version: int | None = None  # what ``label`` points at afterwards
     ok: bool = False
 
@@ -66,16 +69,25 @@ def plan_steps(source: Path) -> list[Step]:
 
 
 def run_step(step: Step, common: list[str], config_path: Path, model: str) -> None:
-    """Run one push_model invocation, timing it."""
+    """Run one push_model invocation, timing it and its label write."""
+    args, extra = push_model.parse_args([*step.argv, *common])
     step.started = time.monotonic()
-    code = push_model.main([*step.argv, *common])
+    try:
+        step.labelled = push_model.run(args, extra).labels_moved_at
+        step.ok = True
+    except opslib.OpsError as exc:
+        print(f"push_model: error: {exc}", file=sys.stderr)
     step.finished = time.monotonic()
-    step.ok = code == 0
     step.version = labels_now(config_path, model).get(step.label)
 
 
 def switch_delay(step: Step, answers: list[Answer]) -> float | None:
-    """Return seconds from the step's end until its label first answered with the new version."""
+    """Return seconds from the label write until the label first answered with its new version.
+
+    A step that unloads a version goes on for ``--reader-wait`` after its label write, so the
+    switch is timed from the write (the step's end when it wrote no label).
+    """
+    moved = step.labelled if step.labelled is not None else step.finished
     hits = [
         a.finished
         for a in answers
@@ -84,7 +96,7 @@ def switch_delay(step: Step, answers: list[Answer]) -> float | None:
         and a.version == step.version
         and a.started >= step.started
     ]
-    return max(0.0, min(hits) - step.finished) if hits else None
+    return max(0.0, min(hits) - moved) if hits else None
 
 
 def check(
@@ -202,7 +214,9 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(max(0.0, t0 + at * args.duration - time.monotonic()))
         print(f"\n== t={time.monotonic() - t0:.1f}s {step.name}", flush=True)
         run_step(step, common, args.config, args.model)
-        events.setdefault(int(step.finished - t0), []).append(
+        # Marked when the label moved: a step that unloads a version ends --reader-wait later.
+        moved = step.labelled if step.labelled is not None else step.finished
+        events.setdefault(int(moved - t0), []).append(
             f"{step.name}: {step.label}=v{step.version} ({step.finished - step.started:.1f}s)"
         )
     time.sleep(max(0.0, t0 + args.duration - time.monotonic()))

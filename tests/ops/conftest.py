@@ -85,3 +85,27 @@ def ops_server(tiny_exports: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         yield server
     finally:
         server.proc.stop()
+
+
+@pytest.fixture(scope="module")
+def two_versions_server(
+    tiny_exports: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OpsServer]:
+    """Start ``python -m modelserver`` on tiny v1 + v2: ``specific`` 1, 2; stable=1, canary=2."""
+    work = tmp_path_factory.mktemp("two-versions")
+    base = work / "models"
+    for version in ("1", "2"):
+        shutil.copytree(tiny_exports / MODEL / version, base / MODEL / version)
+    server = start_ops_server(
+        work,
+        base,
+        f'model_config_list {{ config {{ name: "{MODEL}" base_path: "{base / MODEL}" '
+        'model_platform: "tensorflow" '
+        "model_version_policy { specific { versions: 1 versions: 2 } } "
+        'version_labels { key: "stable" value: 1 } version_labels { key: "canary" value: 2 } '
+        "} }\n",
+    )
+    try:
+        yield server
+    finally:
+        server.proc.stop()

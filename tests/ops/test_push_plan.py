@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,24 +38,32 @@ def test_policy_versions_follow_tf_serving_rules(policy: str, served: set[int]) 
     assert opslib.policy_versions(model_config(policy), [1, 2, 3, 4]) == served
 
 
-def test_specific_policy_keeps_labelled_and_newest_versions() -> None:
-    model = model_config("specific { versions: 1 versions: 2 }", {"stable": 1, "canary": 2})
-    planned = opslib.plan_versions(model, [1, 2, 3, 4], {"canary": 4}, keep=1)
-    # 2 stays one more step: requests that resolved `canary` a moment ago still find it.
-    assert list(planned.model_version_policy.specific.versions) == [1, 2, 4]
-    assert dict(planned.version_labels) == {"stable": 1, "canary": 4}
+def test_widening_a_specific_policy_never_drops_a_version() -> None:
+    model = model_config("specific { versions: 1 versions: 3 }", {"stable": 1})
+    widened = opslib.widen_policy(model, [4])
+    assert list(widened.model_version_policy.specific.versions) == [1, 3, 4]
 
 
-def test_specific_policy_drops_versions_no_label_named_before_or_after() -> None:
-    model = model_config("specific { versions: 1 versions: 2 versions: 3 }", {"stable": 2})
-    planned = opslib.plan_versions(model, [1, 2, 3], {}, keep=1)
-    assert list(planned.model_version_policy.specific.versions) == [2, 3]
+def test_shrinking_keeps_labelled_and_newest_versions_and_adds_none() -> None:
+    model = model_config(
+        "specific { versions: 1 versions: 2 versions: 4 }", {"stable": 1, "canary": 4}
+    )
+    shrunk = opslib.shrink_policy(model, [1, 2, 3, 4], keep=2)
+    # 3 is among the two newest on disk but was not served: shrinking never loads anything.
+    assert list(shrunk.model_version_policy.specific.versions) == [1, 4]
+
+
+def test_moving_labels_keeps_the_policy() -> None:
+    model = model_config("specific { versions: 1 versions: 2 }", {"stable": 1})
+    moved = opslib.move_labels(model, [1, 2], {"stable": 2})
+    assert dict(moved.version_labels) == {"stable": 2}
+    assert list(moved.model_version_policy.specific.versions) == [1, 2]
 
 
 def test_label_on_a_version_a_latest_policy_unloads_is_refused() -> None:
     model = model_config("latest { num_versions: 2 }", {"stable": 1})
     with pytest.raises(OpsError, match="does not serve it"):
-        opslib.plan_versions(model, [1, 2, 3], {}, keep=2)
+        opslib.check_labels_served(model, [1, 2, 3])
 
 
 def test_promote_points_target_at_source_version() -> None:
@@ -120,3 +131,112 @@ def test_config_rewrite_keeps_the_header_comments(tmp_path: Path) -> None:
     text = path.read_text()
     assert text.startswith("# what this file is\n# why\nmodel_config_list {")
     assert opslib.load_config(path).model_config_list.config[0].version_labels["stable"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the order of the config writes: labels move first, a version leaves the policy last
+
+
+def writes_for(
+    policy: str, labels: dict[str, int], on_disk: list[int], how: str
+) -> tuple[Any, push_model.Plan, push_model.Writes]:
+    """Return the config, the plan and push_model's writes for ``how`` (keep=1)."""
+    config = opslib.parse_config("model_config_list { }")
+    config.model_config_list.config.add().CopyFrom(model_config(policy, labels))
+    model = opslib.find_model(config, "m")
+    if how == "promote":
+        plan = push_model.plan_promote(model, "canary", "stable")
+    elif how == "rollback":
+        plan = push_model.plan_rollback(model, on_disk, "stable")
+    else:  # push the next version to canary
+        new = max(on_disk) + 1
+        plan = push_model.Plan(model="m", new_version=new, labels={"canary": new})
+    return config, plan, push_model.plan_writes(config, model, plan, on_disk, keep=1)
+
+
+@pytest.mark.parametrize(
+    ("policy", "labels", "on_disk", "how"),
+    [
+        # the drill's promote: stable 2 -> 4 leaves 2 unlabelled
+        ("specific { versions: 2 versions: 3 versions: 4 }", {"stable": 2, "canary": 4},
+         [2, 3, 4], "promote"),
+        # the drill's rollback as the old plan had it: stable 4 -> 3 while 2 is still served
+        ("specific { versions: 2 versions: 3 versions: 4 }", {"stable": 4, "canary": 4},
+         [2, 3, 4], "rollback"),
+        ("specific { versions: 1 versions: 2 }", {"stable": 1, "canary": 2}, [1, 2], "push"),
+        ("latest { num_versions: 2 }", {"stable": 1, "canary": 2}, [1, 2], "push"),
+        ("all { }", {"stable": 3, "canary": 4}, [1, 2, 3, 4], "rollback"),
+    ],
+)  # fmt: skip
+def test_only_the_last_write_drops_versions_and_it_moves_no_label(
+    policy: str, labels: dict[str, int], on_disk: list[int], how: str
+) -> None:
+    config, plan, writes = writes_for(policy, labels, on_disk, how)
+    future = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
+    states = [("now", config), *writes.in_order()]
+    for (_, before), (name, after) in itertools.pairwise(states):
+        disk = on_disk if name == "pin" else future  # the pin is written before publishing
+        gone = push_model.served(before, "m", disk) - push_model.served(after, "m", disk)
+        assert not gone or name == "shrink", f"the {name} write drops {gone}"
+        before_labels = dict(opslib.find_model(before, "m").version_labels)
+        after_labels = dict(opslib.find_model(after, "m").version_labels)
+        assert before_labels == after_labels or name == "label", f"the {name} write moves labels"
+        served = push_model.served(after, "m", disk)
+        assert set(after_labels.values()) <= served, f"the {name} write labels an unserved version"
+    # What the shrink drops, no label names once they moved: readers that have seen the label
+    # write (push_model waits for them before the shrink) never resolve to a dropped version.
+    label_write = opslib.find_model(writes.label, "m")
+    dropped = push_model.served(writes.label, "m", future) - push_model.served(
+        writes.shrink, "m", future
+    )
+    assert not dropped & set(label_write.version_labels.values())
+
+
+def test_promote_keeps_the_old_stable_version_until_the_shrink() -> None:
+    policy = "specific { versions: 2 versions: 3 versions: 4 }"
+    _, _, writes = writes_for(policy, {"stable": 2, "canary": 4}, [2, 3, 4], "promote")
+    assert push_model.served(writes.label, "m", [2, 3, 4]) == {2, 3, 4}
+    assert dict(opslib.find_model(writes.label, "m").version_labels)["stable"] == 4
+    assert push_model.served(writes.shrink, "m", [2, 3, 4]) == {4}
+
+
+def test_reader_wait_defaults_to_the_gateway_cache_ttl_plus_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("GATEWAY_LABELS_CACHE_S", "GATEWAY_STATUS_CACHE_S", "GATEWAY_TIMEOUT_S"):
+        monkeypatch.delenv(name, raising=False)
+    assert push_model.default_reader_wait_s() == 1.0 + 10.0  # the gateway's own defaults
+    monkeypatch.setenv("GATEWAY_LABELS_CACHE_S", "2")
+    monkeypatch.setenv("GATEWAY_STATUS_CACHE_S", "0.5")
+    monkeypatch.setenv("GATEWAY_TIMEOUT_S", "5")
+    assert push_model.default_reader_wait_s() == 7.0
+    args, _ = push_model.parse_args(["--name", "m", "--promote", "canary", "stable"])
+    assert args.reader_wait == 7.0
+
+
+def test_reader_wait_counts_from_the_configs_last_change(tmp_path: Path) -> None:
+    config = tmp_path / "models.config"
+    config.write_text("model_config_list { }\n")
+    now = time.time()
+    os.utime(config, (now - 60, now - 60))
+    assert push_model.wait_for_readers(config, 5.0, [1]) == 0.0  # changed long ago: no wait
+    os.utime(config, (now + 60, now + 60))
+    assert push_model.wait_for_readers(config, 0.2, [1]) == 0.2  # mtime ahead: the whole bound
+    os.utime(config, None)
+    started = time.monotonic()
+    waited = push_model.wait_for_readers(config, 0.5, [1])
+    assert 0.0 < waited <= 0.5 and time.monotonic() - started >= waited
+
+
+def test_a_held_config_lock_makes_the_next_writer_wait_and_then_give_up(tmp_path: Path) -> None:
+    config = tmp_path / "models.config"
+    config.write_text("model_config_list { }\n")
+    said: list[str] = []
+    with opslib.config_lock(config, timeout_s=5):
+        assert opslib.lock_path_for(config).read_text().strip() == str(os.getpid())
+        second = opslib.config_lock(config, timeout_s=0.2, progress=said.append)
+        with pytest.raises(OpsError, match=f"held by pid {os.getpid()} after 0s"), second:
+            pass
+    assert said and "another push" in said[0]
+    with opslib.config_lock(config, timeout_s=0.2):  # released: taken at once
+        pass
