@@ -4,11 +4,13 @@ and the per-second timeline.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 import requests
@@ -113,13 +115,22 @@ class Load:
 
 
 class StatusMonitor:
-    """Polls GetModelStatus and remembers when each version was seen AVAILABLE."""
+    """Polls GetModelStatus and remembers when each version was seen AVAILABLE, and (given the
+    serving config) which versions a label named at the same moments."""
 
-    def __init__(self, server: opslib.ModelServer, model: str, every_s: float = 0.1):
+    def __init__(
+        self,
+        server: opslib.ModelServer,
+        model: str,
+        every_s: float = 0.1,
+        config_path: Path | None = None,
+    ):
         self.server = server
         self.model = model
         self.every_s = every_s
+        self.config_path = config_path
         self.seen: list[tuple[float, frozenset[int]]] = []  # (time, AVAILABLE versions)
+        self.labelled: list[tuple[float, frozenset[int]]] = []  # (time, versions labels name)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -138,9 +149,18 @@ class StatusMonitor:
             try:
                 states = self.server.status(self.model)
             except opslib.OpsError:
-                states = []
+                time.sleep(self.every_s)
+                continue  # no answer is not "nothing AVAILABLE": it would fake unloads
             available = frozenset(s.version for s in states if s.state == "AVAILABLE")
             self.seen.append((time.monotonic(), available))
+            if self.config_path is not None:
+                try:
+                    model = opslib.find_model(opslib.load_config(self.config_path), self.model)
+                    self.labelled.append(
+                        (time.monotonic(), frozenset(model.version_labels.values()))
+                    )
+                except opslib.OpsError:
+                    pass  # replaced by rename, so never half-written; a failed read is skipped
             time.sleep(self.every_s)
 
     def transitions(self) -> list[tuple[float, str]]:
@@ -153,6 +173,21 @@ class StatusMonitor:
                 out += [(t, f"v{v} unloaded") for v in sorted(previous - versions)]
             previous = versions
         return out
+
+    def unload_gaps(self) -> dict[int, float]:
+        """Return, per unloaded version a label had named, a lower bound of the seconds between
+        the label moving off it and its unload: from the first config read without the label
+        to the last status in which the version was still AVAILABLE."""
+        gaps: dict[int, float] = {}
+        for (t_before, before), (_, after) in itertools.pairwise(self.seen):
+            for version in sorted(before - after):
+                named = [t for t, names in self.labelled if version in names and t <= t_before]
+                if not named:
+                    continue  # never labelled: only explicit-version requests could use it
+                moved = [t for t, _ in self.labelled if t > max(named)]
+                gap = t_before - (moved[0] if moved else float("inf"))
+                gaps[version] = min(gaps.get(version, float("inf")), gap)
+        return gaps
 
     def available_during(self, version: int, start: float, end: float, slack_s: float) -> bool:
         """Return True if ``version`` was seen AVAILABLE within [start - slack, end + slack]."""

@@ -8,10 +8,13 @@ with GATEWAY_TIMEOUT_S=--timeout, then runs clients through the gateway while:
 
 1. **kill**: the model server gets SIGKILL, stays down ``--down`` seconds, and is started again.
    Required: the gateway answers 503 JSON errors within the timeout, never hangs, no gunicorn
-   worker dies, and it serves again within 2 s of the model server's ports opening.
+   worker dies, and it serves again soon after the model server's ports open: within gRPC's
+   capped reconnect backoff (+20 % jitter) plus one request's timeout (``recovery_bounds``).
 2. **slow**: the proxy holds back every reply by ``--slow-delay`` (more than the timeout).
    Required: 504 JSON errors at the timeout (not later), no pile-up (the last slow answers take no
-   longer than the first), and normal answers within 2 s once the delay is removed.
+   longer than the first), and normal answers within one timeout once the delay is removed.
+Every bound carries MARGIN_S for the drill's own clients being scheduled late on a busy machine;
+none is a figure measured on one machine.
 
 Prints the figures and PASS/FAIL per check; exits 1 if a check fails.
 """
@@ -37,7 +40,8 @@ from scripts import drilllib, opslib, stacklib  # noqa: E402
 from scripts.delayproxy import DelayProxy  # noqa: E402
 from scripts.drilllib import Answer  # noqa: E402
 
-RECOVERY_BOUND_S = 2.0
+MARGIN_S = 1.0  # the drill's clients and the gateway share a busy (2-core) machine
+RECONNECT_JITTER = 0.2  # gRPC's reconnect backoff is spread by +-20 %
 WORKERS = 2  # gunicorn workers per gateway: a dead one shows up as a changed pid set
 
 
@@ -95,6 +99,21 @@ def slow_phase(proxy: DelayProxy, args: argparse.Namespace) -> dict[str, float]:
     return {"slow_from": slow_from, "fast_from": fast_from, "end": time.monotonic()}
 
 
+def recovery_bounds(timeout_s: float) -> tuple[float, float]:
+    """Return the seconds within which the gateway must serve again (after a restart, a slowdown).
+
+    After a restart each gateway worker's channel tries to connect again within the gateway's
+    ``grpc.max_reconnect_backoff_ms`` (plus gRPC's jitter); the first request on the new
+    connection is answered within GATEWAY_TIMEOUT_S (or it is a 504). Once the delay is removed,
+    a new request is answered within the timeout.
+    """
+    from backend.clients.grpc_client import CHANNEL_OPTIONS
+
+    backoff_s = dict(CHANNEL_OPTIONS)["grpc.max_reconnect_backoff_ms"] / 1000
+    after_restart = backoff_s * (1 + RECONNECT_JITTER) + timeout_s + MARGIN_S
+    return after_restart, timeout_s + MARGIN_S
+
+
 def evaluate(
     kill_answers: list[Answer],
     slow_answers: list[Answer],
@@ -105,7 +124,8 @@ def evaluate(
     timeout_s: float,
 ) -> dict[str, Any]:
     """Return the checks and figures of both phases (pure, over what was recorded)."""
-    margin = 1.0  # client-side scheduling on a busy 2-core machine
+    margin = MARGIN_S
+    restart_bound, fast_bound = recovery_bounds(timeout_s)
     answers = kill_answers + slow_answers
     down = [a for a in kill_answers if kill["killed"] <= a.started < kill["returned"]]
     down_failed = [a for a in down if not a.ok]
@@ -135,6 +155,7 @@ def evaluate(
         if fast_again is None
         else max(0.0, fast_again - slow["fast_from"]),
         "slowest answer overall (s)": worst,
+        "recovery bounds: after return / after delay removed (s)": [restart_bound, fast_bound],
         "workers before/after": [sorted(workers_before), sorted(workers_after)],
     }
     early, late = slow_lat[:half] or [0.0], slow_lat[half:] or [0.0]
@@ -144,15 +165,15 @@ def evaluate(
         "kill: no answer slower than the timeout": all(
             a.finished - a.started <= timeout_s + margin for a in down
         ),
-        f"kill: serving again within {RECOVERY_BOUND_S:g}s of return": recovered_at is not None
-        and recovered_at - kill["returned"] <= RECOVERY_BOUND_S,
+        f"kill: serving again within {restart_bound:.1f}s of return (reconnect backoff + "
+        "timeout)": recovered_at is not None and recovered_at - kill["returned"] <= restart_bound,
         "slow: every failure is a 504 JSON error": bool(slow_failed)
         and all(a.status == 504 and a.json_error for a in slow_failed),
         "slow: 504s come at the timeout": bool(slow_lat)
         and all(timeout_s - 0.2 <= t <= timeout_s + margin for t in slow_lat),
         "slow: no pile-up (late 504s no slower than early ones)": max(late) <= max(early) + margin,
-        f"slow: serving again within {RECOVERY_BOUND_S:g}s": fast_again is not None
-        and fast_again - slow["fast_from"] <= RECOVERY_BOUND_S,
+        f"slow: serving again within {fast_bound:.1f}s (timeout)": fast_again is not None
+        and fast_again - slow["fast_from"] <= fast_bound,
         "no request hung": worst <= timeout_s + margin + 1.0,
         "no gunicorn worker died": bool(workers_before) and workers_before == workers_after,
     }

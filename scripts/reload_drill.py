@@ -8,8 +8,10 @@ With ``--spawn`` the newest version of the model is copied into a temporary base
 own model server and gateway, so the drill never touches your models. Otherwise it drives a
 running stack through push_model.py (it pushes copies of the newest version, or ``--source``).
 Checks: zero failed requests; every answer names a version the model server reported AVAILABLE
-while the request was in flight; each label move is visible within ``--switch-bound`` seconds
-of its label write; at the end the AVAILABLE versions are what the version policy asks for.
+while the request was in flight; no version is unloaded sooner than GATEWAY_LABELS_CACHE_S after
+the last label naming it moved (the gateway's label cache); each label move is visible
+within ``--switch-bound`` seconds of its label write; at the end the AVAILABLE versions are what
+the version policy asks for.
 A step that unloads a version (the promote) goes on for push_model's ``--reader-wait`` after
 moving the label: from GATEWAY_LABELS_CACHE_S/STATUS_CACHE_S/TIMEOUT_S, 11 s by default.
 Prints a per-second timeline (which version answered) and the counts; exits 1 if a check fails.
@@ -32,6 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from backend.settings import load_settings  # noqa: E402
 from scripts import drilllib, opslib, push_model, stacklib  # noqa: E402
 from scripts.drilllib import Answer  # noqa: E402
 
@@ -115,10 +118,17 @@ def check(
     ]
     delays = {s.name: switch_delay(s, answers) for s in steps}
     available, wanted = settled
+    # The gateway may resolve a label from its cache for GATEWAY_LABELS_CACHE_S after the
+    # config changes: a version unloaded sooner than that after its last label moved away can
+    # fail requests, whatever the gateway then does about it.
+    labels_ttl_s = load_settings().labels_cache_s
+    gaps = monitor.unload_gaps()
     checks = {
         "all steps succeeded": all(s.ok for s in steps),
         "zero failed requests": not failed,
         "every answer from an AVAILABLE version": not unavailable,
+        f"no version unloaded within {labels_ttl_s:g}s (GATEWAY_LABELS_CACHE_S) of a label "
+        "naming it": all(gap >= labels_ttl_s for gap in gaps.values()),
         f"each switch visible within {switch_bound_s:g}s": all(
             d is not None and d <= switch_bound_s for d in delays.values()
         ),
@@ -127,6 +137,7 @@ def check(
     return {
         "checks": checks,
         "switch_delay_s": delays,
+        "unloaded_after_label_moved_s": gaps,
         "counts": drilllib.counts(answers),
         "failed_examples": [a.error or a.status for a in failed[:5]],
         "unavailable_examples": [(a.version, a.started, a.finished) for a in unavailable[:5]],
@@ -202,7 +213,7 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
     if "canary" not in labels_now(args.config, args.model):
         push_model.main(["--promote", "stable", "canary", *common])
     server = opslib.ModelServer(args.server)
-    monitor = drilllib.StatusMonitor(server, args.model).start()
+    monitor = drilllib.StatusMonitor(server, args.model, config_path=args.config).start()
     load = drilllib.Load(
         args.gateway, args.model, args.verb, ["stable", "canary", ""], args.clients
     )
@@ -219,7 +230,10 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
         events.setdefault(int(moved - t0), []).append(
             f"{step.name}: {step.label}=v{step.version} ({step.finished - step.started:.1f}s)"
         )
-    time.sleep(max(0.0, t0 + args.duration - time.monotonic()))
+    # A step that waited for readers may end past --duration: the load goes on long enough
+    # after the last step for its switch to show.
+    end = max(t0 + args.duration, steps[-1].finished + 2 * args.switch_bound)
+    time.sleep(max(0.0, end - time.monotonic()))
     answers = load.stop()
     settled = settle(server, args.config, model_dir, args.model)
     monitor.stop()
@@ -232,6 +246,8 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
     print("\nCounts:", json.dumps(result["counts"], sort_keys=True))
     delays = {k: (None if v is None else round(v, 2)) for k, v in result["switch_delay_s"].items()}
     print("Switch visible after (s):", json.dumps(delays))
+    gaps = {f"v{k}": round(v, 2) for k, v in result["unloaded_after_label_moved_s"].items()}
+    print("Unloaded after its label moved (s, at least):", json.dumps(gaps))
     print(f"AVAILABLE at end: {result['available_at_end']}, policy: {result['policy_at_end']}")
     for name, passed in result["checks"].items():
         print(f"[{'PASS' if passed else 'FAIL'}] {name}")

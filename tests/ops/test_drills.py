@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from backend.clients.grpc_client import CHANNEL_OPTIONS
+from scripts import drilllib, fault_drill
+from scripts.drilllib import Answer
 from tests.ops.conftest import MODEL
 from tests.support.procs import REPO, child_env
-
-RECOVERY_CHECK = "kill: serving again within 2s of return"
 
 
 def run_drill(script: str, out: Path, *args: str) -> tuple[int, dict[str, Any], str]:
@@ -40,21 +42,59 @@ def test_reload_drill_under_load_has_no_failed_request(tiny_exports: Path, tmp_p
     # Two pushes on top of v2: v3 and v4 answered at some point, and v2 unloaded per the policy.
     assert {"version 3", "version 4"} <= set(result["counts"])
     assert 2 not in result["available_at_end"]
+    # v2 lost its label in the promote and was unloaded only after the readers' wait.
+    assert set(result["unloaded_after_label_moved_s"]) == {"2"}
+
+
+def test_unload_gap_runs_from_the_label_moving_off_to_the_last_available_sighting() -> None:
+    monitor = drilllib.StatusMonitor(None, MODEL)  # type: ignore[arg-type]  # never polled
+    monitor.seen = [(0.0, frozenset({2, 3})), (5.0, frozenset({2, 3})), (5.1, frozenset({3}))]
+    monitor.labelled = [(0.0, frozenset({2, 3})), (1.0, frozenset({3})), (5.0, frozenset({3}))]
+    assert monitor.unload_gaps() == {2: 4.0}
+    # A label still named v2 in the last config read before it went: no gap at all.
+    monitor.labelled = [(0.0, frozenset({2, 3})), (5.0, frozenset({2, 3})), (5.1, frozenset({3}))]
+    assert monitor.unload_gaps()[2] < 0
 
 
 @pytest.mark.slow
-def test_fault_drill_kill_and_slow_model_server(tiny_exports: Path, tmp_path: Path) -> None:
+def test_fault_drill_kill_and_slow_model_server(
+    tiny_exports: Path, tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
     _code, result, output = run_drill(
         "fault_drill.py", tmp_path / "fault.json", "--spawn", str(tiny_exports),
         "--model", MODEL, "--clients", "4", "--timeout", "2", "--down", "2",
         "--slow-delay", "3", "--slow-for", "5", "--steady", "2",
     )  # fmt: skip
-    checks = dict(result["checks"])
-    recovered = checks.pop(RECOVERY_CHECK)
-    failed = [name for name, ok in checks.items() if not ok]
+    figures = result["figures"]
+    # Reported, not asserted: the measured recovery is this machine's; the bound it must stay
+    # under comes from the gateway's reconnect backoff and GATEWAY_TIMEOUT_S.
+    for name in ("kill: serving again after return (s)", "recovery bounds: after return / "
+                 "after delay removed (s)"):  # fmt: skip
+        record_property(name, figures[name])
+    failed = [name for name, ok in result["checks"].items() if not ok]
     assert not failed, f"{failed}\n{output[-4000:]}"
-    if not recovered:
-        # A timing bound on a shared 2-core machine: measured by the drill (results/loadtest/
-        # drills.md) rather than asserted; the gateway caps gRPC's reconnect backoff at 1 s.
-        seconds = result["figures"]["kill: serving again after return (s)"]
-        pytest.xfail(f"gateway served again {seconds}s after the model server returned (> 2 s)")
+
+
+def kill_phase_answers(recovered_after_s: float) -> tuple[list[Answer], dict[str, float]]:
+    """Return answers of a kill phase whose first success after the return is that late."""
+    kill = {"killed": 10.0, "restarted": 12.0, "returned": 15.0, "end": 30.0}
+    answers = [Answer(0, "", t, t + 0.01, 200, 1) for t in (8.0, 9.0)]
+    answers += [Answer(0, "", t, t + 0.01, 503, None, "unavailable") for t in (10.5, 14.0, 15.1)]
+    back = kill["returned"] + recovered_after_s
+    answers += [Answer(0, "", back - 0.1, back, 200, 1), Answer(0, "", 29.0, 29.1, 200, 1)]
+    return answers, kill
+
+
+@pytest.mark.parametrize("late_by_s", [-0.5, 0.5])
+def test_fault_drill_recovery_check_fails_past_the_backoff_and_timeout_bound(
+    late_by_s: float,
+) -> None:
+    timeout_s = 2.0
+    bound, _ = fault_drill.recovery_bounds(timeout_s)
+    backoff_s = dict(CHANNEL_OPTIONS)["grpc.max_reconnect_backoff_ms"] / 1000
+    assert bound == pytest.approx(backoff_s * 1.2 + timeout_s + fault_drill.MARGIN_S)
+    answers, kill = kill_phase_answers(bound + late_by_s)
+    slow = {"slow_from": 40.0, "fast_from": 45.0, "end": 50.0}
+    result = fault_drill.evaluate(answers, [], kill, slow, {1}, {1}, timeout_s)
+    check = next(name for name in result["checks"] if name.startswith("kill: serving again"))
+    assert result["checks"][check] is (late_by_s < 0)
