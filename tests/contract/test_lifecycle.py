@@ -136,12 +136,21 @@ def test_new_version_is_loaded_before_the_old_one_unloads_without_dropping_reque
     assert y_of(predict(life_server, "hot", 1.0)) == 3.5
 
 
-def test_non_numeric_directories_are_ignored(life_server: Server, life_root: Path) -> None:
+def test_non_numeric_directories_are_ignored(
+    life_server: Server, life_root: Path, hp2_base: Path
+) -> None:
+    hot = life_root / "hot"
     for name in ("tmp-9", ".tmp-8", "v7"):
-        (life_root / "steady" / name).mkdir()
-    time.sleep(1.5)
+        (hot / name).mkdir()
+    numeric = {int(p.name) for p in hot.iterdir() if p.name.isdigit()}
+    # Publish a numeric version after them: once the server serves it, a listing that already
+    # held the non-numeric names has run (a sleep could not tell whether any poll happened).
+    newest = max(numeric) + 1
+    copy_version(hp2_base, 2, hot, newest)
+    wait_for(lambda: statuses(life_server, "hot")[0][:2] == (newest, AVAILABLE))
 
-    assert [s[0] for s in statuses(life_server, "steady")] == [1]
+    assert {s[0] for s in statuses(life_server, "hot")} <= {*numeric, newest}
+    assert y_of(predict(life_server, "hot", 1.0)) == 3.5  # the copy of y = 0.5x + 3
 
 
 def test_corrupt_version_ends_with_error_while_previous_keeps_serving(

@@ -107,6 +107,9 @@ def test_ports_open_only_after_the_initial_load_and_warmup(tmp_path: Path, hp2_b
         proc.stop()
 
 
+CONFIG_READ_FAILED = "Failed to read ModelServerConfig file"
+
+
 def test_config_file_polling_applies_changes_and_keeps_the_old_config_on_errors(
     tmp_path: Path, hp2_base: Path
 ) -> None:
@@ -142,8 +145,17 @@ def test_config_file_polling_applies_changes_and_keeps_the_old_config_on_errors(
         )
         assert reply.json() == {"predictions": [2.5]}  # specific{1}: y = 0.5x + 2
 
+        failures = server.proc.log_path.read_text(errors="replace").count(CONFIG_READ_FAILED)
         config.write_text("model_config_list { this is not a config")
-        time.sleep(2.5)
+        # Wait until a poll has read the broken file (both binaries log it), then check that the
+        # old config still serves: a sleep alone would pass even if no poll had run.
+        server.proc.wait_until(
+            lambda: (
+                server.proc.log_path.read_text(errors="replace").count(CONFIG_READ_FAILED)
+                > failures
+            ),
+            30,
+        )
         assert (
             requests.post(
                 server.url + "/v1/models/b:predict", json={"instances": [1.0]}, timeout=10
