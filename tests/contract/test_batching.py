@@ -45,7 +45,10 @@ def batch_server(contract_root: Path, hp2_base: Path, tiny_base: Path) -> Iterat
             "--enable_batching",
             f"--batching_parameters_file={params}",
             f"--monitoring_config_file={monitoring}",
+            # Enough request threads that 15 concurrent callers all reach the batch queue (the
+            # defaults are 4 x cores, 8 on a 2-core machine, in the binary as here).
             "--grpc_max_threads=64",
+            "--rest_api_num_threads=64",
         ],
     )
     yield server
