@@ -68,23 +68,36 @@ def start_ops_server(work: Path, base: Path, config_text: str) -> OpsServer:
     return OpsServer(proc, grpc_port, rest_port, config, base)
 
 
-@pytest.fixture(scope="module")
-def ops_server(tiny_exports: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsServer]:
-    """Start ``python -m modelserver`` on tiny v1 with stable=1 under a ``specific`` policy."""
-    work = tmp_path_factory.mktemp("ops-server")
+def serve_tiny_versions(
+    tiny_exports: Path, work: Path, versions: dict[int, str], policy: str
+) -> Iterator[OpsServer]:
+    """Serve copies of tiny ``versions`` (version -> label) under ``policy``; stop it after."""
     base = work / "models"
-    shutil.copytree(tiny_exports / MODEL / "1", base / MODEL / "1")
+    for version in versions:
+        shutil.copytree(tiny_exports / MODEL / str(version), base / MODEL / str(version))
+    labels = " ".join(
+        f'version_labels {{ key: "{label}" value: {version} }}'
+        for version, label in versions.items()
+    )
     server = start_ops_server(
         work,
         base,
         f'model_config_list {{ config {{ name: "{MODEL}" base_path: "{base / MODEL}" '
-        'model_platform: "tensorflow" model_version_policy { specific { versions: 1 } } '
-        'version_labels { key: "stable" value: 1 } } }\n',
+        f'model_platform: "tensorflow" model_version_policy {{ {policy} }} {labels} }} }}\n',
     )
     try:
         yield server
     finally:
         server.proc.stop()
+
+
+@pytest.fixture(scope="module")
+def ops_server(tiny_exports: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsServer]:
+    """Start ``python -m modelserver`` on tiny v1 with stable=1 under a ``specific`` policy."""
+    yield from serve_tiny_versions(
+        tiny_exports, tmp_path_factory.mktemp("ops-server"), {1: "stable"},
+        "specific { versions: 1 }",
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -92,20 +105,7 @@ def two_versions_server(
     tiny_exports: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OpsServer]:
     """Start ``python -m modelserver`` on tiny v1 + v2: ``specific`` 1, 2; stable=1, canary=2."""
-    work = tmp_path_factory.mktemp("two-versions")
-    base = work / "models"
-    for version in ("1", "2"):
-        shutil.copytree(tiny_exports / MODEL / version, base / MODEL / version)
-    server = start_ops_server(
-        work,
-        base,
-        f'model_config_list {{ config {{ name: "{MODEL}" base_path: "{base / MODEL}" '
-        'model_platform: "tensorflow" '
-        "model_version_policy { specific { versions: 1 versions: 2 } } "
-        'version_labels { key: "stable" value: 1 } version_labels { key: "canary" value: 2 } '
-        "} }\n",
-    )
-    try:
-        yield server
-    finally:
-        server.proc.stop()
+    yield from serve_tiny_versions(
+        tiny_exports, tmp_path_factory.mktemp("two-versions"), {1: "stable", 2: "canary"},
+        "specific { versions: 1 versions: 2 }",
+    )  # fmt: skip

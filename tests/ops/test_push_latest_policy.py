@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from scripts import opslib, push_model
-from tests.ops.conftest import MODEL, OpsServer, start_ops_server
+from tests.ops.conftest import MODEL, OpsServer, serve_tiny_versions
 from tests.ops.test_push_model import available, labels, served_version
 
 
@@ -18,22 +17,10 @@ def latest_server(
     tiny_exports: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OpsServer]:
     """Start a model server on tiny v1 + v2 like serving_config/models.config does."""
-    work = tmp_path_factory.mktemp("latest-server")
-    base = work / "models"
-    for version in ("1", "2"):
-        shutil.copytree(tiny_exports / MODEL / version, base / MODEL / version)
-    server = start_ops_server(
-        work,
-        base,
-        f'model_config_list {{ config {{ name: "{MODEL}" base_path: "{base / MODEL}" '
-        'model_platform: "tensorflow" model_version_policy { latest { num_versions: 2 } } '
-        'version_labels { key: "stable" value: 1 } version_labels { key: "canary" value: 2 } '
-        "} }\n",
-    )
-    try:
-        yield server
-    finally:
-        server.proc.stop()
+    yield from serve_tiny_versions(
+        tiny_exports, tmp_path_factory.mktemp("latest-server"), {1: "stable", 2: "canary"},
+        "latest { num_versions: 2 }",
+    )  # fmt: skip
 
 
 def test_push_pins_the_policy_so_stable_keeps_its_version(
