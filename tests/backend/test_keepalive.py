@@ -112,3 +112,27 @@ def test_a_chunked_body_answered_early_does_not_cost_the_next_request(
         assert conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+def _chunks(data: bytes, size: int = 65536) -> Iterator[bytes]:
+    """Yield ``data`` in pieces, so requests sends it chunked (no Content-Length)."""
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+def test_a_chunked_body_over_the_limit_is_413_not_a_json_error(roomy_gateway: Gateway) -> None:
+    body = b'{"texts": ["' + b"a" * (2 * LIMIT) + b'"]}'
+    response = requests.post(
+        f"{roomy_gateway.url}/v1/models/{INTENT}:classify", data=_chunks(body), timeout=30
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_a_chunked_body_within_the_limit_is_served(roomy_gateway: Gateway) -> None:
+    body = b'{"texts": ["hello world", "' + b"b" * 1000 + b'"]}'
+    response = requests.post(
+        f"{roomy_gateway.url}/v1/models/{INTENT}:classify", data=_chunks(body, 100), timeout=30
+    )
+    assert response.status_code == 200
+    assert len(response.json()["predictions"]) == 2
