@@ -17,8 +17,10 @@ from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 from tests.contract.conftest import (
     TFS_BIN,
     copy_version,
+    cpu_seconds,
     server_cmd,
     start_server,
+    wait_until_spinning,
     write_config,
 )
 from tests.support.procs import ServerProcess, child_env, free_port, port_open
@@ -210,10 +212,11 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path, hp2_base: Path) 
     body = {"signature_name": "slow", "inputs": {"x": [[1.0]], "seconds": [1.5]}}
     try:
         with ThreadPoolExecutor(1) as pool:
+            before = cpu_seconds(server)
             in_flight = pool.submit(
                 requests.post, server.url + "/v1/models/m:predict", json=body, timeout=30
             )
-            time.sleep(0.5)
+            wait_until_spinning(server, before)
             server.proc.proc.send_signal(signal.SIGTERM)
             reply = in_flight.result()
         assert reply.json() == {"outputs": [[3.5]]}
