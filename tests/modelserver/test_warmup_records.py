@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -25,11 +26,18 @@ def test_intact_records_are_read_in_order(records: Path) -> None:
     assert list(read_tfrecords(records)) == [b"first record", b"second record" * 20]
 
 
+def flip(at: int) -> Callable[[bytes], bytes]:
+    """Return a damage that flips the lowest bit of byte ``at``."""
+    return lambda data: data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+
+
 @pytest.mark.parametrize(
     "damage",
     [
         pytest.param(lambda data: data[:-7], id="truncated"),
-        pytest.param(lambda data: data[:30] + bytes([data[30] ^ 0x01]) + data[31:], id="bit-flip"),
+        # The first record is bytes 0-27: length 0-7, its CRC 8-11, data 12-23, data CRC 24-27.
+        pytest.param(flip(15), id="data-flip"),
+        pytest.param(flip(30), id="length-flip"),
         pytest.param(lambda data: b"\xff" * 8 + data[8:], id="bogus-length"),
     ],
 )
