@@ -16,6 +16,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
 from tests.contract.conftest import (
     TFS_BIN,
+    Server,
     copy_version,
     cpu_seconds,
     server_cmd,
@@ -112,6 +113,15 @@ def test_ports_open_only_after_the_initial_load_and_warmup(tmp_path: Path, hp2_b
 CONFIG_READ_FAILED = "Failed to read ModelServerConfig file"
 
 
+def version_available(server: Server, model: str, version: int) -> bool:
+    """Return whether the server reports ``model`` ``version`` AVAILABLE."""
+    reply = requests.get(f"{server.url}/v1/models/{model}/versions/{version}", timeout=10)
+    # The status endpoint answers 200 in every state: readiness is the state field.
+    return reply.status_code == 200 and (
+        reply.json()["model_version_status"][0]["state"] == "AVAILABLE"
+    )
+
+
 def test_config_file_polling_applies_changes_and_keeps_the_old_config_on_errors(
     tmp_path: Path, hp2_base: Path
 ) -> None:
@@ -131,11 +141,7 @@ def test_config_file_polling_applies_changes_and_keeps_the_old_config_on_errors(
     )
 
     def b_available() -> bool:
-        reply = requests.get(server.url + "/v1/models/b/versions/1", timeout=10)
-        # The status endpoint answers 200 in every state: readiness is the state field.
-        return reply.status_code == 200 and (
-            reply.json()["model_version_status"][0]["state"] == "AVAILABLE"
-        )
+        return version_available(server, "b", 1)
 
     try:
         write_config(config, two)
@@ -175,6 +181,31 @@ def test_config_file_polling_applies_changes_and_keeps_the_old_config_on_errors(
                 break
             time.sleep(0.3)
         assert gone.json() == {"error": "Servable not found for request: Latest(b)"}
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(bool(TFS_BIN), reason="the binary's poller waits for a missing model forever")
+def test_config_polling_applies_an_edit_while_a_missing_model_is_still_awaited(
+    tmp_path: Path, hp2_base: Path
+) -> None:
+    config = tmp_path / "models.config"
+    a = {"name": "a", "base_path": str(hp2_base)}
+    ghost = {"name": "ghost", "base_path": str(tmp_path / "nowhere")}
+    b = {"name": "b", "base_path": str(hp2_base)}
+    write_config(config, [a])
+    server = start_server(
+        tmp_path, [f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1"]
+    )
+    try:
+        write_config(config, [a, ghost])
+        server.proc.wait_until(
+            lambda: "for servable ghost" in server.proc.log_path.read_text(errors="replace"), 30
+        )
+        write_config(config, [a, b])  # the fix for the typo, while the first edit still waits
+
+        # Well inside the 300 s the reload of the first edit may wait for its model.
+        server.proc.wait_until(lambda: version_available(server, "b", 2), 60)
     finally:
         server.stop()
 
