@@ -23,7 +23,7 @@ from modelserver.servable import LoadedVersion, PredictPlan
 QUEUE_FULL = "The batch scheduling queue to which this task was submitted is full"
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: a withdrawn task must not be compared by its numpy inputs
 class _Task:
     plan: PredictPlan
     size: int
@@ -33,13 +33,14 @@ class _Task:
     error: ServingError | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Batch:
     servable: LoadedVersion
     key: tuple[int, str, tuple[str, ...]]
     tasks: list[_Task] = field(default_factory=list)
     size: int = 0
     closed: bool = False
+    started: bool = False  # popped by a batch thread: its tasks will run
 
 
 def task_size(plan: PredictPlan) -> int:
@@ -141,11 +142,30 @@ class Batcher:
                 last.closed = True
             self._cond.notify()
         if not task.done.wait(timeout_s):
+            self._withdraw(last, task)
             raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         if task.error is not None:
             raise task.error
         assert task.outputs is not None
         return task.outputs
+
+    def _withdraw(self, batch: _Batch, task: _Task) -> None:
+        """Take a timed-out task out of its batch unless a batch thread already took the batch.
+
+        Nobody waits for its answer any more, so running it would only delay the tasks queued
+        behind it (a running one can't be interrupted: TF has no cancellation here).
+        """
+        with self._cond:
+            if batch.started:
+                return
+            batch.tasks.remove(task)
+            batch.size -= task.size
+            if not batch.tasks:
+                queue = self._queues.get(batch.key)
+                if queue is not None and batch in queue:
+                    queue.remove(batch)
+                    if not queue:
+                        del self._queues[batch.key]
 
     def _next_batch(self) -> _Batch | None:
         """Pop a batch that is full, closed or past its timeout; wait otherwise."""
@@ -161,7 +181,7 @@ class Batcher:
                     due = head.tasks[0].enqueued + self.timeout_s
                     if head.closed or due <= now:
                         queue.popleft()
-                        head.closed = True
+                        head.closed = head.started = True
                         if not queue:
                             del self._queues[key]  # unloaded versions leave no queues behind
                         return head

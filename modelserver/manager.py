@@ -144,6 +144,8 @@ class ModelManager:
             while True:
                 pending, failed = [], []
                 for name in names:
+                    if self._models[name].removed:
+                        continue  # a newer config dropped it: nothing left to wait for
                     verdict = self._availability(name)
                     if verdict == "pending":
                         pending.append(name)

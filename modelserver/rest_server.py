@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
 import re
@@ -43,6 +44,8 @@ MAX_BODY_BYTES = MAX_UNCOMPRESSED_BYTES
 # server answers 503 and closes, rather than growing without bound. Work is bounded separately by
 # --rest_api_num_threads (requests handled at once).
 MAX_CONNECTIONS = 1024
+CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")
+MAX_TRAILER_LINES = 64
 
 
 def _version(text: str | None) -> int | None:
@@ -243,24 +246,32 @@ class _Handler(BaseHTTPRequestHandler):
         parts: list[bytes] = []
         total = 0
         while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";")[0].strip() or b"x", 16)
-            except ValueError:
+            # Hex digits only: int(..., 16) would also take "-1" (then read(-1) buffers the
+            # connection to its end), "0x10" and "1_0".
+            token = self.rfile.readline(1024).split(b";")[0].strip()
+            if not CHUNK_SIZE.fullmatch(token):
+                self._malformed_chunk()
                 return None
+            size = int(token, 16)
             total += size
             if total > MAX_BODY_BYTES:
                 self._refuse_body("A chunked body")
                 return None
             if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return b"".join(parts)
+                for _ in range(MAX_TRAILER_LINES):
+                    if self.rfile.readline(1024) in (b"\r\n", b"\n", b""):
+                        return b"".join(parts)
+                self._malformed_chunk()
+                return None
             chunk = self.rfile.read(size)
             if len(chunk) < size:
                 return None
             parts.append(chunk)
             self.rfile.readline(1024)
+
+    def _malformed_chunk(self) -> None:
+        self.close_connection = True
+        self._send(*_error(400, "Malformed chunked request body"))
 
     def _serve(self) -> None:
         body = self._body()  # always drain it, or it would be read as the next request
@@ -359,13 +370,30 @@ class RestServer(ThreadingHTTPServer):
             self._open -= 1
 
 
-def build_rest_server(api: RestApi, port: int) -> RestServer:
-    """Return an HTTP server bound to ``0.0.0.0:port`` dispatching to ``api``.
+class DualStackRestServer(RestServer):
+    """The same server on ``::`` taking IPv6 and IPv4 connections alike."""
 
-    All interfaces, as the binary's REST listener (and its gRPC one, ``0.0.0.0:<port>``): a
-    container's published port needs it, and TF Serving has no flag for the REST address.
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def build_rest_server(api: RestApi, port: int) -> RestServer:
+    """Return an HTTP server on every interface, IPv6 and IPv4, dispatching to ``api``.
+
+    As the binary's REST listener (evhttp_server.cc binds ``::``, falling back to IPv4 where
+    IPv6 is missing; its gRPC one is ``0.0.0.0:<port>``): a container's published port needs it,
+    and TF Serving has no flag for the REST address.
     """
     # A silent or trickling client (or an idle keep-alive one) lets its thread go after the REST
     # timeout instead of holding it forever: StreamRequestHandler applies ``timeout`` to reads.
     handler = type("Handler", (_Handler,), {"api": api, "timeout": api.timeout_s})
+    if socket.has_dualstack_ipv6():
+        try:
+            return DualStackRestServer(("::", port), handler)
+        except OSError as exc:
+            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise  # e.g. the port is taken: the same answer IPv4 would give
     return RestServer(("0.0.0.0", port), handler)

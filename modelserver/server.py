@@ -114,6 +114,7 @@ class ModelServer:
         )
         self.core = Core(self.manager, self.metrics, batcher, flags.rest_api_num_threads)
         self._reload_lock = threading.Lock()
+        self._polled_reload: Any = None  # the config file's content a reload is applying
         self._stopped = threading.Event()
         self._servers: list[Any] = []
         self._grpc_done: list[threading.Event] = []
@@ -180,6 +181,12 @@ class ModelServer:
             threading.Thread(target=self._poll_config_file, name="config-poll", daemon=True).start()
 
     def _poll_config_file(self) -> None:
+        """Re-read --model_config_file every poll; reload when it differs from the config served.
+
+        Each reload runs in its own thread, so one waiting for a model that never loads (up to
+        the manager's bound) doesn't hold up the next edit of the file; a reload that failed is
+        tried again at the next poll, as in the binary (labels may have become assignable).
+        """
         wait = self.flags.model_config_file_poll_wait_seconds
         while not self._stopped.wait(wait):
             try:
@@ -187,12 +194,23 @@ class ModelServer:
             except (OSError, ServingError) as exc:
                 log.error("Failed to read ModelServerConfig file: %s", getattr(exc, "message", exc))
                 continue
-            if config == self.config:
-                continue  # an identical config is a no-op
-            try:
-                self.reload(config)
-            except ServingError as exc:
-                log.error("PollFilesystemAndReloadConfig failed to ReloadConfig: %s", exc.message)
+            with self._reload_lock:
+                if config == self.config or config == self._polled_reload:
+                    continue  # identical to the config served, or being applied now
+                self._polled_reload = config
+            threading.Thread(
+                target=self._reload_polled, args=(config,), name="config-reload", daemon=True
+            ).start()
+
+    def _reload_polled(self, config: Any) -> None:
+        try:
+            self.reload(config)
+        except ServingError as exc:
+            log.error("PollFilesystemAndReloadConfig failed to ReloadConfig: %s", exc.message)
+        finally:
+            with self._reload_lock:
+                if self._polled_reload is config:
+                    self._polled_reload = None
 
     def wait(self) -> None:
         """Block until stop() (SIGTERM/SIGINT)."""

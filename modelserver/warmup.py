@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,13 +29,43 @@ def read_tfrecords(path: Path) -> Iterator[bytes]:
     """
     import tensorflow as tf
 
+    _check_lengths(path)
     try:
         for record in tf.data.TFRecordDataset(str(path)):
             yield bytes(record.numpy())
     except tf.errors.OpError as exc:
+        # Keep TF's reason ("corrupted record at 12"), not the iterator op wrapped around it.
+        reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*", "", exc.message, flags=re.S)
         raise ServingError(
-            grpc.StatusCode.DATA_LOSS, f"Corrupt warmup data in {path}: {exc.message}"
+            grpc.StatusCode.DATA_LOSS, f"Corrupt warmup data in {path}: {reason}"
         ) from None
+
+
+def _check_lengths(path: Path) -> None:
+    """Raise DATA_LOSS unless each record's claimed length fits in the file.
+
+    TensorFlow's reader allocates a record's claimed length before reading it: a length whose
+    CRC matches (a crafted file; a random flip can't do it) of 2**50 bytes kills the process
+    with a segmentation fault instead of failing the load. Only MAX_RECORDS + 1 records are
+    looked at: the warmup stops there anyway.
+    """
+    size = path.stat().st_size
+    offset = 0
+    with path.open("rb") as stream:
+        for _ in range(MAX_RECORDS + 1):
+            if offset >= size:
+                return
+            stream.seek(offset)
+            header = stream.read(8)
+            length = int.from_bytes(header, "little") if len(header) == 8 else size
+            end = offset + 12 + length + 4  # length, its CRC, data, data CRC
+            if end > size:
+                raise ServingError(
+                    grpc.StatusCode.DATA_LOSS,
+                    f"Corrupt warmup data in {path}: the record at byte {offset} runs past "
+                    f"the end of the file ({size} bytes)",
+                )
+            offset = end
 
 
 def run_warmup(servable: LoadedVersion, iterations: int = 1) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,29 @@ def start_server(workdir: Path, flags: list[str], timeout_s: float = 120.0) -> S
         proc.stop()
         raise
     return Server(proc, grpc_port, rest_port, workdir)
+
+
+def cpu_seconds(server: Server) -> float:
+    """Return the CPU time the server process has used so far (user + system, Linux /proc)."""
+    stat = Path(f"/proc/{server.proc.proc.pid}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": field 3 (state) is index 0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_spinning(server: Server, since_cpu_s: float, timeout_s: float = 20) -> None:
+    """Wait until a call to the ``slow`` signature is running in the server.
+
+    That signature spins on the clock, so the server's CPU time grows by a spin's worth; neither
+    binary shows a running call any other way. ``since_cpu_s`` is cpu_seconds() taken before the
+    call was sent. An idle server (a directory listing a second) uses a small fraction of this.
+    """
+    deadline = time.monotonic() + timeout_s
+    while cpu_seconds(server) - since_cpu_s < SPIN_CPU_S:
+        assert time.monotonic() < deadline, "no call to the slow signature started running"
+        time.sleep(0.02)
+
+
+SPIN_CPU_S = 0.15
 
 
 def write_config(path: Path, models: list[dict[str, Any]]) -> Path:

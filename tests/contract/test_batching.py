@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +14,14 @@ import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
-from tests.contract.conftest import TFS_BIN, Server, start_server, write_config
+from tests.contract.conftest import (
+    TFS_BIN,
+    Server,
+    cpu_seconds,
+    start_server,
+    wait_until_spinning,
+    write_config,
+)
 
 QUEUE_FULL = "The batch scheduling queue to which this task was submitted is full"
 
@@ -118,8 +124,9 @@ def test_full_queue_answers_unavailable_and_others_complete(batch_server: Server
             return exc.code().name, exc.details()
 
     with ThreadPoolExecutor(16) as pool:
+        before = cpu_seconds(batch_server)
         first = pool.submit(call, 100)  # occupies the only batch thread for 1 s
-        time.sleep(0.2)
+        wait_until_spinning(batch_server, before)
         results = list(pool.map(call, range(14)))  # 2 queued batches of 4 fit, the rest don't
         assert first.result() == ("ok", 53.0)
 
@@ -136,8 +143,9 @@ def test_full_queue_is_503_over_rest(batch_server: Server) -> None:
         )
 
     with ThreadPoolExecutor(16) as pool:
-        first = pool.submit(call, 100)
-        time.sleep(0.2)
+        before = cpu_seconds(batch_server)
+        first = pool.submit(call, 100)  # occupies the only batch thread for 1 s
+        wait_until_spinning(batch_server, before)
         replies = list(pool.map(call, range(14)))
         first.result()
 

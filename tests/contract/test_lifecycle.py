@@ -18,7 +18,15 @@ from google.protobuf import text_format
 from tensorflow_serving.apis import get_model_status_pb2, model_management_pb2, predict_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from tests.contract.conftest import Server, copy_version, start_server, write_config
+from tests.contract.conftest import (
+    TFS_BIN,
+    Server,
+    copy_version,
+    cpu_seconds,
+    start_server,
+    wait_until_spinning,
+    write_config,
+)
 
 AVAILABLE, END = 30, 50
 
@@ -126,7 +134,7 @@ def test_new_version_is_loaded_before_the_old_one_unloads_without_dropping_reque
         wait_for(
             lambda: [s[:2] for s in statuses(life_server, "hot")] == [(2, AVAILABLE), (1, END)]
         )
-        time.sleep(0.3)
+        wait_for(lambda: 3.5 in served)  # the caller has been answered by v2 too
     finally:
         stop.set()
         thread.join()
@@ -169,6 +177,37 @@ def test_corrupt_version_ends_with_error_while_previous_keeps_serving(
     assert y_of(predict(life_server, "steady", 1.0)) == 2.5
 
 
+@pytest.mark.parametrize(
+    ("damage", "version"),
+    [
+        pytest.param(lambda data: data[:20] + bytes([data[20] ^ 1]) + data[21:], 6, id="bit-flip"),
+        pytest.param(lambda data: data[:-3], 7, id="truncated"),
+    ],
+)
+def test_corrupt_warmup_file_fails_the_load_with_data_loss(
+    life_server: Server, life_root: Path, hp2_base: Path, damage: Any, version: int
+) -> None:
+    from tests.contract.test_startup import write_slow_warmup
+
+    staging = copy_version(hp2_base, 1, life_root / f"staging-{version}", 1)
+    write_slow_warmup(staging, 0.0)
+    # TFRecord framing: 8-byte length, 4-byte CRC of it, the data (byte 20 is in it), its CRC.
+    path = staging / "assets.extra" / "tf_serving_warmup_requests"
+    path.write_bytes(damage(path.read_bytes()))
+    copy_version(life_root / f"staging-{version}", 1, life_root / "steady", version)
+
+    def state_of(v: int) -> tuple[int, int, str]:
+        found = {s[0]: s[1:] for s in statuses(life_server, "steady")}
+        return found.get(v, (0, 0, ""))
+
+    wait_for(lambda: state_of(version)[0] == END)
+
+    _, code, message = state_of(version)
+    assert code == grpc.StatusCode.DATA_LOSS.value[0] and message
+    assert state_of(1)[0] == AVAILABLE
+    assert y_of(predict(life_server, "steady", 1.0, version=1)) == 2.5
+
+
 def test_labels_move_between_available_versions_and_refuse_unavailable_ones(
     life_server: Server, life_root: Path, hp2_base: Path
 ) -> None:
@@ -206,8 +245,9 @@ def test_reload_blocks_until_an_added_model_serves_then_removal_unloads_it(
     assert y_of(predict(life_server, "added", 2.0)) == 3.0  # no wait: reload returned when ready
 
     with ThreadPoolExecutor(1) as pool:
+        before = cpu_seconds(life_server)
         in_flight = pool.submit(predict, life_server, "added", 2.0, 10, signature_name="slow")
-        time.sleep(0.3)
+        wait_until_spinning(life_server, before)  # the call is running in the server
         reload(life_server, models)
         assert y_of(in_flight.result()) == 3.0  # the request that was running completes
 
@@ -249,6 +289,26 @@ def test_model_with_missing_base_path_has_no_versions_while_others_serve(
     reload(life_server, base_models(life_root))
 
 
+@pytest.mark.skipif(bool(TFS_BIN), reason="the binary runs one reload at a time (config_mu_)")
+def test_a_reload_waiting_for_a_missing_model_does_not_hold_up_the_next(
+    life_server: Server, life_root: Path
+) -> None:
+    ghost = {"name": "ghost2", "base_path": str(life_root / "nowhere2")}
+
+    def polled_ghost() -> bool:  # the server has the first config and looks for the model
+        log = life_server.proc.log_path.read_text(errors="replace")
+        return f"for servable {ghost['name']}" in log
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(reload, life_server, [*base_models(life_root), ghost], 120)
+        wait_for(polled_ghost)
+        reload(life_server, base_models(life_root), timeout=20)  # not stuck behind the first
+        waiting.result(timeout=30)  # its model left the config: nothing left to wait for
+
+    assert not waiting.exception()
+    assert y_of(predict(life_server, "steady")) > 0
+
+
 def test_failing_warmup_fails_the_load_and_the_previous_version_keeps_serving(
     life_server: Server, life_root: Path, hp2_base: Path
 ) -> None:
@@ -273,10 +333,11 @@ def test_cancelled_call_leaves_the_server_serving(life_server: Server) -> None:
     request.model_spec.name = "steady"
     request.model_spec.signature_name = "slow"
     request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([[1.0]], np.float32)))
-    request.inputs["seconds"].CopyFrom(tf.make_tensor_proto(np.array([0.5], np.float32)))
+    request.inputs["seconds"].CopyFrom(tf.make_tensor_proto(np.array([1.0], np.float32)))
 
+    before = cpu_seconds(life_server)
     future = life_server.prediction_stub().Predict.future(request, timeout=10)
-    time.sleep(0.1)
+    wait_until_spinning(life_server, before)  # cancelled while it runs, not before it is sent
     future.cancel()
 
     assert future.cancelled()

@@ -21,16 +21,19 @@ from tests.contract.conftest import TFS_BIN, Server, start_server, write_config
 pytestmark = pytest.mark.skipif(bool(TFS_BIN), reason="modelserver's own REST limits")
 
 LIMIT = 100 << 20  # modelserver.rest_server.MAX_BODY_BYTES
+TIMEOUT_S = 3.0  # the narrow server's --rest_api_timeout_in_ms
 
 
 @pytest.fixture(scope="module")
 def narrow_server(contract_root: Path, hp2_base: Path) -> Iterator[Server]:
-    """half_plus_two behind one REST worker thread and a 1 s REST timeout."""
+    """half_plus_two behind one REST worker thread and a 3 s REST timeout."""
     config = write_config(
         contract_root / "narrow.config", [{"name": "half_plus_two", "base_path": str(hp2_base)}]
     )
     flags = [f"--model_config_file={config}", "--rest_api_num_threads=1"]
-    server = start_server(contract_root, [*flags, "--rest_api_timeout_in_ms=1000"])
+    server = start_server(
+        contract_root, [*flags, f"--rest_api_timeout_in_ms={int(TIMEOUT_S * 1000)}"]
+    )
     yield server
     server.stop()
 
@@ -71,21 +74,34 @@ def test_a_silent_connection_is_closed_after_the_rest_timeout(narrow_server: Ser
     assert time.monotonic() - started < 25
 
 
+def test_a_negative_chunk_size_is_refused_not_read_to_the_end(narrow_server: Server) -> None:
+    # int("-1", 16) is -1, and read(-1) would buffer everything the client sends until it closes.
+    head = (
+        b"POST /v1/models/half_plus_two:predict HTTP/1.1\r\nHost: x\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n-1\r\n"
+    )
+    answer = _exchange(narrow_server.rest_port, head + b"x" * 4096)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"Malformed chunked request body" in answer
+
+
 def test_rest_api_num_threads_bounds_requests_worked_on_at_once(narrow_server: Server) -> None:
-    # Four 0.9 s calls at once on one worker thread: the first runs, the next waits for it, and
-    # those still waiting when the 1 s REST timeout passes are told the workers are busy.
-    slow_body = {"signature_name": "slow", "inputs": {"x": [[1.0]], "seconds": [0.9]}}
+    # Four calls of half the REST timeout at once on one worker thread: the first runs, the next
+    # waits for it, and the last two can start only after two whole calls, i.e. at least the full
+    # timeout after they came: at least one is told the workers are busy. Only lower bounds on
+    # the model's time decide that (it spins on the clock), so a slow CPU can't change it.
+    slow_body = {"signature_name": "slow", "inputs": {"x": [[1.0]], "seconds": [TIMEOUT_S / 2]}}
     url = f"{narrow_server.url}/v1/models/half_plus_two:predict"
     replies: list[requests.Response] = []
 
     def call() -> None:
-        replies.append(requests.post(url, json=slow_body, timeout=30))
+        replies.append(requests.post(url, json=slow_body, timeout=60))
 
     calls = [threading.Thread(target=call) for _ in range(4)]
     for call in calls:
         call.start()
     for call in calls:
-        call.join(30)
+        call.join(60)
     statuses = sorted(r.status_code for r in replies)
     assert statuses[0] == 200 and 503 in statuses, statuses
     refused = next(r for r in replies if r.status_code == 503)

@@ -30,6 +30,29 @@ class Doubler:
         return {"y": plan.inputs["x"] * 2}
 
 
+class Gate(Doubler):
+    """Holds every model call until ``release`` is set; ``started`` is set once one runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.seen: list[float] = []
+
+    def run(self, plan: PredictPlan) -> dict[str, np.ndarray]:
+        self.seen.extend(plan.inputs["x"].ravel().tolist())
+        self.started.set()
+        assert self.release.wait(20), "the test never released the model call"
+        return super().run(plan)
+
+
+def wait_until(check: Any, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
 def settings(**overrides: Any) -> dict[str, Any]:
     base = {
         "max_batch_size": 8,
@@ -96,22 +119,66 @@ def test_variable_lengths_pad_with_the_first_element_or_fail_without_padding() -
 
 
 def test_full_queue_is_unavailable() -> None:
-    servable = Doubler(delay_s=0.5)
+    servable = Gate()
     batcher = Batcher(settings(max_batch_size=1, max_enqueued_batches=1, batch_timeout_micros=0))
     try:
         with ThreadPoolExecutor(4) as pool:
             first = pool.submit(batcher.run, servable, plan(np.ones((1, 1), np.float32)))
-            time.sleep(0.1)
+            assert servable.started.wait(10)  # the only batch thread is busy from here on
             rest = [
                 pool.submit(batcher.run, servable, plan(np.ones((1, 1), np.float32)))
                 for _ in range(3)
             ]
+            wait_until(lambda: sum(f.done() for f in rest) >= 2)  # refused at once
+            servable.release.set()
             errors = [f.exception() for f in rest]
             first.result()
     finally:
+        servable.release.set()
         batcher.close()
 
     assert sum(isinstance(e, ServingError) and e.message == QUEUE_FULL for e in errors) == 2
+
+
+def test_a_task_whose_caller_timed_out_before_its_batch_started_never_runs() -> None:
+    servable = Gate()
+    batcher = Batcher(settings(max_batch_size=1, batch_timeout_micros=0))
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(batcher.run, servable, plan(np.full((1, 1), 1.0, np.float32)))
+            assert servable.started.wait(10)
+            with pytest.raises(ServingError, match="Deadline Exceeded"):
+                batcher.run(servable, plan(np.full((1, 1), 2.0, np.float32)), timeout_s=0.2)
+            servable.release.set()
+            first.result()
+        # Batches run in order: once a later call is answered, the withdrawn one would have run.
+        batcher.run(servable, plan(np.full((1, 1), 3.0, np.float32)), timeout_s=10)
+    finally:
+        servable.release.set()
+        batcher.close()
+
+    assert servable.seen == [1.0, 3.0]
+
+
+def test_a_timed_out_task_leaves_the_rest_of_its_batch_running() -> None:
+    servable = Gate()
+    batcher = Batcher(settings(max_batch_size=4, batch_timeout_micros=0))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(batcher.run, servable, plan(np.full((1, 1), 1.0, np.float32)))
+            assert servable.started.wait(10)
+            kept = pool.submit(batcher.run, servable, plan(np.full((1, 1), 2.0, np.float32)))
+            wait_until(lambda: len(batcher._queues) == 1)  # queued behind the running batch
+            with pytest.raises(ServingError, match="Deadline Exceeded"):
+                batcher.run(servable, plan(np.full((1, 1), 3.0, np.float32)), timeout_s=0.2)
+            servable.release.set()
+            assert first.result()["y"].tolist() == [[2.0]]
+            assert kept.result()["y"].tolist() == [[4.0]]
+    finally:
+        servable.release.set()
+        batcher.close()
+
+    assert servable.seen == [1.0, 2.0]
 
 
 def test_oversized_and_scalar_tasks_are_rejected() -> None:

@@ -174,10 +174,10 @@ def test_a_reload_waiting_on_a_stuck_model_does_not_hold_up_the_next(tmp_path: P
         while not loading(manager, "other"):
             assert time.monotonic() < wait_until, "the slow model never started loading"
             time.sleep(0.01)
-        started = time.monotonic()
         newer = 'model_version_policy { all {} } version_labels { key: "stable" value: 2 }'
         manager.apply_config(two_models(base, slow, newer), timeout_s=30)
-        assert time.monotonic() - started < 5  # did not wait for the first reload's model
+        # It returned while the first reload still waits on the stuck load: it did not wait.
+        assert thread.is_alive() and not GatedVersion.release.is_set()
         GatedVersion.release.set()
         thread.join(20)
     finally:
@@ -185,3 +185,31 @@ def test_a_reload_waiting_on_a_stuck_model_does_not_hold_up_the_next(tmp_path: P
         manager.stop()
     assert not stuck, stuck
     assert manager.servable("m", label="stable").version == 2  # the newer config's label stands
+
+
+def test_a_reload_stops_waiting_for_a_model_a_newer_config_dropped(tmp_path: Path) -> None:
+    manager, base = make(tmp_path, [1])
+    manager.apply_config(config(base), initial=True)
+    manager.start_polling(0.05)
+    outcome: list[BaseException | None] = []
+
+    def with_missing_model() -> None:
+        try:
+            manager.apply_config(two_models(base, tmp_path / "nowhere"), timeout_s=60)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=with_missing_model)
+    try:
+        thread.start()
+        wait_until = time.monotonic() + 10
+        while "other" not in manager.model_names():
+            assert time.monotonic() < wait_until, "the first config was never applied"
+            time.sleep(0.01)
+        manager.apply_config(config(base), timeout_s=10)  # drops "other" again
+        thread.join(20)  # far less than the 60 s the first reload would otherwise wait
+    finally:
+        manager.stop()
+    assert not thread.is_alive() and outcome == [None]
+    assert manager.model_names() == ["m"]

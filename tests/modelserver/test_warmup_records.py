@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -25,11 +26,30 @@ def test_intact_records_are_read_in_order(records: Path) -> None:
     assert list(read_tfrecords(records)) == [b"first record", b"second record" * 20]
 
 
+def flip(at: int, bit: int = 0x01) -> Callable[[bytes], bytes]:
+    """Return a damage that flips ``bit`` of byte ``at``."""
+    return lambda data: data[:at] + bytes([data[at] ^ bit]) + data[at + 1 :]
+
+
+def masked_crc32c(data: bytes) -> int:
+    """Return TFRecord's masked CRC-32C of ``data`` (to craft a length whose CRC matches)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 @pytest.mark.parametrize(
     "damage",
     [
         pytest.param(lambda data: data[:-7], id="truncated"),
-        pytest.param(lambda data: data[:30] + bytes([data[30] ^ 0x01]) + data[31:], id="bit-flip"),
+        # The first record is bytes 0-27: length 0-7, its CRC 8-11, data 12-23, data CRC 24-27.
+        pytest.param(flip(15), id="data-flip"),
+        pytest.param(flip(9), id="length-crc-flip"),  # the length still fits: only its CRC tells
+        pytest.param(flip(30), id="length-flip"),
         pytest.param(lambda data: b"\xff" * 8 + data[8:], id="bogus-length"),
     ],
 )
@@ -38,4 +58,17 @@ def test_a_damaged_file_is_data_loss_not_garbage(records: Path, damage: object) 
     with pytest.raises(ServingError) as info:
         list(read_tfrecords(records))
     assert info.value.code == grpc.StatusCode.DATA_LOSS
-    assert str(records) in info.value.message
+    assert str(records) in info.value.message and "{{" not in info.value.message
+
+
+def test_a_length_past_the_end_is_data_loss_even_when_its_crc_matches(tmp_path: Path) -> None:
+    # TensorFlow's reader would allocate the claimed 2**50 bytes first and crash the process.
+    head = (1 << 50).to_bytes(8, "little")
+    path = tmp_path / "tf_serving_warmup_requests"
+    path.write_bytes(head + masked_crc32c(head).to_bytes(4, "little") + b"x" * 100)
+
+    with pytest.raises(ServingError) as info:
+        list(read_tfrecords(path))
+
+    assert info.value.code == grpc.StatusCode.DATA_LOSS
+    assert "past the end of the file" in info.value.message
