@@ -39,7 +39,7 @@ stop:
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy backend export
+	$(VENV)/bin/mypy backend export modelformat
 
 test: setup lint models
 	$(PY) -m pytest -q

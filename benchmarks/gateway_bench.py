@@ -156,9 +156,10 @@ def _paired(
 
 def _overhead(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[Row]:
     """Return the overhead rows (grpc and rest) for one short text."""
-    from backend.bucketing import bucket_for, pad_batch
+    from backend.bucketing import pad_batch
     from backend.clients.grpc_client import GrpcClient
     from backend.versions import load_assets
+    from modelformat.buckets import bucket_for
 
     version = stack.version(model)
     assets = load_assets(base, model, version)

@@ -22,6 +22,7 @@ WORKDIR /app
 COPY requirements-gateway.txt ./
 RUN pip install --no-cache-dir -r requirements-gateway.txt
 COPY backend/ backend/
+COPY modelformat/ modelformat/
 COPY --from=protos /src/backend/protos/ backend/protos/
 COPY docker/gunicorn.conf.py docker/gunicorn.conf.py
 USER gateway

@@ -351,11 +351,12 @@ def _write_version(
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
 
-    from export.model import INPUT_NAMES, bucket_lengths, bucket_signature_name, output_names
+    from export.model import INPUT_NAMES, output_names
     from export.warmup import token_batch, warmup_plan, write_warmup
+    from modelformat.buckets import buckets, signature_name
 
-    lens = bucket_lengths(max_seq_len)
-    bucket_signatures = {str(n): bucket_signature_name(n) for n in lens}
+    lens = buckets(max_seq_len)
+    bucket_signatures = {str(n): signature_name(n) for n in lens}
     say(f"writing SavedModel to {temp} (serving_default + {', '.join(bucket_signatures.values())})")
     tf.saved_model.save(target, str(temp), signatures=target.signatures(lens))
     say("verifying the saved model against fp32 on a probe batch")

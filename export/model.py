@@ -16,21 +16,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from backend.bucketing import buckets
 from export.checkpoint import BertConfig
+from modelformat.buckets import signature_name
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-# bucket_lengths: the gateway pads each chunk to one of these lengths (16, 32, 64, … capped at
-# max_seq_len); one rule, owned by the gateway's pure bucketing core, so the two never drift.
-bucket_lengths = buckets
 # A large negative (not -inf) so a fully padded row still gives a finite softmax.
 _MASK_NEG = -1e9
-
-
-def bucket_signature_name(seq_len: int) -> str:
-    """Return the name of the fixed-length signature for ``seq_len`` (``seq_<L>``)."""
-    return f"seq_{seq_len}"
 
 
 def output_names(task: str) -> list[str]:
@@ -217,7 +209,7 @@ class BertModule(tf.Module):
         for seq_len in bucket_lens:
             specs = [tf.TensorSpec([None, seq_len], tf.int32, name=n) for n in INPUT_NAMES]
             fn = tf.function(self._serve, input_signature=specs)
-            out[bucket_signature_name(seq_len)] = fn.get_concrete_function()
+            out[signature_name(seq_len)] = fn.get_concrete_function()
         return out
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from export.layout import WARMUP_FILE
-from export.model import INPUT_NAMES, bucket_lengths, bucket_signature_name
+from export.model import INPUT_NAMES
+from modelformat.buckets import buckets, signature_name
 
 DEFAULT_SIGNATURE = "serving_default"
 BATCH_SIZES = (1, 8, 32)
@@ -33,9 +34,7 @@ def warmup_plan(max_seq_len: int) -> list[tuple[str, int, int]]:
     batch 1/8/32: TF Serving warms (and batches) each signature separately.
     """
     plan = [(DEFAULT_SIGNATURE, b, n) for b, n in warmup_shapes(max_seq_len)]
-    plan += [
-        (bucket_signature_name(n), b, n) for n in bucket_lengths(max_seq_len) for b in BATCH_SIZES
-    ]
+    plan += [(signature_name(n), b, n) for n in buckets(max_seq_len) for b in BATCH_SIZES]
     return plan[:MAX_RECORDS]
 
 

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.bucketing import Chunk, bucket_for, buckets, pad_batch, plan_chunks, reassemble
+from backend.bucketing import Chunk, pad_batch, plan_chunks, reassemble
+from modelformat.buckets import bucket_for, buckets
 
 
 def test_buckets_double_from_16_up_to_max_seq_len() -> None:
