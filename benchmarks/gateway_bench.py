@@ -41,7 +41,7 @@ def _models(ctx: BenchContext) -> tuple[Path, str, str]:
     """Return (base path, classify model, embed model): the demo models or tiny stand-ins."""
     if (ctx.base_path / "minilm-intent").is_dir() and (ctx.base_path / "minilm").is_dir():
         return ctx.base_path, "minilm-intent", "minilm"
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     base = ctx.work_dir / "gateway-models"
     ctx.notes.append("gateway_bench: no demo models under --base-path; used tiny random models")

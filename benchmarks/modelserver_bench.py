@@ -32,7 +32,7 @@ def _model(ctx: BenchContext) -> tuple[Path, str]:
 
     if latest_version(ctx.base_path / "minilm") is not None:
         return ctx.base_path / "minilm", "minilm"
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     ctx.notes.append("modelserver_bench: no minilm under --base-path; used a tiny random BERT")
     base = ctx.work_dir / "ms-models"
@@ -150,7 +150,7 @@ def _latencies(
 def _transport_floor(ctx: BenchContext, n: int) -> dict[str, list[float]]:
     """Return latencies on half_plus_two, whose compute is ~nothing: the per-call floor."""
     from export.predictor import PersistentPredictor
-    from tests.support.half_plus_two import export_half_plus_two
+    from modelserver.half_plus_two import export_half_plus_two
 
     path = export_half_plus_two(ctx.work_dir / "ms-hp2" / "hp2", version=1)
     predictor = PersistentPredictor(path)

@@ -13,8 +13,8 @@ from backend.protos import build as proto_build
 if not (proto_build.PROTO_DIR / "serving_pb2.py").is_file():
     proto_build.build()  # `make setup` does this; a bare `pytest` should work too
 
+from export.tiny import tiny_vocab
 from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
-from tests.support.tiny_bert import tiny_vocab
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +52,7 @@ def other_vocab() -> list[str]:
 @pytest.fixture(scope="session")
 def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Return a base path with tiny-intent v1, v2 (another vocabulary) and tiny-embed v1."""
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     base = tmp_path_factory.mktemp("models")
     export_tiny_model(base, INTENT, task="classify", version=1, seed=0, warmup=False)

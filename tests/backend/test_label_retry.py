@@ -42,7 +42,7 @@ def _available(rest_port: int) -> list[int]:
 
 @pytest.fixture()
 def served(tmp_path: Path) -> Iterator[tuple[Path, Path, int, int, ServerProcess]]:
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     base = tmp_path / "models"
     for version in (1, 2):

@@ -37,7 +37,7 @@ def _available(rest_port: int) -> bool:
 
 
 def test_gateway_recovers_quickly_after_a_model_server_restart(tmp_path: Path) -> None:
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     export_tiny_model(tmp_path, MODEL, task="embed", version=1, seed=5, warmup=False)
     grpc_port, rest_port = free_port(), free_port()

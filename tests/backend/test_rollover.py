@@ -23,7 +23,7 @@ TEXTS = ["my card was charged twice", "hello world", "我的订单还没到"]
 @pytest.fixture(scope="module")
 def roll_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, int]]:
     """Return (base path, grpc port, rest port) of a modelserver following tiny-roll's newest."""
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     base = tmp_path_factory.mktemp("roll")
     export_tiny_model(base, MODEL, task="classify", version=1, seed=3, warmup=False)
@@ -80,7 +80,7 @@ def _reference(base: Path, rest_port: int, version: int) -> np.ndarray:
 def test_rollover_to_a_new_vocabulary_never_mixes_versions(
     roll_server: tuple[Path, int, int],
 ) -> None:
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     base, grpc_port, rest_port = roll_server
     app = create_app(

@@ -19,8 +19,8 @@ from backend.app import create_app
 from backend.clients.base import VersionStatus
 from backend.errors import UpstreamUnavailable
 from backend.versions import AssetCache, LabelTable, StatusCache
+from export.tiny import tiny_vocab
 from tests.backend.conftest import other_vocab
-from tests.support.tiny_bert import tiny_vocab
 
 
 def _status(version: int) -> list[VersionStatus]:

@@ -19,7 +19,7 @@ import grpc
 import pytest
 import requests
 
-from tests.support.half_plus_two import export_half_plus_two
+from modelserver.half_plus_two import export_half_plus_two
 from tests.support.procs import ServerProcess, child_env, free_port, port_open, python_cmd
 
 TFS_BIN = os.environ.get("TFS_BIN", "")
@@ -137,7 +137,7 @@ def hp2_base(contract_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_base(contract_root: Path) -> Path:
     """Return the base path of a tiny BERT embedding model (version 1)."""
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     base = contract_root / "models"
     export_tiny_model(base, "tiny", task="embed", version=1, warmup=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tiny_bert import write_google_checkpoint, write_hf_checkpoint
+from export.tiny import write_google_checkpoint, write_hf_checkpoint
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

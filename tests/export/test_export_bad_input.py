@@ -135,7 +135,7 @@ def test_labels_must_be_unique_single_lines(
 
 
 def test_cased_tokenizer_config_is_recorded(tmp_path: Path) -> None:
-    from tests.support.tiny_bert import write_hf_checkpoint
+    from export.tiny import write_hf_checkpoint
 
     ckpt = write_hf_checkpoint(tmp_path / "cased", task="embed", do_lower_case=False)
     result = build(ckpt, "cased", tmp_path / "models", task="embed", max_seq_len=16, warmup=False)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from export.predictor import LatestVersionPredictor, PersistentPredictor, PredictorError
+from export.tiny import export_tiny_model
 from export.warmup import token_batch
-from tests.support.tiny_bert import export_tiny_model
 
 FEEDS = token_batch(4, 16, 303, cls_id=2, sep_id=3, seed=3)
 

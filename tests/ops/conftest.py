@@ -17,7 +17,7 @@ MODEL = "tiny"
 @pytest.fixture(scope="session")
 def tiny_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Return a base path holding ``tiny/1`` and ``tiny/2`` (classify, different seeds)."""
-    from tests.support.tiny_bert import export_tiny_model
+    from export.tiny import export_tiny_model
 
     base = tmp_path_factory.mktemp("exports")
     for version, seed in ((1, 0), (2, 1)):

@@ -134,7 +134,7 @@ def test_version_that_never_loads_times_out_clearly_and_restores_the_config(
 def test_push_from_a_checkpoint_exports_the_next_version_with_exporter_options(
     ops_server: OpsServer, tmp_path: Path
 ) -> None:
-    from tests.support.tiny_bert import write_hf_checkpoint
+    from export.tiny import write_hf_checkpoint
 
     checkpoint = write_hf_checkpoint(tmp_path / "ckpt", task="classify", seed=7)
     args = ops_server.push_args("--checkpoint", str(checkpoint), "--label", "canary")

@@ -1,4 +1,4 @@
-"""Tiny random BERT checkpoints and exported versions for tests (numpy + safetensors + json only).
+"""Tiny random BERT checkpoints and exported versions for tests and benchmarks (no TF at import).
 
 Nothing here imports TensorFlow or torch at import time: ``export_tiny_model`` imports
 ``export.build`` (and so TensorFlow) only when it is called. Weights are drawn with a larger
