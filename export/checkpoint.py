@@ -17,25 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from export.config import BertConfig
 from export.errors import ExportError
 from export.names import TensorName, tensor_names
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-
-
-@dataclass(frozen=True)
-class BertConfig:
-    """The architecture numbers of a BERT encoder."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position: int
-    type_vocab_size: int = 2
-    hidden_act: str = "gelu"
-    layer_norm_eps: float = 1e-12
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from export.checkpoint import BertConfig
+from export.config import BertConfig
 from modelformat.buckets import signature_name
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}

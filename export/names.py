@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from export.checkpoint import BertConfig
+from export.config import BertConfig
 
 # A shape entry that is a string is a size fixed by the checkpoint itself (the number of labels).
 Dim = int | str
