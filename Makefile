@@ -24,7 +24,7 @@ $(STAMP): requirements.txt requirements-gateway.txt requirements-dev.txt
 
 # The gateway's TF-Serving messages, compiled from our own wire-compatible .proto subset (no TensorFlow).
 protos: $(STAMP)
-	$(PY) -m backend.protos.build
+	$(PY) -m modelformat.protos.build
 
 # Demo models: all-MiniLM-L6-v2 as `minilm` (embed) and `minilm-intent` (zero-shot classify), FP32 v1 and BF16 v2.
 models: setup

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.protos import tensor_pb2
+from modelformat.protos import tensor_pb2
 
 DT = tensor_pb2.DataType
 

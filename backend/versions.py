@@ -34,8 +34,8 @@ from backend.errors import (
     UpstreamUnavailable,
     VersionNotFound,
 )
-from backend.protos import config_pb2
 from backend.tokenization import BertTokenizer
+from modelformat.protos import config_pb2
 
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 log = logging.getLogger(__name__)

@@ -69,7 +69,7 @@ def _exports(ctx: BenchContext, ckpt: Path) -> tuple[dict[str, Any], list[Row]]:
 
 
 def _size_rows(results: dict[str, Any]) -> list[Row]:
-    from export.publish import tree_size
+    from modelformat.publish import tree_size
 
     fp32 = tree_size(results["fp32"].path / "variables")
     rows = []

@@ -28,7 +28,7 @@ CLIENTS = 16
 
 def _model(ctx: BenchContext) -> tuple[Path, str]:
     """Return (model base path, model name): the demo ``minilm`` or a tiny stand-in."""
-    from export.layout import latest_version
+    from modelformat.layout import latest_version
 
     if latest_version(ctx.base_path / "minilm") is not None:
         return ctx.base_path / "minilm", "minilm"
@@ -165,8 +165,8 @@ def _transport_floor(ctx: BenchContext, n: int) -> dict[str, list[float]]:
 
 def run(ctx: BenchContext) -> list[Row]:
     """Measure modelserver's added latency and batching throughput; return the table rows."""
-    from export.layout import latest_version, version_dir
     from export.predictor import PersistentPredictor
+    from modelformat.layout import latest_version, version_dir
 
     n = 200 if ctx.quick else 500
     seconds = 3.0 if ctx.quick else 8.0

@@ -3,13 +3,13 @@
 # Build from the repository root:  docker build -f docker/backend.Dockerfile -t bert-gateway .
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# Stage 1: compile the gateway's TF-Serving messages; grpcio-tools stays in this stage only.
+# Stage 1: compile the gateway's TF-Serving messages (modelformat/protos); grpcio-tools stays in this stage only.
 FROM ${PYTHON_IMAGE} AS protos
 WORKDIR /src
 COPY requirements-gateway.txt ./
 RUN pip install --no-cache-dir -r requirements-gateway.txt grpcio-tools==1.85.1
-COPY backend/ backend/
-RUN python -m backend.protos.build
+COPY modelformat/ modelformat/
+RUN python -m modelformat.protos.build
 
 # Stage 2: the runtime, exactly requirements-gateway.txt.
 FROM ${PYTHON_IMAGE}
@@ -23,7 +23,7 @@ COPY requirements-gateway.txt ./
 RUN pip install --no-cache-dir -r requirements-gateway.txt
 COPY backend/ backend/
 COPY modelformat/ modelformat/
-COPY --from=protos /src/backend/protos/ backend/protos/
+COPY --from=protos /src/modelformat/protos/ modelformat/protos/
 COPY docker/gunicorn.conf.py docker/gunicorn.conf.py
 USER gateway
 EXPOSE 8000

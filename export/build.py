@@ -30,9 +30,9 @@ from export import __version__
 from export.checkpoint import Checkpoint, read_checkpoint
 from export.errors import ExportError
 from export.hardware import CpuInfo, cpu_info
-from export.layout import LABELS_TXT, MODEL_JSON, VOCAB_TXT
 from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
-from export.publish import (
+from modelformat.layout import LABELS_TXT, MODEL_JSON, VOCAB_TXT
+from modelformat.publish import (
     choose_version,
     fsync_tree,
     model_dir_for,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from export.errors import ExportError
+from modelformat.errors import FormatError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(figures, indent=2))
         ok = figures["all_finite"] and figures.get("within_tolerance", True)
         return 0 if ok else 1
-    except ExportError as exc:
+    except FormatError as exc:  # ExportError and the publish rule's errors
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:

@@ -9,8 +9,8 @@ import numpy as np
 
 from export.build import Tolerance, measure, within
 from export.errors import ExportError
-from export.layout import SAVED_MODEL_FILE, VOCAB_TXT, WARMUP_FILE, read_model_info
-from export.publish import tree_size
+from modelformat.layout import SAVED_MODEL_FILE, VOCAB_TXT, WARMUP_FILE, read_model_info
+from modelformat.publish import tree_size
 
 
 def _require_version(path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from export.layout import latest_version, parse_version, read_model_info, version_dir
+from modelformat.layout import latest_version, parse_version, read_model_info, version_dir
 
 log = logging.getLogger(__name__)
 

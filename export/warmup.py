@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from export.layout import WARMUP_FILE
 from export.model import INPUT_NAMES
 from modelformat.buckets import buckets, signature_name
+from modelformat.layout import WARMUP_FILE
 
 DEFAULT_SIGNATURE = "serving_default"
 BATCH_SIZES = (1, 8, 32)

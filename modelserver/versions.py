@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from export.layout import parse_version
+from modelformat.layout import parse_version
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from export.layout import SAVED_MODEL_FILE, version_dir  # noqa: E402
+from modelformat.layout import SAVED_MODEL_FILE, version_dir  # noqa: E402
 
 MAX_SEQ_LEN = 256  # all-MiniLM-L6-v2 was trained with sequences up to 256 tokens
 VERSIONS = {1: "fp32", 2: "auto"}
@@ -77,9 +77,9 @@ def missing(base: Path) -> list[tuple[str, int, str]]:
 
 def check_intents(base: Path, checkpoint: Path) -> None:
     """Print the newest minilm-intent version's label for a few sample tickets."""
-    from export.layout import latest_version
     from export.predictor import PersistentPredictor
     from export.zeroshot import tokenize
+    from modelformat.layout import latest_version
 
     newest = latest_version(base / "minilm-intent")
     if newest is None:
@@ -104,7 +104,7 @@ def main() -> int:
         return 0
     checkpoint = minilm_dir()
     from export.build import build
-    from export.errors import ExportError
+    from modelformat.errors import FormatError
 
     with tempfile.TemporaryDirectory(prefix="demo-prompts-") as tmp:
         prompts = Path(tmp) / "intents.tsv"
@@ -129,7 +129,7 @@ def main() -> int:
                     pooling="mean",
                     progress=progress,
                 )
-            except ExportError as exc:
+            except FormatError as exc:
                 if (version_dir(base / name, version) / SAVED_MODEL_FILE).is_file():
                     print(f"   {name} v{version} was published meanwhile by another run; skipped")
                     continue

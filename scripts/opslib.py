@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from export.layout import SAVED_MODEL_FILE, parse_version  # noqa: E402
+from modelformat.layout import SAVED_MODEL_FILE, parse_version  # noqa: E402
 
 
 class OpsError(RuntimeError):
@@ -312,8 +312,8 @@ def publish_copy(src: Path, model_dir: Path, version: int) -> Path:
     The copy goes to a non-numeric temp sibling (TF Serving ignores it), is fsynced, then
     renamed: half-copied variables would otherwise load "successfully" (tensorflow/serving#1086).
     """
-    from export import publish
     from export.errors import ExportError
+    from modelformat import publish
 
     if not (src / SAVED_MODEL_FILE).is_file():
         raise OpsError(f"{src} is not an exported version (no {SAVED_MODEL_FILE})")

@@ -12,8 +12,8 @@ import numpy as np
 
 from backend.clients.base import Outputs, VersionStatus, error_for_status
 from backend.errors import UpstreamTimeout
-from backend.protos import serving_pb2
 from backend.tensors import from_tensor_proto, to_tensor_proto
+from modelformat.protos import serving_pb2
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"

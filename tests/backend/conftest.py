@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.protos import build as proto_build
+from modelformat.protos import build as proto_build
 
 if not (proto_build.PROTO_DIR / "serving_pb2.py").is_file():
     proto_build.build()  # `make setup` does this; a bare `pytest` should work too

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from backend.clients.grpc_client import PREDICT
-from backend.protos import serving_pb2
+from modelformat.protos import serving_pb2
 
 
 @contextmanager

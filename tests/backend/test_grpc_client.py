@@ -17,7 +17,7 @@ from backend.errors import (
     UpstreamUnavailable,
     VersionNotFound,
 )
-from backend.protos import serving_pb2
+from modelformat.protos import serving_pb2
 from tests.backend.fake_grpc import predict_server
 
 INPUTS = {"input_ids": np.array([[2, 3]], np.int32)}

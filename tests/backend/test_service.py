@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend.protos import serving_pb2
 from backend.schemas import EmbedRequest
 from backend.service import Gateway
 from backend.settings import load_settings
 from backend.tensors import from_tensor_proto, to_tensor_proto
+from modelformat.protos import serving_pb2
 from tests.backend.fake_grpc import predict_server
 
 

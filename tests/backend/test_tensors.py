@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend.protos import tensor_pb2
 from backend.tensors import TensorConversionError, from_tensor_proto, to_tensor_proto
+from modelformat.protos import tensor_pb2
 
 DT = tensor_pb2.DataType
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from backend.clients.grpc_client import build_predict_request, parse_status_response
-from backend.protos import serving_pb2
 from backend.tensors import from_tensor_proto, to_tensor_proto
+from modelformat.protos import serving_pb2
 
 tf_apis = pytest.importorskip("tensorflow_serving.apis.predict_pb2")
 from tensorflow.core.framework import tensor_pb2 as tf_tensor_pb2  # noqa: E402

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from export.layout import read_model_info
 from export.predictor import PersistentPredictor
 from export.warmup import BATCH_SIZES, MAX_RECORDS, read_warmup_records, token_batch, warmup_plan
 from modelformat.buckets import buckets as bucket_lengths
+from modelformat.layout import read_model_info
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 

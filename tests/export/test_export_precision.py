@@ -11,8 +11,8 @@ from export.build import Tolerance, build
 from export.errors import ExportError
 from export.inspection import inspect_version
 from export.predictor import PersistentPredictor
-from export.publish import tree_size
 from export.warmup import token_batch
+from modelformat.publish import tree_size
 
 
 @pytest.fixture(scope="module")

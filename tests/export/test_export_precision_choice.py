@@ -14,9 +14,9 @@ import pytest
 from export.build import Tolerance, build, measure, within
 from export.checkpoint import read_checkpoint
 from export.hardware import CpuInfo
-from export.layout import MODEL_JSON
 from export.precision import choose_precision
 from export.warmup import token_batch
+from modelformat.layout import MODEL_JSON
 from tests.support.procs import REPO
 
 AVX2 = CpuInfo("AMD EPYC", frozenset({"avx2", "fma", "f16c"}), 2)

@@ -15,9 +15,9 @@ import pytest
 
 from export import warmup as warmup_module
 from export.build import build
-from export.errors import ExportError
-from export.layout import MODEL_JSON, SAVED_MODEL_FILE, WARMUP_FILE
-from export.publish import remove_stale_temps, temp_version
+from modelformat.errors import FormatError
+from modelformat.layout import MODEL_JSON, SAVED_MODEL_FILE, WARMUP_FILE
+from modelformat.publish import remove_stale_temps, temp_version
 from tests.support.procs import child_env, python_cmd
 
 IS_ROOT = os.geteuid() == 0
@@ -39,7 +39,7 @@ def test_existing_version_is_never_overwritten(
     classify_v1, hf_classify: Path, models: Path
 ) -> None:  # type: ignore[no-untyped-def]
     before = (classify_v1.path / SAVED_MODEL_FILE).stat().st_mtime_ns
-    with pytest.raises(ExportError, match="already exists"):
+    with pytest.raises(FormatError, match="already exists"):
         build(hf_classify, "cls", models, version=1)
     assert (classify_v1.path / SAVED_MODEL_FILE).stat().st_mtime_ns == before
     assert not [n for n in _entries(models / "cls") if n.startswith(".tmp-")]
@@ -47,7 +47,7 @@ def test_existing_version_is_never_overwritten(
 
 def test_base_path_that_is_a_file(hf_classify: Path, tmp_path: Path) -> None:
     (tmp_path / "models").write_text("oops")
-    with pytest.raises(ExportError, match="is a file"):
+    with pytest.raises(FormatError, match="is a file"):
         build(hf_classify, "m", tmp_path / "models")
 
 
@@ -55,7 +55,7 @@ def test_base_path_that_is_a_file(hf_classify: Path, tmp_path: Path) -> None:
 def test_model_names_that_would_leave_the_base_are_refused(
     name: str, hf_classify: Path, tmp_path: Path
 ) -> None:
-    with pytest.raises(ExportError, match="model name"):
+    with pytest.raises(FormatError, match="model name"):
         build(hf_classify, name, tmp_path)
 
 
@@ -81,7 +81,7 @@ def unwritable(tmp_path: Path) -> Iterator[Path]:
 def test_no_write_permission_is_a_clear_error(
     unwritable: Path, hf_classify: Path, tmp_path: Path
 ) -> None:
-    with pytest.raises(ExportError, match=r"permission|cannot write"):
+    with pytest.raises(FormatError, match=r"permission|cannot write"):
         build(hf_classify, "locked", tmp_path, max_seq_len=16)
     assert _entries(unwritable) == []
 
@@ -103,7 +103,7 @@ def test_write_failure_midway_removes_temp_dir(
         return real_write(version_path, model_name, batches, signature_names)
 
     monkeypatch.setattr(warmup_module, "write_warmup", read_only_then_write)
-    with pytest.raises(ExportError, match="failed") as info:
+    with pytest.raises(FormatError, match="failed") as info:
         build(hf_classify, "m", tmp_path, max_seq_len=16)
     assert ".tmp-" in str(info.value)
     assert _entries(tmp_path / "m") == []
@@ -128,7 +128,7 @@ def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]
 @pytest.mark.parametrize("small_disk", ["64k", "300k"], indirect=True)
 def test_disk_full_is_a_clean_error_with_nothing_left(small_disk: Path, hf_classify: Path) -> None:
     """A real ENOSPC (64k fails inside the variables write, 300k at saved_model.pb)."""
-    with pytest.raises(ExportError, match="No space left on device"):
+    with pytest.raises(FormatError, match="No space left on device"):
         build(hf_classify, "m", small_disk, max_seq_len=64)
     assert _entries(small_disk / "m") == []
 
@@ -142,7 +142,7 @@ def test_filesystem_going_read_only_midway(small_disk: Path, hf_classify: Path) 
             cmd = ["mount", "-o", "remount,ro", str(small_disk)]
             subprocess.run(cmd, check=True)
 
-    with pytest.raises(ExportError, match="Read-only file system"):
+    with pytest.raises(FormatError, match="Read-only file system"):
         build(hf_classify, "m", small_disk, max_seq_len=64, progress=remount_read_only)
     assert not [n for n in _entries(small_disk / "m") if n.isdigit()]
     subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)

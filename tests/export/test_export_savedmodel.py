@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.layout import LABELS_TXT, VOCAB_TXT, list_versions, read_model_info
+from modelformat.layout import LABELS_TXT, VOCAB_TXT, list_versions, read_model_info
 
 CONTRACT_KEYS = {
     "name", "task", "max_seq_len", "do_lower_case", "precision", "labels", "pooling", "zero_shot",

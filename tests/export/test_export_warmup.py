@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from export.build import build
-from export.layout import WARMUP_FILE
 from export.predictor import PersistentPredictor
 from export.warmup import read_warmup_inputs, read_warmup_records, warmup_shapes
+from modelformat.layout import WARMUP_FILE
 
 
 def test_warmup_records_cover_batches_and_lengths_and_run(classify_v1) -> None:  # type: ignore[no-untyped-def]

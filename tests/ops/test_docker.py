@@ -243,7 +243,7 @@ def test_dockerfile_build_stage_pins_grpcio_tools_like_requirements(
     pinned = requirement_pins(REPO / "requirements.txt")["grpcio-tools"]
     runs = " ".join(a for word, a in dockerfile if word == "RUN")
     assert re.findall(r"grpcio-tools==(\S+)", runs) == [pinned]
-    assert "python -m backend.protos.build" in runs
+    assert "python -m modelformat.protos.build" in runs
 
 
 def test_dockerfile_copies_only_paths_that_exist(dockerfile: list[tuple[str, str]]) -> None:

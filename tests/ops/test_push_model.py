@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from backend.versions import LabelTable
-from export.layout import read_model_info
+from modelformat.layout import read_model_info
 from scripts import opslib, push_model
 from tests.ops.conftest import MODEL, OpsServer
 from tests.support.procs import REPO, ServerProcess, child_env, python_cmd

@@ -1,4 +1,4 @@
-"""The model-version layout on disk (DESIGN.md contract 1): filesystem helpers, no TensorFlow."""
+"""The model-version layout on disk (DESIGN.md contract 1): directory names, files, model.json."""
 
 from __future__ import annotations
 
@@ -36,6 +36,23 @@ def list_versions(model_dir: str | Path) -> list[int]:
         if version is not None and (child / SAVED_MODEL_FILE).is_file():
             found.append(version)
     return sorted(found)
+
+
+def numbered_entries(model_dir: str | Path) -> list[int]:
+    """Return every numeric name under ``model_dir`` (complete or not), ascending."""
+    base = Path(model_dir)
+    found = [parse_version(p.name) for p in base.iterdir()] if base.is_dir() else []
+    return sorted(v for v in found if v is not None)
+
+
+def next_version(model_dir: str | Path) -> int:
+    """Return one more than the highest numeric name under ``model_dir`` (complete or not).
+
+    Incomplete numeric names count: a version directory being copied in by hand must not be
+    given the same number.
+    """
+    taken = numbered_entries(model_dir)
+    return (taken[-1] + 1) if taken else 1
 
 
 def latest_version(model_dir: str | Path) -> int | None:

@@ -1,6 +1,6 @@
-"""Compile the gateway's own TF Serving .proto subset into backend/protos/*_pb2.py.
+"""Compile our own TF Serving .proto subset into modelformat/protos/*_pb2.py (no TensorFlow).
 
-Run as `python -m backend.protos.build` (the Makefile's `protos` target). Needs grpcio-tools at
+Run as `python -m modelformat.protos.build` (the Makefile's `protos` target). Needs grpcio-tools at
 build time only; the gateway at run time needs nothing but protobuf and grpcio.
 """
 
@@ -23,7 +23,7 @@ def build(out_dir: Path = REPO_ROOT) -> list[Path]:
     """Compile every .proto into `*_pb2.py` + `.pyi` next to its source; return the outputs."""
     from grpc_tools import protoc  # build-time only dependency
 
-    # The include root is the repository, so generated modules import `backend.protos.x_pb2`.
+    # The include root is the repository: generated modules import `modelformat.protos.x_pb2`.
     well_known = resources.files("grpc_tools") / "_proto"
     sources = [str(p.relative_to(REPO_ROOT)) for p in proto_files()]
     args = [

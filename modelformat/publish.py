@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -18,10 +17,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from export.errors import ExportError
-from export.layout import parse_version
+from modelformat.errors import FormatError
+from modelformat.layout import numbered_entries
+from modelformat.names import MODEL_NAME_RULE, valid_model_name
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 TEMP_PREFIX = ".tmp-"
 LOCK_SUFFIX = ".lock"
 STALE_UNLOCKED_S = 600.0
@@ -29,21 +28,21 @@ STALE_UNLOCKED_S = 600.0
 
 def model_dir_for(base_path: str | Path, name: str) -> Path:
     """Return ``<base>/<name>`` after checking it can be written; nothing is created yet."""
-    if not _NAME_RE.match(name):
-        raise ExportError(f"model name {name!r} must be letters, digits, '_', '-', '.' only")
+    if not valid_model_name(name):
+        raise FormatError(f"model name {name!r} {MODEL_NAME_RULE}")
     base = Path(base_path)
     if base.exists() and not base.is_dir():
-        raise ExportError(f"base path {base} is a file, not a directory")
+        raise FormatError(f"base path {base} is a file, not a directory")
     model_dir = base / name
     if model_dir.exists() and not model_dir.is_dir():
-        raise ExportError(f"model path {model_dir} is a file, not a directory")
+        raise FormatError(f"model path {model_dir} is a file, not a directory")
     existing = model_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent  # the directory that will hold what we create
     if not existing.is_dir():
-        raise ExportError(f"{existing} is a file, not a directory")
+        raise FormatError(f"{existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ExportError(f"no write permission on {existing}")
+        raise FormatError(f"no write permission on {existing}")
     return model_dir
 
 
@@ -57,14 +56,8 @@ def _make_dirs(path: Path) -> list[Path]:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ExportError(f"cannot create model directory {path}: {exc.strerror}") from exc
+        raise FormatError(f"cannot create model directory {path}: {exc.strerror}") from exc
     return created
-
-
-def numbered_entries(model_dir: Path) -> list[int]:
-    """Return every numeric name under ``model_dir`` (complete or not), ascending."""
-    found = [parse_version(p.name) for p in model_dir.iterdir()] if model_dir.is_dir() else []
-    return sorted(v for v in found if v is not None)
 
 
 def choose_version(model_dir: Path, version: int | None) -> int:
@@ -73,9 +66,9 @@ def choose_version(model_dir: Path, version: int | None) -> int:
     if version is None:
         return (taken[-1] + 1) if taken else 1
     if version < 0:
-        raise ExportError(f"version must be a non-negative integer, got {version}")
+        raise FormatError(f"version must be a non-negative integer, got {version}")
     if version in taken:
-        raise ExportError(
+        raise FormatError(
             f"version {version} already exists at {model_dir / str(version)}; "
             "versions are never overwritten (omit --version to use the next number)"
         )
@@ -101,7 +94,7 @@ def temp_version(model_dir: Path, version: int) -> Iterator[Path]:
         path.mkdir()
     except OSError as exc:
         _remove_empty(created)
-        raise ExportError(f"cannot write under {model_dir}: {exc.strerror}") from exc
+        raise FormatError(f"cannot write under {model_dir}: {exc.strerror}") from exc
     try:
         yield path
     finally:
@@ -179,7 +172,7 @@ def publish(temp_dir: Path, model_dir: Path, version: int) -> Path:
     """Rename ``temp_dir`` to ``<model_dir>/<version>`` and return it; never replaces anything."""
     target = model_dir / str(version)
     if target.exists():  # someone published the same number meanwhile
-        raise ExportError(f"version {version} appeared at {target} while exporting; not replaced")
+        raise FormatError(f"version {version} appeared at {target} while exporting; not replaced")
     os.rename(temp_dir, target)
     _fsync(model_dir, os.O_RDONLY | os.O_DIRECTORY)  # make the rename itself durable
     return target

@@ -1,0 +1,23 @@
+"""The naming rules: which model names and version labels the format accepts."""
+
+from __future__ import annotations
+
+import re
+
+# A model name is a directory name and a URL path segment: no separators, no dot-dot.
+_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MODEL_NAME_RULE = "must be 1-128 letters, digits, '_', '-', '.', starting with a letter or digit"
+# TF Serving's REST route takes a label as ``/labels/<label>`` (no '/' or ':'), and a label that
+# is all digits would read as a version number: labels start with a letter.
+_LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,127}$")
+LABEL_RULE = "must be 1-128 letters, digits, '_', '-', '.', starting with a letter"
+
+
+def valid_model_name(name: str) -> bool:
+    """Return True when ``name`` is a safe model directory name (no path tricks)."""
+    return bool(_MODEL_NAME_RE.match(name)) and ".." not in name
+
+
+def valid_label(label: str) -> bool:
+    """Return True when ``label`` is a version label TF Serving's REST routes can address."""
+    return bool(_LABEL_RE.match(label))
