@@ -1,0 +1,547 @@
+"""deploy/k8s/, checked without a cluster: every overlay rendered by `kubectl kustomize`, every
+object validated against the Kubernetes schemas offline (kubernetes-validate), and the ports,
+TF Serving flags, probe paths, model names and file names compared with docker/docker-compose.yml,
+serving_config/ and the gateway's settings.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+BASE = K8S / "base"
+DOCKER = REPO / "docker"
+CONFIG_DIR = REPO / "serving_config"
+OVERLAYS = ["cpu", "gpu"]
+# The oldest Kubernetes these manifests claim (autoscaling/v2, policy/v1, batch/v1 CronJob and
+# Job ttl/suspend are all GA by 1.25) and the newest schema kubernetes-validate ships.
+KUBERNETES_VERSIONS = ["1.25", "latest"]
+# serving_config/ files the base carries copies of (kustomize's load restrictor).
+COPIED_CONFIG = ["batching_parameters.txt", "monitoring.config", "models.config"]
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl is not installed: cannot render kustomize"
+)
+
+Obj = dict[str, Any]
+
+
+def render(overlay: str) -> list[Obj]:
+    """Return the objects `kubectl kustomize` renders for an overlay."""
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def find(objs: list[Obj], kind: str, name: str) -> Obj:
+    """Return the one object of ``kind`` whose name is ``name`` (a generated name's prefix)."""
+    found = [
+        o
+        for o in objs
+        if o["kind"] == kind and re.fullmatch(rf"{name}(-[a-z0-9]{{10}})?", o["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
+    return found[0]
+
+
+def pod_spec(obj: Obj) -> Obj:
+    """Return the pod spec of a Deployment, Job or CronJob."""
+    spec = obj["spec"]
+    if obj["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    pod: Obj = spec["template"]["spec"]
+    return pod
+
+
+def container(obj: Obj, name: str) -> Obj:
+    """Return a container (not an init container) of a workload by name."""
+    (found,) = [c for c in pod_spec(obj)["containers"] if c["name"] == name]
+    return found
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    """Return ``--flag=value`` arguments as {flag: value}."""
+    out = {}
+    for arg in args:
+        key, _, value = arg.partition("=")
+        out[key.lstrip("-")] = value
+    return out
+
+
+def mount_source(obj: Obj, container_spec: Obj, path: str) -> tuple[Obj, str]:
+    """Return (pod volume, path inside it) that a container path resolves to."""
+    for mount in container_spec["volumeMounts"]:
+        target = mount["mountPath"]
+        if path == target or path.startswith(target + "/"):
+            (volume,) = [v for v in pod_spec(obj)["volumes"] if v["name"] == mount["name"]]
+            return volume, path[len(target) :].lstrip("/")
+    raise AssertionError(f"{path} is not under any volume mount of {container_spec['name']}")
+
+
+def models_mount(container_spec: Obj) -> Obj:
+    """Return the container's mount of the models PersistentVolumeClaim's volume."""
+    (mount,) = [m for m in container_spec["volumeMounts"] if m["name"] == "models"]
+    return mount
+
+
+def workloads(objs: list[Obj]) -> list[Obj]:
+    """Return every object that runs pods."""
+    return [o for o in objs if o["kind"] in {"Deployment", "Job", "CronJob"}]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[Obj]]:
+    return {overlay: render(overlay) for overlay in OVERLAYS}
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def objs(request: pytest.FixtureRequest, rendered: dict[str, list[Obj]]) -> list[Obj]:
+    found: list[Obj] = rendered[request.param]
+    return found
+
+
+@pytest.fixture(scope="module")
+def compose() -> Obj:
+    data: Obj = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def model_names() -> set[str]:
+    text = (CONFIG_DIR / "models.config").read_text()
+    return set(re.findall(r'^\s*name:\s*"([^"]+)"', text, re.M))
+
+
+def gateway_env(objs: list[Obj]) -> dict[str, str]:
+    data: dict[str, str] = find(objs, "ConfigMap", "gateway-env")["data"]
+    return data
+
+
+def tfs_flags(objs: list[Obj]) -> dict[str, str]:
+    return flags(container(find(objs, "Deployment", "tf-serving"), "tf-serving")["args"])
+
+
+# --- rendering and schemas ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_schema(
+    objs: list[Obj], version: str
+) -> None:
+    import kubernetes_validate
+
+    wanted = kubernetes_validate.latest_version() if version == "latest" else version
+    for obj in objs:
+        # strict: an unknown field (a typo such as readinesProbe) fails too.
+        kubernetes_validate.validate(obj, wanted, strict=True)
+
+
+def test_every_object_is_namespaced_in_the_stack_namespace(objs: list[Obj]) -> None:
+    namespace = find(objs, "Namespace", "bert-gateway")["metadata"]["name"]
+    others = [o for o in objs if o["kind"] != "Namespace"]
+    assert {o["metadata"].get("namespace") for o in others} == {namespace}
+
+
+@pytest.mark.parametrize("name", COPIED_CONFIG)
+def test_serving_config_copies_are_byte_identical(name: str) -> None:
+    copy = BASE / "serving_config" / name
+    assert copy.read_bytes() == (CONFIG_DIR / name).read_bytes(), (
+        f"{copy.relative_to(REPO)} differs from serving_config/{name}: cp serving_config/{name} "
+        f"{copy.parent.relative_to(REPO)}/"
+    )
+
+
+def test_every_serving_config_file_is_copied() -> None:
+    assert {p.name for p in CONFIG_DIR.iterdir() if p.is_file()} == set(COPIED_CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("configmap", "files"),
+    [
+        ("tf-serving-config", ["batching_parameters.txt", "monitoring.config"]),
+        ("models-config-seed", ["models.config"]),
+    ],
+)
+def test_configmaps_carry_the_serving_config_files(
+    objs: list[Obj], configmap: str, files: list[str]
+) -> None:
+    data = find(objs, "ConfigMap", configmap)["data"]
+    assert data == {name: (CONFIG_DIR / name).read_text() for name in files}
+
+
+# --- TF Serving against docker-compose and serving_config/ -------------------------------------
+
+
+def test_tfserving_image_is_composes_pinned_tag(
+    rendered: dict[str, list[Obj]], compose: Obj
+) -> None:
+    compose_tag = re.sub(
+        r"\$\{[A-Z_]+:-([^}]+)\}", r"\1", compose["services"]["tfserving"]["image"]
+    )
+    gpu = yaml.safe_load((DOCKER / "docker-compose.gpu.yml").read_text())
+    gpu_tag = re.sub(r"\$\{[A-Z_]+:-([^}]+)\}", r"\1", gpu["services"]["tfserving"]["image"])
+    for overlay, want in (("cpu", compose_tag), ("gpu", gpu_tag)):
+        spec = pod_spec(find(rendered[overlay], "Deployment", "tf-serving"))
+        images = {c["image"] for c in spec["containers"] + spec.get("initContainers", [])}
+        assert images == {want}, overlay
+
+
+def test_tfserving_flags_are_composes(objs: list[Obj], compose: Obj) -> None:
+    ours = tfs_flags(objs)
+    theirs = flags(compose["services"]["tfserving"]["command"])
+    assert set(ours) == set(theirs)
+    # The one deliberate difference: models.config is on the models volume (push_model writes it).
+    assert Path(ours["model_config_file"]).name == Path(theirs["model_config_file"]).name
+    del ours["model_config_file"], theirs["model_config_file"]
+    assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    ("flag", "volume_kind"),
+    [
+        ("model_config_file", "persistentVolumeClaim"),
+        ("batching_parameters_file", "configMap"),
+        ("monitoring_config_file", "configMap"),
+    ],
+)
+def test_tfserving_config_flags_name_files_its_volumes_hold(
+    objs: list[Obj], flag: str, volume_kind: str
+) -> None:
+    deployment = find(objs, "Deployment", "tf-serving")
+    path = tfs_flags(objs)[flag]
+    volume, inside = mount_source(deployment, container(deployment, "tf-serving"), path)
+    assert volume_kind in volume
+    if volume_kind == "configMap":
+        assert inside in find(objs, "ConfigMap", volume["configMap"]["name"])["data"]
+    else:
+        assert volume["persistentVolumeClaim"]["claimName"] == "models"
+        assert inside == "models.config"
+
+
+def test_model_base_paths_are_under_tfservings_models_mount(objs: list[Obj]) -> None:
+    mount = models_mount(container(find(objs, "Deployment", "tf-serving"), "tf-serving"))
+    text = (CONFIG_DIR / "models.config").read_text()
+    for name, base_path in re.findall(r'name:\s*"([^"]+)"\s*base_path:\s*"([^"]+)"', text):
+        assert base_path == f"{mount['mountPath']}/{name}"
+
+
+def test_tfserving_ports_are_composes_on_both_services(objs: list[Obj], compose: Obj) -> None:
+    published = {int(p.strip('"').split(":")[1]) for p in compose["services"]["tfserving"]["ports"]}
+    tfs = container(find(objs, "Deployment", "tf-serving"), "tf-serving")
+    assert {p["containerPort"] for p in tfs["ports"]} == published == {8500, 8501}
+    pod_labels = find(objs, "Deployment", "tf-serving")["spec"]["template"]["metadata"]["labels"]
+    for name in ("tf-serving", "tf-serving-headless"):
+        service = find(objs, "Service", name)["spec"]
+        assert {p["port"] for p in service["ports"]} == published
+        assert service["selector"].items() <= pod_labels.items()
+    assert find(objs, "Service", "tf-serving-headless")["spec"]["clusterIP"] == "None"
+
+
+def probe_script(probe: Obj) -> str:
+    return " ".join(probe["exec"]["command"])
+
+
+@pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe"])
+def test_tfserving_is_ready_when_every_model_reports_available(
+    objs: list[Obj], compose: Obj, model_names: set[str], probe: str
+) -> None:
+    script = probe_script(container(find(objs, "Deployment", "tf-serving"), "tf-serving")[probe])
+    compose_check = " ".join(compose["services"]["tfserving"]["healthcheck"]["test"])
+    # The same HTTP/1.0-over-/dev/tcp request as compose's healthcheck, on the REST port.
+    assert "/dev/tcp/127.0.0.1/8501" in script and "/dev/tcp/127.0.0.1/8501" in compose_check
+    assert "GET /v1/models/%s HTTP/1.0" in script and "grep -q AVAILABLE" in script
+    loop = re.search(r"for model in ([\w .-]+); do", script)
+    assert loop and set(loop.group(1).split()) == model_names
+
+
+def test_tfserving_liveness_is_the_grpc_port(objs: list[Obj]) -> None:
+    tfs = container(find(objs, "Deployment", "tf-serving"), "tf-serving")
+    assert tfs["livenessProbe"]["tcpSocket"]["port"] == "grpc"
+
+
+def test_tfserving_scrape_annotations_follow_monitoring_config(objs: list[Obj]) -> None:
+    from modelserver.config import read_monitoring_config
+
+    monitoring = read_monitoring_config(CONFIG_DIR / "monitoring.config").prometheus_config
+    annotations = find(objs, "Deployment", "tf-serving")["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    assert monitoring.enable and annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == monitoring.path
+    assert annotations["prometheus.io/port"] == "8501"  # compose: REST port serves the metrics
+
+
+def test_gpu_overlay_asks_for_a_gpu_and_cpu_does_not(rendered: dict[str, list[Obj]]) -> None:
+    def gpus(overlay: str) -> Any:
+        tfs = container(find(rendered[overlay], "Deployment", "tf-serving"), "tf-serving")
+        return tfs["resources"]["limits"].get("nvidia.com/gpu")
+
+    assert gpus("gpu") == "1" and gpus("cpu") is None
+
+
+# --- the gateway against backend/, docker/ and TF Serving --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateway_routes() -> set[str]:
+    from backend.app import create_app
+
+    app = create_app({"GATEWAY_UPSTREAM": "grpc"})
+    return {rule.rule for rule in app.url_map.iter_rules()}
+
+
+def test_gateway_probes_and_scrape_path_are_routes_of_the_app(
+    objs: list[Obj], gateway_routes: set[str]
+) -> None:
+    deployment = find(objs, "Deployment", "gateway")
+    gateway = container(deployment, "gateway")
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert gateway["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert {"/readyz", "/healthz", "/metrics"} <= gateway_routes
+
+
+def test_gateway_port_is_its_bind_port_everywhere(objs: list[Obj]) -> None:
+    port = int(gateway_env(objs)["GATEWAY_BIND"].rpartition(":")[2])
+    deployment = find(objs, "Deployment", "gateway")
+    (container_port,) = container(deployment, "gateway")["ports"]
+    assert container_port["containerPort"] == port
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(port)
+    assert find(objs, "Service", "gateway")["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_gateway_env_names_only_known_settings_and_loads(objs: list[Obj]) -> None:
+    from backend.settings import ENV_NAMES, load_settings
+
+    env = gateway_env(objs)
+    known = set(ENV_NAMES) | set(
+        re.findall(r"GATEWAY_[A-Z_]+", (DOCKER / "gunicorn.conf.py").read_text())
+    )
+    assert set(env) <= known, f"unknown: {set(env) - known}"
+    load_settings(environ=env)  # raises SettingsError on a value the gateway cannot use
+
+
+def test_gateway_env_is_composes_but_for_the_upstream_addresses(
+    objs: list[Obj], compose: Obj
+) -> None:
+    env = dict(gateway_env(objs))
+    theirs = dict(compose["services"]["gateway"]["environment"])
+    for name in ("GATEWAY_TFS_GRPC", "GATEWAY_TFS_REST", "GATEWAY_MODEL_CONFIG_FILE"):
+        del env[name], theirs[name]
+    del env["GATEWAY_WORKERS"]  # compose lets gunicorn count the host's CPUs
+    assert env == {k: str(v) for k, v in theirs.items()}
+
+
+def test_gateway_balances_grpc_over_the_headless_service(objs: list[Obj]) -> None:
+    env = gateway_env(objs)
+    headless = find(objs, "Service", "tf-serving-headless")
+    grpc_port = next(p["port"] for p in headless["spec"]["ports"] if p["name"] == "grpc")
+    assert env["GATEWAY_TFS_GRPC"] == f"dns:///{headless['metadata']['name']}:{grpc_port}"
+    rest = find(objs, "Service", "tf-serving")
+    rest_port = next(p["port"] for p in rest["spec"]["ports"] if p["name"] == "http")
+    assert env["GATEWAY_TFS_REST"] == f"http://{rest['metadata']['name']}:{rest_port}"
+
+
+def test_gateway_reads_the_model_tree_and_config_tf_serving_reads(
+    objs: list[Obj], model_names: set[str]
+) -> None:
+    env = gateway_env(objs)
+    gateway = container(find(objs, "Deployment", "gateway"), "gateway")
+    tfs = container(find(objs, "Deployment", "tf-serving"), "tf-serving")
+    assert models_mount(gateway)["mountPath"] == env["GATEWAY_MODEL_BASE_PATH"]
+    assert models_mount(tfs)["mountPath"] == env["GATEWAY_MODEL_BASE_PATH"]
+    assert env["GATEWAY_MODEL_CONFIG_FILE"] == tfs_flags(objs)["model_config_file"]
+    assert env["GATEWAY_DEFAULT_MODEL"] in model_names
+
+
+def test_gateway_image_is_the_backend_dockerfiles_and_its_user(
+    objs: list[Obj], compose: Obj
+) -> None:
+    deployment = find(objs, "Deployment", "gateway")
+    image = container(deployment, "gateway")["image"]
+    assert image.partition(":")[0] == compose["services"]["gateway"]["image"].partition(":")[0]
+    dockerfile = (DOCKER / "backend.Dockerfile").read_text()
+    uid = re.search(r"useradd .*--uid (\d+)", dockerfile)
+    assert uid and pod_spec(deployment)["securityContext"]["runAsUser"] == int(uid.group(1))
+
+
+def test_gateway_writes_only_to_an_emptydir_tmp(objs: list[Obj]) -> None:
+    # docker/gunicorn.conf.py creates PROMETHEUS_MULTIPROC_DIR with tempfile.mkdtemp.
+    assert "tempfile.mkdtemp" in (DOCKER / "gunicorn.conf.py").read_text()
+    deployment = find(objs, "Deployment", "gateway")
+    gateway = container(deployment, "gateway")
+    volume, _ = mount_source(deployment, gateway, "/tmp")
+    assert "emptyDir" in volume
+    writable = [m["mountPath"] for m in gateway["volumeMounts"] if not m.get("readOnly")]
+    assert writable == ["/tmp"]
+
+
+# --- every workload ---------------------------------------------------------------------------
+
+
+def test_every_container_is_non_root_read_only_with_resources(objs: list[Obj]) -> None:
+    for obj in workloads(objs):
+        spec = pod_spec(obj)
+        assert spec["securityContext"]["runAsNonRoot"] is True, obj["metadata"]["name"]
+        for c in spec["containers"] + spec.get("initContainers", []):
+            where = f"{obj['metadata']['name']}/{c['name']}"
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, where
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, where
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], where
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), where
+            assert "memory" in c["resources"]["limits"], where
+
+
+@pytest.mark.parametrize("name", ["tf-serving", "gateway"])
+def test_readers_mount_the_models_volume_read_only(objs: list[Obj], name: str) -> None:
+    deployment = find(objs, "Deployment", name)
+    spec = pod_spec(deployment)
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "models"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    for c in spec["containers"] + spec.get("initContainers", []):
+        assert models_mount(c)["readOnly"] is True, c["name"]
+
+
+def test_models_claim_is_shared_across_nodes(objs: list[Obj]) -> None:
+    # ReadWriteMany, not ReadOnlyMany: the push Job writes while the replicas read.
+    assert find(objs, "PersistentVolumeClaim", "models")["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+@pytest.mark.parametrize("name", ["tf-serving", "gateway"])
+def test_autoscaler_and_disruption_budget_cover_the_deployment(objs: list[Obj], name: str) -> None:
+    deployment = find(objs, "Deployment", name)
+    assert "replicas" not in deployment["spec"], "the HorizontalPodAutoscaler owns the count"
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    hpa = find(objs, "HorizontalPodAutoscaler", name)["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+    assert 2 <= hpa["minReplicas"] <= hpa["maxReplicas"]
+    pdb = find(objs, "PodDisruptionBudget", name)["spec"]
+    assert pdb["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["maxUnavailable"] < hpa["minReplicas"]
+    for container_spec in pod_spec(deployment)["containers"]:
+        assert "cpu" in container_spec["resources"]["requests"], "HPA utilisation needs a request"
+
+
+# --- the push Job and the seed Job -------------------------------------------------------------
+
+
+def push_command(objs: list[Obj]) -> list[str]:
+    """Return push_model's argv from the push-model template's shell script."""
+    script = container(find(objs, "CronJob", "push-model"), "push-model")["command"][-1]
+    line = script[script.index("exec python") :].replace("\\\n", " ")
+    return shlex.split(line.splitlines()[0])[1:]
+
+
+def test_push_template_never_fires_on_its_own(objs: list[Obj]) -> None:
+    spec = find(objs, "CronJob", "push-model")["spec"]
+    assert spec["suspend"] is True and spec["concurrencyPolicy"] == "Forbid"
+
+
+def test_push_runs_push_model_against_every_replica_and_the_shared_config(
+    objs: list[Obj],
+) -> None:
+    argv = push_command(objs)
+    assert argv[:2] == ["python", "scripts/push_model.py"]
+    options = dict(zip(argv[2::2], argv[3::2], strict=False))
+    push = container(find(objs, "CronJob", "push-model"), "push-model")
+    env = {e["name"]: e.get("value") for e in push["env"]}
+    assert options["--config"] == tfs_flags(objs)["model_config_file"]
+    assert options["--base-path"] == models_mount(push)["mountPath"] == "/models"
+    assert options["--server"] == "$PUSH_SERVER" and argv[-1] == "$PUSH_ARGS"
+    headless = find(objs, "Service", "tf-serving-headless")["metadata"]["name"]
+    assert env["PUSH_SERVER"] == f"{headless}:8500"
+    assert not models_mount(push).get("readOnly"), "push writes versions and models.config"
+    envfrom = {e["configMapRef"]["name"] for e in push["envFrom"]}
+    assert envfrom == {find(objs, "ConfigMap", "gateway-env")["metadata"]["name"]}
+
+
+def test_push_flags_are_push_models(objs: list[Obj]) -> None:
+    source = "\n".join(
+        path.read_text()
+        for path in (REPO / "ops" / "push.py", REPO / "scripts" / "push_model.py")
+        if path.is_file()
+    )
+    accepted = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
+    used = {arg for arg in push_command(objs) if arg.startswith("--")}
+    assert used <= accepted, f"push_model has no {used - accepted}"
+
+
+def test_readme_push_command_makes_a_valid_job(objs: list[Obj], tmp_path: Path) -> None:
+    import kubernetes_validate
+
+    # What `kubectl create job NAME --from=cronjob/push-model` makes, then README's `set env`.
+    cronjob = find(objs, "CronJob", "push-model")
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "push-1", "namespace": cronjob["metadata"]["namespace"]},
+        "spec": cronjob["spec"]["jobTemplate"]["spec"],
+    }
+    args = "--name minilm-intent --promote canary stable"
+    result = subprocess.run(
+        ["kubectl", "set", "env", "--local", "-f", "-", "-o", "yaml", f"PUSH_ARGS={args}"],
+        input=yaml.safe_dump(job),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"KUBECONFIG": str(tmp_path / "none"), "PATH": "/usr/bin:/bin:/usr/local/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    made = yaml.safe_load(result.stdout)
+    made["metadata"].pop("creationTimestamp", None)
+    made["spec"]["template"]["metadata"].pop("creationTimestamp", None)
+    made.pop("status", None)
+    kubernetes_validate.validate(made, kubernetes_validate.latest_version(), strict=True)
+    env = {e["name"]: e.get("value") for e in container(made, "push-model")["env"]}
+    assert env["PUSH_ARGS"] == args
+
+
+def seed_script(objs: list[Obj], models: Path, seed: Path) -> str:
+    """Return the models-seed Job's script with its two mount paths moved under tmp dirs."""
+    job = find(objs, "Job", "models-seed")
+    script: str = container(job, "seed")["command"][-1]
+    roots = {"models": str(models), "seed": str(seed)}
+    return re.sub(r"(?<![\w/.])/(models|seed)\b", lambda m: roots[m.group(1)], script)
+
+
+def test_seed_job_writes_models_config_where_tf_serving_reads_it(objs: list[Obj]) -> None:
+    job = find(objs, "Job", "models-seed")
+    assert models_mount(container(job, "seed"))["mountPath"] == "/models"
+    assert tfs_flags(objs)["model_config_file"] == "/models/models.config"
+    volume, _ = mount_source(job, container(job, "seed"), "/seed/models.config")
+    assert volume["configMap"]["name"] == "models-config-seed"
+
+
+def test_seed_script_seeds_once_and_never_overwrites(
+    rendered: dict[str, list[Obj]], tmp_path: Path, model_names: set[str]
+) -> None:
+    models, seed = tmp_path / "models", tmp_path / "seed"
+    models.mkdir()
+    seed.mkdir()
+    shutil.copy(CONFIG_DIR / "models.config", seed / "models.config")
+    script = seed_script(rendered["cpu"], models, seed)
+
+    subprocess.run(["sh", "-c", script], check=True, capture_output=True, timeout=10)
+    assert (models / "models.config").read_bytes() == (CONFIG_DIR / "models.config").read_bytes()
+    assert {p.name for p in models.iterdir() if p.is_dir()} == model_names
+    assert [p.name for p in models.iterdir() if p.is_file()] == ["models.config"]
+
+    (models / "models.config").write_text("# pushed since\n")
+    subprocess.run(["sh", "-c", script], check=True, capture_output=True, timeout=10)
+    assert (models / "models.config").read_text() == "# pushed since\n"
