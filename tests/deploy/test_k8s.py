@@ -203,6 +203,13 @@ def test_tfserving_image_is_composes_pinned_tag(
 def test_tfserving_flags_are_composes(objs: list[Obj], compose: Obj) -> None:
     ours = tfs_flags(objs)
     theirs = flags(compose["services"]["tfserving"]["command"])
+    # Kubernetes only: GOAWAY after a maximum connection age, so that gRPC clients re-resolve
+    # the headless Service and reach replicas the autoscaler added.
+    age = dict(arg.split("=") for arg in ours.pop("grpc_channel_arguments").split(","))
+    assert int(age["grpc.max_connection_age_grace_ms"]) / 1000 > float(
+        gateway_env(objs)["GATEWAY_TIMEOUT_S"]
+    )
+    assert int(age["grpc.max_connection_age_ms"]) > 0
     assert set(ours) == set(theirs)
     # The one deliberate difference: models.config is on the models volume (push_model writes it).
     assert Path(ours["model_config_file"]).name == Path(theirs["model_config_file"]).name
