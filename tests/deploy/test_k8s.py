@@ -479,14 +479,8 @@ def test_push_runs_push_model_against_every_replica_and_the_shared_config(
 
 
 def test_push_flags_are_push_models(objs: list[Obj]) -> None:
-    source = "\n".join(
-        path.read_text()
-        for path in (REPO / "ops" / "push.py", REPO / "scripts" / "push_model.py")
-        if path.is_file()
-    )
-    accepted = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
     used = {arg for arg in push_command(objs) if arg.startswith("--")}
-    assert used <= accepted, f"push_model has no {used - accepted}"
+    assert used <= push_model_flags(), f"push_model has no {used - push_model_flags()}"
 
 
 def test_readme_push_command_makes_a_valid_job(objs: list[Obj], tmp_path: Path) -> None:
@@ -552,3 +546,31 @@ def test_seed_script_seeds_once_and_never_overwrites(
     (models / "models.config").write_text("# pushed since\n")
     subprocess.run(["sh", "-c", script], check=True, capture_output=True, timeout=10)
     assert (models / "models.config").read_text() == "# pushed since\n"
+
+
+# --- deploy/k8s/README.md ----------------------------------------------------------------------
+
+
+def push_model_flags() -> set[str]:
+    """Return the flags push_model's argument parser declares (read from its source)."""
+    source = "\n".join(
+        path.read_text()
+        for path in (REPO / "ops" / "push.py", REPO / "scripts" / "push_model.py")
+        if path.is_file()
+    )
+    return set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
+
+
+def test_readme_applies_every_overlay_that_exists() -> None:
+    readme = (K8S / "README.md").read_text()
+    assert sorted(p.name for p in (K8S / "overlays").iterdir()) == OVERLAYS
+    for overlay in OVERLAYS:
+        assert f"overlays/{overlay}" in readme
+
+
+def test_readme_push_examples_use_push_model_flags() -> None:
+    readme = (K8S / "README.md").read_text()
+    examples = re.findall(r'push "([^"]+)"', readme)
+    assert len(examples) >= 3, "push, promote and roll back"
+    used = {arg for example in examples for arg in example.split() if arg.startswith("--")}
+    assert used <= push_model_flags(), f"push_model has no {used - push_model_flags()}"
