@@ -1,13 +1,12 @@
 """The Flask app factory: ``gunicorn 'backend.app:create_app()'``.
 
-Nothing here opens a connection: each worker creates its Gateway (client, pools) after fork,
-in gunicorn's post_fork hook (``start_worker``) or lazily on its first request.
+Nothing here opens a connection: each worker creates its Gateway (client, pools) after fork
+(``backend.worker``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -19,9 +18,8 @@ from flask import Flask, Response, current_app, g, request
 from backend import metrics
 from backend.api import current_settings, health, meta, models
 from backend.errors import register_error_handlers
-from backend.service import Gateway
 from backend.settings import load_settings
-from backend.versions import MODEL_NAME_RE
+from modelformat.names import valid_model_name
 
 log = logging.getLogger("backend")
 
@@ -41,34 +39,6 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.after_request(_finish_body)
     _use_gunicorn_logging()
     return app
-
-
-def get_gateway(app: Flask) -> Gateway:
-    """Return this process's Gateway, creating it on first use (and anew in a forked child)."""
-    gateway: Gateway | None = app.extensions.get("gateway")
-    if gateway is not None and gateway.pid == os.getpid():
-        return gateway
-    with app.extensions["gateway_lock"]:
-        gateway = app.extensions.get("gateway")
-        if gateway is None or gateway.pid != os.getpid():
-            gateway = Gateway(app.extensions["gateway_settings"])
-            app.extensions["gateway"] = gateway
-    return gateway
-
-
-def start_worker(app: Flask) -> Gateway:
-    """Create the worker's Gateway right after fork (gunicorn post_fork)."""
-    # A lock copied from the parent could have been held at fork time: start fresh.
-    app.extensions["gateway_lock"] = threading.Lock()
-    app.extensions.pop("gateway", None)
-    return get_gateway(app)
-
-
-def stop_worker(app: Flask) -> None:
-    """Close the worker's Gateway (gunicorn worker_exit)."""
-    gateway: Gateway | None = app.extensions.pop("gateway", None)
-    if gateway is not None and gateway.pid == os.getpid():
-        gateway.close()
 
 
 def _finish_body(response: Response) -> Response:
@@ -128,7 +98,7 @@ def _known_model(view_args: Mapping[str, Any]) -> str:
     if not isinstance(model, str):
         return ""
     base = Path(current_settings().model_base_path)
-    return model if MODEL_NAME_RE.match(model) and (base / model).is_dir() else "other"
+    return model if valid_model_name(model) and (base / model).is_dir() else "other"
 
 
 def _use_gunicorn_logging() -> None:

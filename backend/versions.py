@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,10 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
-
 from backend import metrics
-from backend.clients.base import VersionStatus, newest_available
 from backend.errors import (
     LabelNotFound,
     ModelAssetsError,
@@ -35,9 +31,11 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.tokenization import BertTokenizer
-from modelformat.protos import config_pb2
+from modelformat import serverconfig
+from modelformat.errors import FormatError
+from modelformat.names import valid_model_name
+from modelformat.status import VersionStatus, newest_available
 
-MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 log = logging.getLogger(__name__)
 
 
@@ -58,7 +56,7 @@ class ModelAssets:
 
 def check_model_name(model: str) -> str:
     """Return ``model`` if it is a safe directory name, else raise 404 (no path tricks)."""
-    if not MODEL_NAME_RE.match(model) or ".." in model:
+    if not valid_model_name(model):
         raise ModelNotFound(f"model {model!r} is not served")
     return model
 
@@ -151,8 +149,7 @@ class AssetCache:
 
 def parse_version_labels(text: str) -> dict[str, dict[str, int]]:
     """Return model → label → version from a text-format ModelServerConfig."""
-    config = text_format.Parse(text, config_pb2.ModelServerConfig(), allow_unknown_field=True)
-    return {entry.name: dict(entry.version_labels) for entry in config.model_config_list.config}
+    return serverconfig.version_labels(serverconfig.parse(text))
 
 
 class LabelTable:
@@ -195,7 +192,7 @@ class LabelTable:
                 if stamp != self._stamp:
                     self._labels = parse_version_labels(self.path.read_text(encoding="utf-8"))
                     self._stamp = stamp
-            except (OSError, UnicodeDecodeError, text_format.ParseError) as exc:
+            except (OSError, UnicodeDecodeError, FormatError) as exc:
                 # Keep the last good table: a config being rewritten must not drop every label.
                 self._failed(str(exc))
             else:

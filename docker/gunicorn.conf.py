@@ -84,14 +84,14 @@ def pre_request(worker: Any, req: Any) -> None:
 
 def post_fork(server: Any, worker: Any) -> None:
     """Create this worker's Gateway (gRPC channel or HTTP session, chunk pool) after the fork."""
-    from backend.app import start_worker
+    from backend.worker import start_worker
 
     start_worker(worker.app.wsgi())
 
 
 def worker_exit(server: Any, worker: Any) -> None:
     """Close the worker's upstream connections."""
-    from backend.app import stop_worker
+    from backend.worker import stop_worker
 
     app = getattr(worker, "wsgi", None)
     if app is not None:

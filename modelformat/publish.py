@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from modelformat.errors import FormatError
-from modelformat.layout import numbered_entries
+from modelformat.layout import SAVED_MODEL_FILE, numbered_entries
 from modelformat.names import MODEL_NAME_RULE, valid_model_name
 
 TEMP_PREFIX = ".tmp-"
@@ -194,3 +194,19 @@ def remove_tree(path: Path) -> None:
 def tree_size(path: Path) -> int:
     """Return the total size in bytes of the files under ``path``."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def copy_in(src: Path, model_dir: Path, version: int | None) -> Path:
+    """Copy an exported version directory in as ``version`` (None: the next) and publish it.
+
+    The copy goes to a non-numeric temp sibling (TF Serving ignores it), is fsynced, then
+    renamed: half-copied variables would otherwise load "successfully" (tensorflow/serving#1086).
+    """
+    if not (src / SAVED_MODEL_FILE).is_file():
+        raise FormatError(f"{src} is not an exported version (no {SAVED_MODEL_FILE})")
+    model_dir = model_dir_for(model_dir.parent, model_dir.name)
+    version = choose_version(model_dir, version)
+    with temp_version(model_dir, version) as tmp:  # removed unless published
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        fsync_tree(tmp)
+        return publish(tmp, model_dir, version)

@@ -21,6 +21,8 @@ from google.protobuf import (
 from tensorflow_serving.config import model_server_config_pb2
 
 from export.hardware import usable_cores
+from modelformat import serverconfig
+from modelformat.errors import FormatError
 from modelserver.errors import failed_precondition, invalid
 
 ModelServerConfig = model_server_config_pb2.ModelServerConfig
@@ -109,7 +111,12 @@ def parse_text(text: str, message: Any, what: str) -> Any:
 def read_model_server_config(path: str | Path) -> Any:
     """Return the ModelServerConfig in a text-proto file."""
     text = Path(path).read_text(encoding="utf-8")
-    return parse_text(text, ModelServerConfig(), "tensorflow.serving.ModelServerConfig")
+    try:
+        return serverconfig.parse(text, ModelServerConfig())
+    except FormatError as exc:  # TF Serving's words (ParseProtoTextFile)
+        raise invalid(
+            f"Error parsing text-format tensorflow.serving.ModelServerConfig: {exc}"
+        ) from None
 
 
 def read_batching_parameters(path: str | Path) -> Any:

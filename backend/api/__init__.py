@@ -10,6 +10,7 @@ from flask import Response, current_app, g, request
 from backend.errors import PayloadTooLarge
 from backend.service import Gateway
 from backend.settings import Settings
+from backend.worker import get_gateway
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -43,8 +44,6 @@ def current_settings() -> Settings:
 
 def current_gateway() -> Gateway:
     """Return this worker's Gateway (created after fork, once per process)."""
-    from backend.app import get_gateway
-
     return get_gateway(current_app)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from backend.clients.base import PredictClient, VersionStatus, newest_available
+from backend.clients.base import PredictClient
 from backend.settings import Settings
+from modelformat.status import VersionStatus, newest_available
 
 __all__ = ["PredictClient", "VersionStatus", "make_client", "newest_available"]
 

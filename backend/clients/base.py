@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -17,18 +16,9 @@ from backend.errors import (
     UpstreamUnavailable,
     VersionNotFound,
 )
+from modelformat.status import VersionStatus
 
 Outputs = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class VersionStatus:
-    """One entry of the model server's GetModelStatus answer."""
-
-    version: int
-    state: str  # UNKNOWN, START, LOADING, AVAILABLE, UNLOADING, END
-    error_code: str = "OK"
-    error_message: str = ""
 
 
 class PredictClient(Protocol):
@@ -58,12 +48,6 @@ class PredictClient(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
-
-
-def newest_available(statuses: Sequence[VersionStatus]) -> int | None:
-    """Return the highest AVAILABLE version, or None."""
-    available = [s.version for s in statuses if s.state == "AVAILABLE"]
-    return max(available) if available else None
 
 
 # TF Serving's status codes (by name) → the gateway error a caller should see.

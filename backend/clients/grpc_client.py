@@ -10,10 +10,11 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from backend.clients.base import Outputs, VersionStatus, error_for_status
+from backend.clients.base import Outputs, error_for_status
 from backend.errors import UpstreamTimeout
 from backend.tensors import from_tensor_proto, to_tensor_proto
 from modelformat.protos import serving_pb2
+from modelformat.status import VersionStatus, from_grpc
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
@@ -94,7 +95,7 @@ class GrpcClient:
         request = serving_pb2.GetModelStatusRequest()
         request.model_spec.name = model
         reply = self._call(self._status, request, model, timeout_s)
-        return parse_status_response(reply)
+        return from_grpc(reply)
 
     def signature(self, model: str, *, timeout_s: float) -> dict[str, Any]:
         """Return serving_default's input and output names from GetModelMetadata."""
@@ -169,21 +170,3 @@ def parse_predict_response(reply: serving_pb2.PredictResponse) -> tuple[Outputs,
     """Return (outputs as numpy, served version) from a PredictResponse."""
     outputs = {name: from_tensor_proto(tensor) for name, tensor in reply.outputs.items()}
     return outputs, int(reply.model_spec.version.value)
-
-
-def parse_status_response(reply: serving_pb2.GetModelStatusResponse) -> list[VersionStatus]:
-    """Return the versions of a GetModelStatusResponse, newest first."""
-    states = serving_pb2.ModelVersionStatus.State
-    codes = serving_pb2.Code
-    out = [
-        VersionStatus(
-            version=int(entry.version),
-            state=states.Name(entry.state) if entry.state in states.values() else "UNKNOWN",
-            error_code=codes.Name(entry.status.error_code)
-            if entry.status.error_code in codes.values()
-            else str(entry.status.error_code),
-            error_message=entry.status.error_message,
-        )
-        for entry in reply.model_version_status
-    ]
-    return sorted(out, key=lambda s: s.version, reverse=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.clients.base import Outputs, VersionStatus
+from backend.clients.base import Outputs
 from backend.errors import (
     GatewayError,
     LabelNotFound,
@@ -18,6 +18,7 @@ from backend.errors import (
     UpstreamError,
     VersionNotFound,
 )
+from modelformat.status import VersionStatus
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ import orjson
 import requests
 from requests.adapters import HTTPAdapter
 
-from backend.clients.base import Outputs, VersionStatus, error_for_status
+from backend.clients.base import Outputs, error_for_status
 from backend.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from modelformat.status import VersionStatus, from_rest
 
 # TF Serving's HTTP status → TF code name (the inverse of http_server.cc ToHTTPStatusCode).
 _HTTP_TO_CODE = {
@@ -83,17 +84,7 @@ class RestClient:
     def model_status(self, model: str, *, timeout_s: float) -> list[VersionStatus]:
         """Return every version's state from GET /v1/models/{model}, newest first."""
         reply = self._request("GET", f"/v1/models/{quote(model, safe='')}", model, timeout_s)
-        entries = reply.get("model_version_status", []) if isinstance(reply, dict) else []
-        out = [
-            VersionStatus(
-                version=int(entry.get("version", 0)),
-                state=str(entry.get("state", "UNKNOWN")),
-                error_code=str(entry.get("status", {}).get("error_code", "OK")),
-                error_message=str(entry.get("status", {}).get("error_message", "")),
-            )
-            for entry in entries
-        ]
-        return sorted(out, key=lambda s: s.version, reverse=True)
+        return from_rest(reply)
 
     def close(self) -> None:
         """Close the session's connections."""

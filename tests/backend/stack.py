@@ -7,7 +7,7 @@ from pathlib import Path
 
 import requests
 
-from tests.support.procs import REPO, ServerProcess, child_env, free_port, python_cmd
+from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
 
 GUNICORN_CONF = REPO / "docker" / "gunicorn.conf.py"
 

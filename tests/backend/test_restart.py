@@ -7,8 +7,9 @@ from pathlib import Path
 
 import requests
 
-from backend.app import create_app, stop_worker
-from tests.support.procs import ServerProcess, free_port, python_cmd
+from backend.app import create_app
+from backend.worker import stop_worker
+from ops.procs import ServerProcess, free_port, python_cmd
 
 MODEL = "tiny-restart"
 

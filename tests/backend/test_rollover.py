@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import requests
 
-from backend.app import create_app, stop_worker
+from backend.app import create_app
 from backend.tokenization import BertTokenizer
+from backend.worker import stop_worker
+from ops.procs import ServerProcess, free_port, python_cmd
 from tests.backend.conftest import other_vocab
-from tests.support.procs import ServerProcess, free_port, python_cmd
 
 MODEL = "tiny-roll"
 TEXTS = ["my card was charged twice", "hello world", "我的订单还没到"]

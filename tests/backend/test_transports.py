@@ -38,7 +38,7 @@ def local_client(model_base: Path, config_file: Path) -> Iterator[FlaskClient]:
         }
     )
     yield app.test_client()
-    from backend.app import stop_worker
+    from backend.worker import stop_worker
 
     stop_worker(app)
 

@@ -7,9 +7,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backend.clients.grpc_client import build_predict_request, parse_status_response
+from backend.clients.grpc_client import build_predict_request
 from backend.tensors import from_tensor_proto, to_tensor_proto
 from modelformat.protos import serving_pb2
+from modelformat.status import from_grpc as parse_status_response
 
 tf_apis = pytest.importorskip("tensorflow_serving.apis.predict_pb2")
 from tensorflow.core.framework import tensor_pb2 as tf_tensor_pb2  # noqa: E402
