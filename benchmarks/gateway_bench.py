@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import psutil
 import requests
 
 from benchmarks import BenchContext, Row, median, percentile, time_calls
-from tests.support.procs import REPO, ServerProcess, child_env, free_port, python_cmd
+from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
 
 TEXT = "my card was charged twice"
 _WORDS_TEXT = (
@@ -189,7 +190,7 @@ def _overhead(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[
     rows = []
     path = f"/v1/models/{model}:classify"
     for upstream in ("grpc", "rest"):
-        d, g = _paired(direct[upstream], lambda c=gateways[upstream]: c.call("POST", path, body), n)
+        d, g = _paired(direct[upstream], partial(gateways[upstream].call, "POST", path, body), n)
         # Per-pair differences: each gateway call against the direct call right before it.
         diffs = [(gi - di) * 1000 for gi, di in zip(g, d, strict=True)]
         how = (f"{n} interleaved pairs (http.client keep-alive), 1 text ({model} v{version}, "
@@ -303,7 +304,8 @@ _PROBE = """
 import json, os, sys, time
 import psutil
 started = time.perf_counter()
-from backend.app import create_app, start_worker
+from backend.app import create_app
+from backend.worker import start_worker
 app = create_app({"upstream": "grpc", "tfs_grpc_target": "127.0.0.1:1"})
 start_worker(app)
 if sys.argv[1] == "tfs":

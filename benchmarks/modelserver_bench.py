@@ -20,7 +20,7 @@ import numpy as np
 import requests
 
 from benchmarks import BenchContext, Row, median, percentile, time_calls
-from tests.support.procs import REPO, ServerProcess, child_env, free_port, port_open, python_cmd
+from ops.procs import REPO, ServerProcess, child_env, free_port, port_open, python_cmd
 
 SEQ = 16
 CLIENTS = 16

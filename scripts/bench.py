@@ -11,16 +11,13 @@ import argparse
 import datetime as dt
 import importlib
 import platform
-import sys
 import tempfile
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks import BenchContext, Row  # noqa: E402
-from export.hardware import CpuInfo  # noqa: E402
+from benchmarks import BenchContext, Row
+from export.hardware import CpuInfo
+from ops.procs import REPO
 
 MODULES = ["export_bench", "modelserver_bench", "gateway_bench"]
 

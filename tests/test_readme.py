@@ -21,16 +21,13 @@ import math
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.procs import REPO, free_port
-
-sys.path.insert(0, str(REPO / "scripts"))
-import run_stack
+from ops import localstack as run_stack
+from ops.procs import REPO, free_port
 
 README = REPO / "README.md"
 MODELS = REPO / "models"

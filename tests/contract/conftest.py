@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from modelserver.half_plus_two import export_half_plus_two
-from tests.support.procs import ServerProcess, child_env, free_port, port_open, python_cmd
+from ops.procs import ServerProcess, child_env, free_port, port_open, python_cmd
 
 TFS_BIN = os.environ.get("TFS_BIN", "")
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]

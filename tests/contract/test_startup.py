@@ -14,6 +14,7 @@ import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
+from ops.procs import ServerProcess, child_env, free_port, port_open
 from tests.contract.conftest import (
     TFS_BIN,
     Server,
@@ -24,7 +25,6 @@ from tests.contract.conftest import (
     wait_until_spinning,
     write_config,
 )
-from tests.support.procs import ServerProcess, child_env, free_port, port_open
 
 
 def run_to_exit(flags: list[str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from export.cli import main
-from tests.support.procs import child_env, python_cmd
+from ops.procs import child_env, python_cmd
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

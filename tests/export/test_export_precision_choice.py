@@ -17,7 +17,7 @@ from export.hardware import CpuInfo
 from export.precision import choose_precision
 from export.warmup import token_batch
 from modelformat.layout import MODEL_JSON
-from tests.support.procs import REPO
+from ops.procs import REPO
 
 AVX2 = CpuInfo("AMD EPYC", frozenset({"avx2", "fma", "f16c"}), 2)
 AVX512 = CpuInfo("Intel Xeon", frozenset({"avx2", "fma", "avx512f"}), 2)

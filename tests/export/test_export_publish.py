@@ -18,7 +18,7 @@ from export.build import build
 from modelformat.errors import FormatError
 from modelformat.layout import MODEL_JSON, SAVED_MODEL_FILE, WARMUP_FILE
 from modelformat.publish import remove_stale_temps, temp_version
-from tests.support.procs import child_env, python_cmd
+from ops.procs import child_env, python_cmd
 
 IS_ROOT = os.geteuid() == 0
 

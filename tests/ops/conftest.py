@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import ServerProcess, free_port, port_open, python_cmd
+from ops.procs import ServerProcess, free_port, port_open, python_cmd
 
 MODEL = "tiny"
 

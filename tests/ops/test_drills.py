@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from backend.clients.grpc_client import CHANNEL_OPTIONS
-from scripts import drilllib, fault_drill
-from scripts.drilllib import Answer
+from ops import drills, fault_drill
+from ops.drills import Answer
+from ops.procs import REPO, child_env
 from tests.ops.conftest import MODEL
-from tests.support.procs import REPO, child_env
 
 
 def run_drill(script: str, out: Path, *args: str) -> tuple[int, dict[str, Any], str]:
@@ -47,7 +47,7 @@ def test_reload_drill_under_load_has_no_failed_request(tiny_exports: Path, tmp_p
 
 
 def test_unload_gap_runs_from_the_label_moving_off_to_the_last_available_sighting() -> None:
-    monitor = drilllib.StatusMonitor(None, MODEL)  # type: ignore[arg-type]  # never polled
+    monitor = drills.StatusMonitor(None, MODEL)  # type: ignore[arg-type]  # never polled
     monitor.seen = [(0.0, frozenset({2, 3})), (5.0, frozenset({2, 3})), (5.1, frozenset({3}))]
     monitor.labelled = [(0.0, frozenset({2, 3})), (1.0, frozenset({3})), (5.0, frozenset({3}))]
     assert monitor.unload_gaps() == {2: 4.0}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts import loadreport
-from scripts.loadlib import Cell, CellResult, Sample, make_tensors, summarize
+from ops import loadreport
+from ops.load import Cell, CellResult, Sample, make_tensors, summarize
+from ops.procs import REPO, child_env
 from tests.ops.conftest import MODEL
-from tests.support.procs import REPO, child_env
 
 
 def test_summarize_counts_errors_and_takes_percentiles_of_successes() -> None:

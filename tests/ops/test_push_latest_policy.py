@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import opslib, push_model
+from ops import modelconfig, push
 from tests.ops.conftest import MODEL, OpsServer, serve_tiny_versions
 from tests.ops.test_push_model import available, labels, served_version
 
@@ -29,10 +29,10 @@ def test_push_pins_the_policy_so_stable_keeps_its_version(
     args = latest_server.push_args(
         "--from-dir", str(tiny_exports / MODEL / "2"), "--label", "canary"
     )
-    assert push_model.main(args) == 0
-    model = opslib.find_model(opslib.load_config(latest_server.config), MODEL)
+    assert push.main(args) == 0
+    model = modelconfig.find_model(modelconfig.load_config(latest_server.config), MODEL)
     # Without the pin, `latest {2}` would unload version 1 while `stable` still names it.
-    assert opslib.policy_kind(model) == "specific"
+    assert modelconfig.policy_kind(model) == "specific"
     assert labels(latest_server) == {"stable": 1, "canary": 3}
     assert available(latest_server) == {1, 2, 3}
     assert served_version(latest_server, "stable") == 1

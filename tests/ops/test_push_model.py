@@ -17,9 +17,10 @@ import pytest
 
 from backend.versions import LabelTable
 from modelformat.layout import read_model_info
-from scripts import opslib, push_model
+from ops import modelconfig, push
+from ops.procs import REPO, ServerProcess, child_env, python_cmd
+from ops.server import ModelServer
 from tests.ops.conftest import MODEL, OpsServer
-from tests.support.procs import REPO, ServerProcess, child_env, python_cmd
 
 
 def predict_request(label: str = "", version: int = 0) -> Any:
@@ -55,11 +56,13 @@ def served_version(server: OpsServer, label: str) -> int:
 
 
 def labels(server: OpsServer) -> dict[str, int]:
-    return dict(opslib.find_model(opslib.load_config(server.config), MODEL).version_labels)
+    return dict(
+        modelconfig.find_model(modelconfig.load_config(server.config), MODEL).version_labels
+    )
 
 
 def available(server: OpsServer) -> set[int]:
-    client = opslib.ModelServer(server.grpc_target)
+    client = ModelServer(server.grpc_target)
     try:
         return {s.version for s in client.status(MODEL) if s.state == "AVAILABLE"}
     finally:
@@ -86,7 +89,7 @@ def test_push_publishes_the_next_version_and_labels_it_once_available(
     ops_server: OpsServer, tiny_exports: Path
 ) -> None:
     args = ops_server.push_args("--from-dir", str(tiny_exports / MODEL / "2"), "--label", "canary")
-    assert push_model.main(args) == 0
+    assert push.main(args) == 0
     assert (ops_server.base_path / MODEL / "2" / "saved_model.pb").is_file()
     assert labels(ops_server) == {"stable": 1, "canary": 2}
     assert available(ops_server) == {1, 2}
@@ -95,13 +98,13 @@ def test_push_publishes_the_next_version_and_labels_it_once_available(
 
 
 def test_promote_points_stable_at_canarys_version(ops_server: OpsServer) -> None:
-    assert push_model.main(ops_server.push_args("--promote", "canary", "stable")) == 0
+    assert push.main(ops_server.push_args("--promote", "canary", "stable")) == 0
     assert labels(ops_server) == {"stable": 2, "canary": 2}
     assert served_version(ops_server, "stable") == 2
 
 
 def test_rollback_points_stable_at_the_previous_version(ops_server: OpsServer) -> None:
-    assert push_model.main(ops_server.push_args("--rollback", "stable")) == 0
+    assert push.main(ops_server.push_args("--rollback", "stable")) == 0
     assert labels(ops_server)["stable"] == 1
     assert served_version(ops_server, "stable") == 1
 
@@ -111,7 +114,7 @@ def test_unknown_model_is_a_clear_error(
 ) -> None:
     args = ops_server.push_args("--promote", "canary", "stable")
     args[args.index("--name") + 1] = "nope"
-    assert push_model.main(args) == 1
+    assert push.main(args) == 1
     assert "'nope' is not in the model config (known: tiny)" in capsys.readouterr().err
 
 
@@ -124,10 +127,10 @@ def test_version_that_never_loads_times_out_clearly_and_restores_the_config(
     shutil.copytree(ops_server.base_path, tmp_path / "elsewhere")
     args[args.index("--base-path") + 1] = str(tmp_path / "elsewhere")
     args[args.index("--timeout") + 1] = "2"
-    assert push_model.main([*args, "--version", "9"]) == 1
+    assert push.main([*args, "--version", "9"]) == 1
     assert "tiny version 9 not AVAILABLE after 2s" in capsys.readouterr().err
     assert labels(ops_server) == before
-    config = opslib.find_model(opslib.load_config(ops_server.config), MODEL)
+    config = modelconfig.find_model(modelconfig.load_config(ops_server.config), MODEL)
     assert 9 not in config.model_version_policy.specific.versions
 
 
@@ -138,7 +141,7 @@ def test_push_from_a_checkpoint_exports_the_next_version_with_exporter_options(
 
     checkpoint = write_hf_checkpoint(tmp_path / "ckpt", task="classify", seed=7)
     args = ops_server.push_args("--checkpoint", str(checkpoint), "--label", "canary")
-    assert push_model.main([*args, "--", "--task", "classify", "--max-seq-len", "32"]) == 0
+    assert push.main([*args, "--", "--task", "classify", "--max-seq-len", "32"]) == 0
     assert labels(ops_server)["canary"] == 3
     info = read_model_info(ops_server.base_path / MODEL / "3")
     assert info is not None and info["max_seq_len"] == 32
@@ -202,12 +205,10 @@ def test_a_version_leaves_the_policy_only_after_every_reader_saw_its_label_move(
         wait_for(lambda: len(reader.versions) > seen, "the reader answered from stable=1")
         common = ("--keep", "1", "--reader-wait", str(ttl_s + 2))
         # Back to back: the second push must not drop v1 while the reader still resolves to it.
-        first = push_model.run(
-            *push_model.parse_args(server.push_args("--promote", "canary", "stable", *common))
+        first = push.run(
+            *push.parse_args(server.push_args("--promote", "canary", "stable", *common))
         )
-        push_model.run(
-            *push_model.parse_args(server.push_args("--promote", "canary", "blue", *common))
-        )
+        push.run(*push.parse_args(server.push_args("--promote", "canary", "blue", *common)))
         wait_for(lambda: 2 in reader.versions, "the reader followed stable to v2")
         wait_for(lambda: 1 not in available(server), "v1 unloaded")
     finally:
@@ -216,7 +217,7 @@ def test_a_version_leaves_the_policy_only_after_every_reader_saw_its_label_move(
     assert first.unloaded == [1] and first.reader_wait_s > 0
     assert reader.versions[0] == 1 and reader.versions[-1] == 2
     assert labels(server) == {"stable": 2, "canary": 2, "blue": 2}
-    config = opslib.find_model(opslib.load_config(server.config), MODEL)
+    config = modelconfig.find_model(modelconfig.load_config(server.config), MODEL)
     assert list(config.model_version_policy.specific.versions) == [2]
 
 

@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
-from scripts import opslib, push_model
-from scripts.opslib import OpsError
+from modelformat import layout, serverconfig
+from modelformat.errors import FormatError
+from modelformat.publish import copy_in
+from ops import modelconfig, push
+from ops.modelconfig import OpsError
 
 
 def model_config(policy: str, labels: dict[str, int] | None = None) -> Any:
@@ -22,7 +25,7 @@ def model_config(policy: str, labels: dict[str, int] | None = None) -> Any:
     text = f"""model_config_list {{ config {{
         name: "m" base_path: "/models/m" model_platform: "tensorflow"
         model_version_policy {{ {policy} }} {label_text} }} }}"""
-    return opslib.find_model(opslib.parse_config(text), "m")
+    return modelconfig.find_model(modelconfig.full_config(text), "m")
 
 
 @pytest.mark.parametrize(
@@ -35,12 +38,12 @@ def model_config(policy: str, labels: dict[str, int] | None = None) -> Any:
     ],
 )
 def test_policy_versions_follow_tf_serving_rules(policy: str, served: set[int]) -> None:
-    assert opslib.policy_versions(model_config(policy), [1, 2, 3, 4]) == served
+    assert modelconfig.policy_versions(model_config(policy), [1, 2, 3, 4]) == served
 
 
 def test_widening_a_specific_policy_never_drops_a_version() -> None:
     model = model_config("specific { versions: 1 versions: 3 }", {"stable": 1})
-    widened = opslib.widen_policy(model, [4])
+    widened = modelconfig.widen_policy(model, [4])
     assert list(widened.model_version_policy.specific.versions) == [1, 3, 4]
 
 
@@ -48,14 +51,14 @@ def test_shrinking_keeps_labelled_and_newest_versions_and_adds_none() -> None:
     model = model_config(
         "specific { versions: 1 versions: 2 versions: 4 }", {"stable": 1, "canary": 4}
     )
-    shrunk = opslib.shrink_policy(model, [1, 2, 3, 4], keep=2)
+    shrunk = modelconfig.shrink_policy(model, [1, 2, 3, 4], keep=2)
     # 3 is among the two newest on disk but was not served: shrinking never loads anything.
     assert list(shrunk.model_version_policy.specific.versions) == [1, 4]
 
 
 def test_moving_labels_keeps_the_policy() -> None:
     model = model_config("specific { versions: 1 versions: 2 }", {"stable": 1})
-    moved = opslib.move_labels(model, [1, 2], {"stable": 2})
+    moved = modelconfig.move_labels(model, [1, 2], {"stable": 2})
     assert dict(moved.version_labels) == {"stable": 2}
     assert list(moved.model_version_policy.specific.versions) == [1, 2]
 
@@ -63,27 +66,27 @@ def test_moving_labels_keeps_the_policy() -> None:
 def test_label_on_a_version_a_latest_policy_unloads_is_refused() -> None:
     model = model_config("latest { num_versions: 2 }", {"stable": 1})
     with pytest.raises(OpsError, match="does not serve it"):
-        opslib.check_labels_served(model, [1, 2, 3])
+        modelconfig.check_labels_served(model, [1, 2, 3])
 
 
 def test_promote_points_target_at_source_version() -> None:
     model = model_config("all { }", {"stable": 1, "canary": 3})
-    assert push_model.plan_promote(model, "canary", "stable").labels == {"stable": 3}
+    assert push.plan_promote(model, "canary", "stable").labels == {"stable": 3}
 
 
 def test_promote_from_unknown_label_names_the_labels() -> None:
     with pytest.raises(OpsError, match="no label 'beta'"):
-        push_model.plan_promote(model_config("all { }", {"stable": 1}), "beta", "stable")
+        push.plan_promote(model_config("all { }", {"stable": 1}), "beta", "stable")
 
 
 def test_rollback_goes_to_the_newest_older_version() -> None:
     model = model_config("all { }", {"stable": 5})
-    assert push_model.plan_rollback(model, [1, 3, 5, 6], "stable").labels == {"stable": 3}
+    assert push.plan_rollback(model, [1, 3, 5, 6], "stable").labels == {"stable": 3}
 
 
 def test_rollback_of_the_oldest_version_is_a_clear_error() -> None:
     with pytest.raises(OpsError, match="no version older than 1"):
-        push_model.plan_rollback(model_config("all { }", {"stable": 1}), [1, 2], "stable")
+        push.plan_rollback(model_config("all { }", {"stable": 1}), [1, 2], "stable")
 
 
 def test_publish_copy_is_atomic_and_never_overwrites(tmp_path: Path) -> None:
@@ -92,45 +95,45 @@ def test_publish_copy_is_atomic_and_never_overwrites(tmp_path: Path) -> None:
     (src / "saved_model.pb").write_bytes(b"pb")
     (src / "variables" / "variables.index").write_bytes(b"idx")
     model_dir = tmp_path / "models" / "m"
-    assert opslib.publish_copy(src, model_dir, 1) == model_dir / "1"
+    assert copy_in(src, model_dir, 1) == model_dir / "1"
     assert sorted(p.name for p in model_dir.iterdir()) == ["1"]  # no temp dir left behind
-    assert opslib.next_version(model_dir) == 2
-    with pytest.raises(OpsError, match="never overwritten"):
-        opslib.publish_copy(src, model_dir, 1)
+    assert layout.next_version(model_dir) == 2
+    with pytest.raises(FormatError, match="never overwritten"):
+        copy_in(src, model_dir, 1)
 
 
 def test_config_round_trips_through_atomic_write(tmp_path: Path) -> None:
     model = model_config("specific { versions: 1 }", {"stable": 1})
-    config = opslib.parse_config("model_config_list { }")
+    config = modelconfig.full_config("model_config_list { }")
     config.model_config_list.config.add().CopyFrom(model)
     path = tmp_path / "models.config"
-    opslib.write_config_atomic(path, config)
-    assert opslib.render_config(opslib.load_config(path)) == opslib.render_config(config)
+    serverconfig.write_atomic(path, config)
+    assert serverconfig.render(modelconfig.load_config(path)) == serverconfig.render(config)
     assert [p.name for p in tmp_path.iterdir()] == ["models.config"]
 
 
 def test_latest_policy_is_pinned_when_a_push_would_unload_a_labelled_version() -> None:
     model = model_config("latest { num_versions: 2 }", {"stable": 1, "canary": 2})
-    pinned = opslib.pin_labelled_versions(model, [1, 2], [1, 2, 3], {"canary": 3})
+    pinned = modelconfig.pin_labelled_versions(model, [1, 2], [1, 2, 3], {"canary": 3})
     assert pinned is not None
-    assert opslib.policy_kind(pinned) == "specific"
+    assert modelconfig.policy_kind(pinned) == "specific"
     assert list(pinned.model_version_policy.specific.versions) == [1, 2]
 
 
 def test_latest_policy_is_left_alone_when_labels_stay_served() -> None:
     model = model_config("latest { num_versions: 2 }", {"stable": 2})
-    assert opslib.pin_labelled_versions(model, [1, 2], [1, 2, 3], {"canary": 3}) is None
+    assert modelconfig.pin_labelled_versions(model, [1, 2], [1, 2, 3], {"canary": 3}) is None
 
 
 def test_config_rewrite_keeps_the_header_comments(tmp_path: Path) -> None:
     path = tmp_path / "models.config"
     path.write_text('# what this file is\n# why\nmodel_config_list { config { name: "m" } }\n')
-    config = opslib.load_config(path)
+    config = modelconfig.load_config(path)
     config.model_config_list.config[0].version_labels["stable"] = 1
-    opslib.write_config_atomic(path, config)
+    serverconfig.write_atomic(path, config)
     text = path.read_text()
     assert text.startswith("# what this file is\n# why\nmodel_config_list {")
-    assert opslib.load_config(path).model_config_list.config[0].version_labels["stable"] == 1
+    assert modelconfig.load_config(path).model_config_list.config[0].version_labels["stable"] == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,19 +142,19 @@ def test_config_rewrite_keeps_the_header_comments(tmp_path: Path) -> None:
 
 def writes_for(
     policy: str, labels: dict[str, int], on_disk: list[int], how: str
-) -> tuple[Any, push_model.Plan, push_model.Writes]:
+) -> tuple[Any, push.Plan, push.Writes]:
     """Return the config, the plan and push_model's writes for ``how`` (keep=1)."""
-    config = opslib.parse_config("model_config_list { }")
+    config = modelconfig.full_config("model_config_list { }")
     config.model_config_list.config.add().CopyFrom(model_config(policy, labels))
-    model = opslib.find_model(config, "m")
+    model = modelconfig.find_model(config, "m")
     if how == "promote":
-        plan = push_model.plan_promote(model, "canary", "stable")
+        plan = push.plan_promote(model, "canary", "stable")
     elif how == "rollback":
-        plan = push_model.plan_rollback(model, on_disk, "stable")
+        plan = push.plan_rollback(model, on_disk, "stable")
     else:  # push the next version to canary
         new = max(on_disk) + 1
-        plan = push_model.Plan(model="m", new_version=new, labels={"canary": new})
-    return config, plan, push_model.plan_writes(config, model, plan, on_disk, keep=1)
+        plan = push.Plan(model="m", new_version=new, labels={"canary": new})
+    return config, plan, push.plan_writes(config, model, plan, on_disk, keep=1)
 
 
 @pytest.mark.parametrize(
@@ -176,28 +179,26 @@ def test_only_the_last_write_drops_versions_and_it_moves_no_label(
     states = [("now", config), *writes.in_order()]
     for (_, before), (name, after) in itertools.pairwise(states):
         disk = on_disk if name == "pin" else future  # the pin is written before publishing
-        gone = push_model.served(before, "m", disk) - push_model.served(after, "m", disk)
+        gone = push.served(before, "m", disk) - push.served(after, "m", disk)
         assert not gone or name == "shrink", f"the {name} write drops {gone}"
-        before_labels = dict(opslib.find_model(before, "m").version_labels)
-        after_labels = dict(opslib.find_model(after, "m").version_labels)
+        before_labels = dict(modelconfig.find_model(before, "m").version_labels)
+        after_labels = dict(modelconfig.find_model(after, "m").version_labels)
         assert before_labels == after_labels or name == "label", f"the {name} write moves labels"
-        served = push_model.served(after, "m", disk)
+        served = push.served(after, "m", disk)
         assert set(after_labels.values()) <= served, f"the {name} write labels an unserved version"
     # What the shrink drops, no label names once they moved: readers that have seen the label
     # write (push_model waits for them before the shrink) never resolve to a dropped version.
-    label_write = opslib.find_model(writes.label, "m")
-    dropped = push_model.served(writes.label, "m", future) - push_model.served(
-        writes.shrink, "m", future
-    )
+    label_write = modelconfig.find_model(writes.label, "m")
+    dropped = push.served(writes.label, "m", future) - push.served(writes.shrink, "m", future)
     assert not dropped & set(label_write.version_labels.values())
 
 
 def test_promote_keeps_the_old_stable_version_until_the_shrink() -> None:
     policy = "specific { versions: 2 versions: 3 versions: 4 }"
     _, _, writes = writes_for(policy, {"stable": 2, "canary": 4}, [2, 3, 4], "promote")
-    assert push_model.served(writes.label, "m", [2, 3, 4]) == {2, 3, 4}
-    assert dict(opslib.find_model(writes.label, "m").version_labels)["stable"] == 4
-    assert push_model.served(writes.shrink, "m", [2, 3, 4]) == {4}
+    assert push.served(writes.label, "m", [2, 3, 4]) == {2, 3, 4}
+    assert dict(modelconfig.find_model(writes.label, "m").version_labels)["stable"] == 4
+    assert push.served(writes.shrink, "m", [2, 3, 4]) == {4}
 
 
 def test_reader_wait_defaults_to_the_gateway_cache_ttl_plus_its_timeout(
@@ -205,12 +206,12 @@ def test_reader_wait_defaults_to_the_gateway_cache_ttl_plus_its_timeout(
 ) -> None:
     for name in ("GATEWAY_LABELS_CACHE_S", "GATEWAY_STATUS_CACHE_S", "GATEWAY_TIMEOUT_S"):
         monkeypatch.delenv(name, raising=False)
-    assert push_model.default_reader_wait_s() == 1.0 + 10.0  # the gateway's own defaults
+    assert push.default_reader_wait_s() == 1.0 + 10.0  # the gateway's own defaults
     monkeypatch.setenv("GATEWAY_LABELS_CACHE_S", "2")
     monkeypatch.setenv("GATEWAY_STATUS_CACHE_S", "0.5")
     monkeypatch.setenv("GATEWAY_TIMEOUT_S", "5")
-    assert push_model.default_reader_wait_s() == 7.0
-    args, _ = push_model.parse_args(["--name", "m", "--promote", "canary", "stable"])
+    assert push.default_reader_wait_s() == 7.0
+    args, _ = push.parse_args(["--name", "m", "--promote", "canary", "stable"])
     assert args.reader_wait == 7.0
 
 
@@ -219,12 +220,12 @@ def test_reader_wait_counts_from_the_configs_last_change(tmp_path: Path) -> None
     config.write_text("model_config_list { }\n")
     now = time.time()
     os.utime(config, (now - 60, now - 60))
-    assert push_model.wait_for_readers(config, 5.0, [1]) == 0.0  # changed long ago: no wait
+    assert push.wait_for_readers(config, 5.0, [1]) == 0.0  # changed long ago: no wait
     os.utime(config, (now + 60, now + 60))
-    assert push_model.wait_for_readers(config, 0.2, [1]) == 0.2  # mtime ahead: the whole bound
+    assert push.wait_for_readers(config, 0.2, [1]) == 0.2  # mtime ahead: the whole bound
     os.utime(config, None)
     started = time.monotonic()
-    waited = push_model.wait_for_readers(config, 0.5, [1])
+    waited = push.wait_for_readers(config, 0.5, [1])
     assert 0.0 < waited <= 0.5 and time.monotonic() - started >= waited
 
 
@@ -232,11 +233,11 @@ def test_a_held_config_lock_makes_the_next_writer_wait_and_then_give_up(tmp_path
     config = tmp_path / "models.config"
     config.write_text("model_config_list { }\n")
     said: list[str] = []
-    with opslib.config_lock(config, timeout_s=5):
-        assert opslib.lock_path_for(config).read_text().strip() == str(os.getpid())
-        second = opslib.config_lock(config, timeout_s=0.2, progress=said.append)
-        with pytest.raises(OpsError, match=f"held by pid {os.getpid()} after 0s"), second:
+    with serverconfig.config_lock(config, timeout_s=5):
+        assert serverconfig.lock_path_for(config).read_text().strip() == str(os.getpid())
+        second = serverconfig.config_lock(config, timeout_s=0.2, progress=said.append)
+        with pytest.raises(FormatError, match=f"held by pid {os.getpid()} after 0s"), second:
             pass
     assert said and "another push" in said[0]
-    with opslib.config_lock(config, timeout_s=0.2):  # released: taken at once
+    with serverconfig.config_lock(config, timeout_s=0.2):  # released: taken at once
         pass

@@ -28,12 +28,10 @@ from typing import Any
 
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from scripts import loadreport, opslib, stacklib  # noqa: E402
-from scripts.delayproxy import DelayProxy  # noqa: E402
-from scripts.loadlib import (  # noqa: E402
+from modelformat import serverconfig
+from ops import loadreport, modelconfig, stack
+from ops.delayproxy import DelayProxy
+from ops.load import (
     Cell,
     CellResult,
     Sender,
@@ -44,6 +42,9 @@ from scripts.loadlib import (  # noqa: E402
     rest_sender,
     run_cell,
 )
+from ops.modelconfig import OpsError
+from ops.procs import REPO, ServerProcess
+from ops.server import ModelServer
 
 
 def int_list(text: str) -> list[int]:
@@ -139,26 +140,26 @@ def describe(result: CellResult) -> str:
 def model_versions(args: argparse.Namespace) -> str:
     """Return the model's versions and states as the model server reports them."""
     try:
-        server = opslib.ModelServer(args.grpc, timeout_s=5)
+        server = ModelServer(args.grpc, timeout_s=5)
         try:
             states = server.status(args.model)
         finally:
             server.close()
-    except opslib.OpsError as exc:
+    except OpsError as exc:
         return f"unknown ({exc})"
     return ", ".join(f"v{s.version} {s.state}" for s in states) or "none"
 
 
 def spawn_config(model: str, base_path: Path) -> Any:
     """Return a config serving only ``model`` from ``base_path`` (its committed entry if any)."""
-    committed = opslib.load_config(stacklib.SERVING_CONFIG / "models.config")
-    config = opslib.parse_config("model_config_list { }")
+    committed = modelconfig.load_config(stack.SERVING_CONFIG / "models.config")
+    config = modelconfig.full_config("model_config_list { }")
     entry = config.model_config_list.config.add()
     try:
-        entry.CopyFrom(opslib.find_model(committed, model))
-    except opslib.OpsError:
+        entry.CopyFrom(modelconfig.find_model(committed, model))
+    except OpsError:
         entry.name, entry.model_platform = model, "tensorflow"
-    return opslib.localize_config(config, base_path)
+    return modelconfig.localize_config(config, base_path)
 
 
 @contextlib.contextmanager
@@ -168,17 +169,17 @@ def spawned_stack(args: argparse.Namespace) -> Iterator[None]:
         work = Path(tmp)
         config = spawn_config(args.model, args.spawn)
         config_path = work / "models.config"
-        opslib.write_config_atomic(config_path, config)
-        procs: list[stacklib.Proc] = []
+        serverconfig.write_atomic(config_path, config)
+        procs: list[ServerProcess] = []
         try:
             print(f"spawning a model server for {args.spawn} ...", flush=True)
-            server, grpc_port, rest_port = stacklib.start_modelserver(config_path, work)
+            server, grpc_port, rest_port = stack.start_modelserver(config_path, work)
             procs.append(server)
             args.grpc, args.rest = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{rest_port}"
             if "gateway" in args.target:
                 for upstream in args.protocols:
                     print(f"spawning a gateway with upstream {upstream} ...", flush=True)
-                    gateway, url = stacklib.start_gateway(
+                    gateway, url = stack.start_gateway(
                         upstream, grpc_port, rest_port, args.spawn, config_path, work
                     )
                     procs.append(gateway)
@@ -306,7 +307,3 @@ def main(argv: list[str] | None = None) -> int:
         versions_after = model_versions(args)
     write_outputs(args, results, versions_after)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,9 @@ from pathlib import Path
 import orjson
 import requests
 
-from scripts import opslib
+from ops import modelconfig
+from ops.modelconfig import OpsError
+from ops.server import ModelServer
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ class StatusMonitor:
 
     def __init__(
         self,
-        server: opslib.ModelServer,
+        server: ModelServer,
         model: str,
         every_s: float = 0.1,
         config_path: Path | None = None,
@@ -148,18 +150,20 @@ class StatusMonitor:
         while not self._stop.is_set():
             try:
                 states = self.server.status(self.model)
-            except opslib.OpsError:
+            except OpsError:
                 time.sleep(self.every_s)
                 continue  # no answer is not "nothing AVAILABLE": it would fake unloads
             available = frozenset(s.version for s in states if s.state == "AVAILABLE")
             self.seen.append((time.monotonic(), available))
             if self.config_path is not None:
                 try:
-                    model = opslib.find_model(opslib.load_config(self.config_path), self.model)
+                    model = modelconfig.find_model(
+                        modelconfig.load_config(self.config_path), self.model
+                    )
                     self.labelled.append(
                         (time.monotonic(), frozenset(model.version_labels.values()))
                     )
-                except opslib.OpsError:
+                except OpsError:
                     pass  # replaced by rename, so never half-written; a failed read is skipped
             time.sleep(self.every_s)
 

@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from backend.settings import SettingsError, load_settings  # noqa: E402
-from scripts import opslib  # noqa: E402
-from scripts.opslib import OpsError  # noqa: E402
+from backend.settings import SettingsError, load_settings
+from modelformat import layout, serverconfig
+from modelformat.errors import FormatError
+from modelformat.publish import copy_in
+from ops import modelconfig
+from ops.modelconfig import OpsError
+from ops.procs import REPO
+from ops.server import ModelServer, wait_available
 
 
 @dataclass
@@ -63,8 +65,8 @@ def plan_push(
     model: Any, model_dir: Path, source: str, label: str | None, version: int | None
 ) -> Plan:
     """Return the plan for publishing ``source`` as a new version (and labelling it)."""
-    new_version = version if version is not None else opslib.next_version(model_dir)
-    if new_version in opslib.disk_versions(model_dir) or (model_dir / str(new_version)).exists():
+    new_version = version if version is not None else layout.next_version(model_dir)
+    if new_version in layout.list_versions(model_dir) or (model_dir / str(new_version)).exists():
         raise OpsError(f"version {new_version} of {model.name} already exists; pick another")
     plan = Plan(model=model.name, new_version=new_version, source=source)
     if label:
@@ -89,7 +91,7 @@ def plan_rollback(model: Any, on_disk: list[int], label: str) -> Plan:
     labels = dict(model.version_labels)
     if label not in labels:
         raise OpsError(f"{model.name} has no label {label!r} to roll back")
-    target = opslib.previous_version(on_disk, labels[label])
+    target = modelconfig.previous_version(on_disk, labels[label])
     plan = Plan(model=model.name, labels={label: target})
     plan.notes.append(f"{label}: {labels[label]} -> {target}")
     return plan
@@ -139,23 +141,26 @@ class Writes:
 def plan_writes(config: Any, model: Any, plan: Plan, on_disk: list[int], keep: int) -> Writes:
     """Return the config writes for ``plan`` (pure: raises OpsError before anything changes)."""
     future_disk = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
-    pinned = opslib.pin_labelled_versions(model, on_disk, future_disk, plan.labels)
+    pinned = modelconfig.pin_labelled_versions(model, on_disk, future_disk, plan.labels)
     if pinned is not None:
         plan.notes.append(
-            f"policy {opslib.policy_kind(model)} -> specific: it would unload a labelled version"
+            f"policy {modelconfig.policy_kind(model)} -> specific: "
+            "it would unload a labelled version"
         )
     base = pinned if pinned is not None else model
     targets = {*plan.labels.values(), *([plan.new_version] if plan.new_version else [])}
-    loading = opslib.widen_policy(base, targets)
-    opslib.check_labels_served(loading, future_disk)
-    labelled = opslib.move_labels(loading, future_disk, plan.labels)
-    shrunk = opslib.shrink_policy(labelled, future_disk, keep)
-    return Writes(*(opslib.replace_model(config, m) for m in (base, loading, labelled, shrunk)))
+    loading = modelconfig.widen_policy(base, targets)
+    modelconfig.check_labels_served(loading, future_disk)
+    labelled = modelconfig.move_labels(loading, future_disk, plan.labels)
+    shrunk = modelconfig.shrink_policy(labelled, future_disk, keep)
+    return Writes(
+        *(modelconfig.replace_model(config, m) for m in (base, loading, labelled, shrunk))
+    )
 
 
 def served(config: Any, name: str, on_disk: list[int]) -> set[int]:
     """Return the versions of ``name`` that ``config``'s policy serves with ``on_disk``."""
-    return opslib.policy_versions(opslib.find_model(config, name), on_disk)
+    return modelconfig.policy_versions(modelconfig.find_model(config, name), on_disk)
 
 
 def default_reader_wait_s() -> float:
@@ -205,19 +210,19 @@ def pause_for_tests(config_path: Path, timeout_s: float) -> None:
 
 
 def apply_config(
-    server: opslib.ModelServer, config_path: Path, old: Any, new: Any, timeout_s: float
+    server: ModelServer, config_path: Path, old: Any, new: Any, timeout_s: float
 ) -> bool:
     """Write ``new`` atomically, then ask the server to reload it; restore ``old`` if refused.
 
     Return False when there was nothing to change.
     """
-    if opslib.render_config(new) == opslib.render_config(old):
+    if serverconfig.render(new) == serverconfig.render(old):
         return False
-    opslib.write_config_atomic(config_path, new)
+    serverconfig.write_atomic(config_path, new)
     try:
         server.reload(new, timeout_s=timeout_s)
     except OpsError:
-        opslib.write_config_atomic(config_path, old)
+        serverconfig.write_atomic(config_path, old)
         raise
     return True
 
@@ -235,19 +240,22 @@ def run(args: argparse.Namespace, extra: list[str]) -> Outcome:
     """Carry out (or, with --dry-run, show) one push / promote / rollback."""
     if args.dry_run:
         return execute(args, extra)
-    with opslib.config_lock(args.config, args.lock_timeout):
-        return execute(args, extra)
+    try:
+        with serverconfig.config_lock(args.config, args.lock_timeout):
+            return execute(args, extra)
+    except FormatError as exc:  # the lock held too long, or the version could not be copied in
+        raise OpsError(str(exc)) from exc
 
 
 def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
     """Plan from the config as it is now and carry the plan out (the caller holds the lock)."""
     config_path: Path = args.config
-    config = opslib.load_config(config_path)
+    config = modelconfig.load_config(config_path)
     if not args.dry_run:
         pause_for_tests(config_path, args.timeout)
-    model = opslib.find_model(config, args.name)
-    model_dir = opslib.model_dir_on_host(model, args.base_path)
-    on_disk = opslib.disk_versions(model_dir)
+    model = modelconfig.find_model(config, args.name)
+    model_dir = modelconfig.model_dir_on_host(model, args.base_path)
+    on_disk = layout.list_versions(model_dir)
 
     if args.promote:
         plan = plan_promote(model, *args.promote)
@@ -273,14 +281,14 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             f"then, {args.reader_wait:g}s after the labels moved, unload "
             f"{', '.join(f'v{v}' for v in unloads)}"
         )
-    diff = opslib.config_diff(config, writes.shrink, str(config_path))
+    diff = modelconfig.config_diff(config, writes.shrink, str(config_path))
     print(diff or "models.config unchanged")
     outcome = Outcome()
     if args.dry_run:
         print("dry run: nothing changed")
         return outcome
 
-    server = opslib.ModelServer(args.server)
+    server = ModelServer(args.server)
     try:
         started = time.monotonic()
         apply_config(server, config_path, config, writes.pin, args.timeout)
@@ -296,7 +304,7 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
         try:
             apply_config(server, config_path, writes.pin, writes.load, args.timeout)
             for version in sorted({*plan.labels.values(), plan.new_version or 0} - {0}):
-                took = opslib.wait_available(server, plan.model, version, args.timeout)
+                took = wait_available(server, plan.model, version, args.timeout)
                 print(f"{plan.model} v{version} AVAILABLE ({took:.1f}s)")
             if apply_config(server, config_path, writes.load, writes.label, args.timeout):
                 outcome.labels_moved_at = time.monotonic()
@@ -304,7 +312,7 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             # Put the config back (keeping a pin: with the new version on disk, the old policy
             # would unload a labelled version); the published version stays on disk.
             try:
-                current = opslib.load_config(config_path)
+                current = modelconfig.load_config(config_path)
                 apply_config(server, config_path, current, writes.pin, args.timeout)
             except OpsError as exc:
                 print(f"push_model: could not restore {config_path}: {exc}", file=sys.stderr)
@@ -320,7 +328,7 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
                 ) from exc
             outcome.unloaded = unloads
             print(f"policy: {', '.join(f'v{v}' for v in unloads)} unloading")
-        labels = opslib.find_model(writes.label, plan.model).version_labels
+        labels = modelconfig.find_model(writes.label, plan.model).version_labels
         moved = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
         print(f"done in {time.monotonic() - started:.1f}s; labels: {moved or 'none'}")
     finally:
@@ -334,7 +342,7 @@ def publish(args: argparse.Namespace, plan: Plan, model_dir: Path, extra: list[s
     if args.checkpoint:
         export_checkpoint(args.checkpoint, plan.model, model_dir.parent, plan.new_version, extra)
     else:
-        opslib.publish_copy(args.from_dir, model_dir, plan.new_version)
+        copy_in(args.from_dir, model_dir, plan.new_version)
     print(f"published {model_dir / str(plan.new_version)}")
 
 
@@ -402,7 +410,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"push_model: error: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,10 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from modelformat.layout import SAVED_MODEL_FILE, version_dir  # noqa: E402
+from modelformat.layout import SAVED_MODEL_FILE, version_dir
 
 MAX_SEQ_LEN = 256  # all-MiniLM-L6-v2 was trained with sequences up to 256 tokens
 VERSIONS = {1: "fp32", 2: "auto"}
@@ -138,7 +135,3 @@ def main() -> int:
             print(result.summary(), flush=True)
     check_intents(base, checkpoint)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

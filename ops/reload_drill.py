@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from backend.settings import load_settings  # noqa: E402
-from scripts import drilllib, opslib, push_model, stacklib  # noqa: E402
-from scripts.drilllib import Answer  # noqa: E402
+from backend.settings import load_settings
+from modelformat import layout, serverconfig
+from ops import drills, modelconfig, push, stack
+from ops.drills import Answer
+from ops.modelconfig import OpsError
+from ops.procs import REPO
+from ops.server import ModelServer
 
 # When each step starts, as a fraction of --duration.
 SCHEDULE = (0.15, 0.35, 0.55, 0.75)
@@ -58,7 +59,7 @@ class Step:
 
 def labels_now(config_path: Path, model: str) -> dict[str, int]:
     """Return the model's labels as models.config has them now."""
-    return dict(opslib.find_model(opslib.load_config(config_path), model).version_labels)
+    return dict(modelconfig.find_model(modelconfig.load_config(config_path), model).version_labels)
 
 
 def plan_steps(source: Path) -> list[Step]:
@@ -73,12 +74,12 @@ def plan_steps(source: Path) -> list[Step]:
 
 def run_step(step: Step, common: list[str], config_path: Path, model: str) -> None:
     """Run one push_model invocation, timing it and its label write."""
-    args, extra = push_model.parse_args([*step.argv, *common])
+    args, extra = push.parse_args([*step.argv, *common])
     step.started = time.monotonic()
     try:
-        step.labelled = push_model.run(args, extra).labels_moved_at
+        step.labelled = push.run(args, extra).labels_moved_at
         step.ok = True
-    except opslib.OpsError as exc:
+    except OpsError as exc:
         print(f"push_model: error: {exc}", file=sys.stderr)
     step.finished = time.monotonic()
     step.version = labels_now(config_path, model).get(step.label)
@@ -105,7 +106,7 @@ def switch_delay(step: Step, answers: list[Answer]) -> float | None:
 def check(
     answers: list[Answer],
     steps: list[Step],
-    monitor: drilllib.StatusMonitor,
+    monitor: drills.StatusMonitor,
     settled: tuple[set[int], set[int]],
     switch_bound_s: float,
 ) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def check(
         "checks": checks,
         "switch_delay_s": delays,
         "unloaded_after_label_moved_s": gaps,
-        "counts": drilllib.counts(answers),
+        "counts": drills.counts(answers),
         "failed_examples": [a.error or a.status for a in failed[:5]],
         "unavailable_examples": [(a.version, a.started, a.finished) for a in unavailable[:5]],
         "available_at_end": sorted(available),
@@ -153,11 +154,12 @@ def _p99(values: list[float]) -> float:
 
 
 def settle(
-    server: opslib.ModelServer, config_path: Path, model_dir: Path, model: str
+    server: ModelServer, config_path: Path, model_dir: Path, model: str
 ) -> tuple[set[int], set[int]]:
     """Wait (up to 15 s) for the AVAILABLE set to match the policy; return (available, wanted)."""
-    wanted = opslib.policy_versions(
-        opslib.find_model(opslib.load_config(config_path), model), opslib.disk_versions(model_dir)
+    wanted = modelconfig.policy_versions(
+        modelconfig.find_model(modelconfig.load_config(config_path), model),
+        layout.list_versions(model_dir),
     )
     deadline = time.monotonic() + 15
     while True:
@@ -173,9 +175,9 @@ def spawned(args: argparse.Namespace) -> Iterator[None]:
     with tempfile.TemporaryDirectory(prefix="reload-drill-") as tmp:
         work = Path(tmp)
         src_dir = args.spawn.resolve() / args.model
-        newest = opslib.disk_versions(src_dir)
+        newest = layout.list_versions(src_dir)
         if not newest:
-            raise opslib.OpsError(f"no exported version under {src_dir}")
+            raise OpsError(f"no exported version under {src_dir}")
         base = work / "models"
         shutil.copytree(src_dir / str(newest[-1]), base / args.model / str(newest[-1]))
         text = f"""model_config_list {{ config {{
@@ -184,13 +186,13 @@ def spawned(args: argparse.Namespace) -> Iterator[None]:
             version_labels {{ key: "stable" value: {newest[-1]} }}
             version_labels {{ key: "canary" value: {newest[-1]} }} }} }}"""
         args.config = work / "models.config"
-        opslib.write_config_atomic(args.config, opslib.parse_config(text))
+        serverconfig.write_atomic(args.config, modelconfig.full_config(text))
         args.base_path = base
-        server, grpc_port, rest_port = stacklib.start_modelserver(args.config, work, batching=False)
+        server, grpc_port, rest_port = stack.start_modelserver(args.config, work, batching=False)
         gateway = None
         try:
             args.server = f"127.0.0.1:{grpc_port}"
-            gateway, args.gateway = stacklib.start_gateway(
+            gateway, args.gateway = stack.start_gateway(
                 "grpc", grpc_port, rest_port, base, args.config, work
             )
             yield
@@ -202,21 +204,19 @@ def spawned(args: argparse.Namespace) -> Iterator[None]:
 
 def drill(args: argparse.Namespace) -> dict[str, Any]:
     """Run the load and the steps; print the timeline; return the checks and figures."""
-    model_dir = opslib.model_dir_on_host(
-        opslib.find_model(opslib.load_config(args.config), args.model), args.base_path
+    model_dir = modelconfig.model_dir_on_host(
+        modelconfig.find_model(modelconfig.load_config(args.config), args.model), args.base_path
     )
-    source = args.source or model_dir / str(opslib.disk_versions(model_dir)[-1])
+    source = args.source or model_dir / str(layout.list_versions(model_dir)[-1])
     common = [
         "--name", args.model, "--config", str(args.config), "--base-path", str(args.base_path),
         "--server", args.server, "--timeout", "60",
     ]  # fmt: skip
     if "canary" not in labels_now(args.config, args.model):
-        push_model.main(["--promote", "stable", "canary", *common])
-    server = opslib.ModelServer(args.server)
-    monitor = drilllib.StatusMonitor(server, args.model, config_path=args.config).start()
-    load = drilllib.Load(
-        args.gateway, args.model, args.verb, ["stable", "canary", ""], args.clients
-    )
+        push.main(["--promote", "stable", "canary", *common])
+    server = ModelServer(args.server)
+    monitor = drills.StatusMonitor(server, args.model, config_path=args.config).start()
+    load = drills.Load(args.gateway, args.model, args.verb, ["stable", "canary", ""], args.clients)
     t0 = time.monotonic()
     load.start()
     steps = plan_steps(source)
@@ -241,7 +241,7 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
     for t, change in monitor.transitions():
         events.setdefault(int(t - t0), []).append(change)
     print("\nTimeline (answers finished per second, by version):")
-    print(drilllib.timeline(answers, t0, events))
+    print(drills.timeline(answers, t0, events))
     result = check(answers, steps, monitor, settled, args.switch_bound)
     print("\nCounts:", json.dumps(result["counts"], sort_keys=True))
     delays = {k: (None if v is None else round(v, 2)) for k, v in result["switch_delay_s"].items()}
@@ -264,7 +264,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     p.add_argument("--spawn", type=Path, help="run on a copy of this base path's newest version")
-    p.add_argument("--config", type=Path, default=push_model.default_config_path())
+    p.add_argument("--config", type=Path, default=push.default_config_path())
     p.add_argument("--base-path", type=Path, default=REPO / "models")
     p.add_argument("--server", default="127.0.0.1:8500", help="model server gRPC host:port")
     p.add_argument("--gateway", default="http://127.0.0.1:8000")
@@ -279,13 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with spawned(args) if args.spawn else contextlib.nullcontext():
             result = drill(args)
-    except opslib.OpsError as exc:
+    except OpsError as exc:
         print(f"reload_drill: error: {exc}", file=sys.stderr)
         return 1
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0 if all(result["checks"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
+from ops.procs import REPO, ServerProcess, child_env, http_ok, port_open, stop_group
+
 STATE_DIR = REPO / ".stack"
 SERVING_CONFIG = REPO / "serving_config"
 DEMO_REQUESTS = [
@@ -62,44 +57,18 @@ def local_model_config(base_path: Path, state_dir: Path) -> Path:
     return out
 
 
-def port_open(port: int) -> bool:
-    """Return True when something accepts connections on 127.0.0.1:port."""
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _spawn(
-    name: str, cmd: list[str], env: dict[str, str], state_dir: Path
-) -> subprocess.Popen[bytes]:
-    log = open(state_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    (state_dir / f"{name}.pid").write_text(str(proc.pid))
+def _spawn(name: str, cmd: list[str], env: dict[str, str], state_dir: Path) -> ServerProcess:
+    proc = ServerProcess(cmd, state_dir / f"{name}.log", env, name=name)
+    (state_dir / f"{name}.pid").write_text(str(proc.pid))  # for `make stop` from another shell
     return proc
-
-
-def _wait(what: str, ready, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            raise RuntimeError(f"{what} exited with status {proc.returncode}:\n{tail}")
-        if ready():
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not ready after {timeout_s:.0f}s; see {log}")
 
 
 def gateway_env(
     base_path: Path, config: Path, ports: Ports, upstream: str = "grpc"
 ) -> dict[str, str]:
     """Return the environment the gateway runs with in the local stack."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "PYTHONPATH": str(REPO),
+    return child_env(
+        **{
             "GATEWAY_UPSTREAM": upstream,
             "GATEWAY_TFS_GRPC": f"127.0.0.1:{ports.grpc}",
             "GATEWAY_TFS_REST": f"http://127.0.0.1:{ports.rest}",
@@ -109,7 +78,6 @@ def gateway_env(
             "GATEWAY_BIND": f"127.0.0.1:{ports.gateway}",
         }
     )
-    return env
 
 
 def start_stack(
@@ -121,7 +89,7 @@ def start_stack(
         if port_open(port):
             raise RuntimeError(f"port {port} is in use (a stack already running? `make stop`)")
     config = local_model_config(base_path, state_dir)
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="2")
     print(f"starting model server on :{ports.grpc} (gRPC) and :{ports.rest} (REST) ...", flush=True)
     server_cmd = [
         "bash", str(REPO / "scripts" / "serve_model.sh"),
@@ -133,7 +101,7 @@ def start_stack(
         f"--monitoring_config_file={SERVING_CONFIG / 'monitoring.config'}",
     ]  # fmt: skip
     server = _spawn("modelserver", server_cmd, env, state_dir)
-    _wait("model server", lambda: port_open(ports.rest), server, state_dir / "modelserver.log", 300)
+    server.wait_until(lambda: port_open(ports.rest), 300)
     print(f"starting gateway (gunicorn) on :{ports.gateway} ...", flush=True)
     gateway_cmd = [
         sys.executable, "-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),
@@ -142,14 +110,7 @@ def start_stack(
     gateway = _spawn(
         "gateway", gateway_cmd, gateway_env(base_path, config, ports, upstream), state_dir
     )
-
-    def ready() -> bool:
-        try:
-            return requests.get(f"http://127.0.0.1:{ports.gateway}/readyz", timeout=1).ok
-        except requests.RequestException:
-            return False
-
-    _wait("gateway", ready, gateway, state_dir / "gateway.log", 120)
+    gateway.wait_until(lambda: http_ok(f"http://127.0.0.1:{ports.gateway}/readyz"), 120)
 
 
 def stop_stack(state_dir: Path = STATE_DIR) -> None:
@@ -158,18 +119,7 @@ def stop_stack(state_dir: Path = STATE_DIR) -> None:
         pid_file = state_dir / f"{name}.pid"
         if not pid_file.exists():
             continue
-        pid = int(pid_file.read_text())
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            for _ in range(50):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
+        stop_group(int(pid_file.read_text()))
         pid_file.unlink()
         print(f"stopped {name}")
 
@@ -208,7 +158,3 @@ def main() -> int:
         f"gRPC :{ports.grpc} / REST :{ports.rest}. Logs in {STATE_DIR}. Stop it with `make stop`."
     )
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -33,19 +33,19 @@ from typing import Any
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from scripts import drilllib, opslib, stacklib  # noqa: E402
-from scripts.delayproxy import DelayProxy  # noqa: E402
-from scripts.drilllib import Answer  # noqa: E402
+from modelformat import layout, serverconfig
+from ops import drills, modelconfig, stack
+from ops.delayproxy import DelayProxy
+from ops.drills import Answer
+from ops.modelconfig import OpsError
+from ops.procs import REPO, ServerProcess, port_open
 
 MARGIN_S = 1.0  # the drill's clients and the gateway share a busy (2-core) machine
 RECONNECT_JITTER = 0.2  # gRPC's reconnect backoff is spread by +-20 %
 WORKERS = 2  # gunicorn workers per gateway: a dead one shows up as a changed pid set
 
 
-def workers(gateway: stacklib.Proc) -> set[int]:
+def workers(gateway: ServerProcess) -> set[int]:
     """Return the pids of the gunicorn master's worker processes."""
     try:
         return {p.pid for p in psutil.Process(gateway.proc.pid).children(recursive=True)}
@@ -53,7 +53,7 @@ def workers(gateway: stacklib.Proc) -> set[int]:
         return set()
 
 
-def wait_workers(gateway: stacklib.Proc, count: int, timeout_s: float = 60.0) -> set[int]:
+def wait_workers(gateway: ServerProcess, count: int, timeout_s: float = 60.0) -> set[int]:
     """Return the worker pids once all ``count`` workers have booted (readiness needs only one)."""
     deadline = time.monotonic() + timeout_s
     while len(found := workers(gateway)) < count and time.monotonic() < deadline:
@@ -68,7 +68,7 @@ def first_ok_after(answers: list[Answer], t: float) -> float | None:
 
 
 def kill_phase(
-    load: drilllib.Load, server: stacklib.Proc, grpc_port: int, args: argparse.Namespace
+    load: drills.Load, server: ServerProcess, grpc_port: int, args: argparse.Namespace
 ) -> dict[str, float]:
     del load  # running: the phase only needs it to be under way
     """SIGKILL the model server, keep it down, restart it; return the phase's timestamps."""
@@ -79,7 +79,7 @@ def kill_phase(
     time.sleep(args.down)
     restarted = time.monotonic()
     server.restart()
-    server.wait_until(lambda: stacklib.port_open(grpc_port), 300)
+    server.wait_until(lambda: port_open(grpc_port), 300)
     returned = time.monotonic()
     print(f"model server back after {returned - restarted:.1f}s of start-up", flush=True)
     time.sleep(args.steady)
@@ -177,7 +177,7 @@ def evaluate(
         "no request hung": worst <= timeout_s + margin + 1.0,
         "no gunicorn worker died": bool(workers_before) and workers_before == workers_after,
     }
-    return {"checks": checks, "figures": figures, "counts": drilllib.counts(answers)}
+    return {"checks": checks, "figures": figures, "counts": drills.counts(answers)}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -190,20 +190,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fault-drill-") as tmp:
         work = Path(tmp)
         src = args.spawn.resolve() / args.model
-        versions = opslib.disk_versions(src)
+        versions = layout.list_versions(src)
         if not versions:
-            raise opslib.OpsError(f"no exported version under {src}")
+            raise OpsError(f"no exported version under {src}")
         base = work / "models"
         shutil.copytree(src / str(versions[-1]), base / args.model / str(versions[-1]))
-        config = opslib.parse_config(
+        config = modelconfig.full_config(
             f'model_config_list {{ config {{ name: "{args.model}" '
             f'base_path: "{base / args.model}" model_platform: "tensorflow" }} }}'
         )
         config_path = work / "models.config"
-        opslib.write_config_atomic(config_path, config)
-        server, grpc_port, rest_port = stacklib.start_modelserver(config_path, work, batching=False)
+        serverconfig.write_atomic(config_path, config)
+        server, grpc_port, rest_port = stack.start_modelserver(config_path, work, batching=False)
         proxy = DelayProxy(grpc_port).start()
-        gateways: list[stacklib.Proc] = []
+        gateways: list[ServerProcess] = []
         urls: list[str] = []
         settings = {
             "GATEWAY_TIMEOUT_S": str(args.timeout),
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         try:
             for port in (grpc_port, proxy.port):
-                gateway, url = stacklib.start_gateway(
+                gateway, url = stack.start_gateway(
                     "grpc", port, rest_port, base, config_path, work, settings=settings
                 )
                 gateways.append(gateway)
@@ -220,12 +220,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             direct_url, proxied_url = urls
             before = set().union(*(wait_workers(g, WORKERS) for g in gateways))
             client_timeout = args.timeout + 10  # a hang shows up as an answer slower than this
-            load = drilllib.Load(
+            load = drills.Load(
                 direct_url, args.model, args.verb, [""], args.clients, client_timeout
             )
             kill = kill_phase(load.start(), server, grpc_port, args)
             kill_answers = load.stop()
-            load = drilllib.Load(
+            load = drills.Load(
                 proxied_url, args.model, args.verb, [""], args.clients, client_timeout
             )
             load.start()
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = answers[0].started if answers else 0.0
         marks = {int(t - t0): [text] for t, text in events.items()}
         print(f"\nTimeline, {title} phase (answers finished per second):")
-        print(drilllib.timeline(answers, t0, marks))
+        print(drills.timeline(answers, t0, marks))
     print("\n" + json.dumps(result["figures"], indent=1, default=str))
     for name, passed in result["checks"].items():
         print(f"[{'PASS' if passed else 'FAIL'}] {name}")
@@ -276,13 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         result = run(args)
-    except opslib.OpsError as exc:
+    except OpsError as exc:
         print(f"fault_drill: error: {exc}", file=sys.stderr)
         return 1
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0 if all(result["checks"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Real processes on free ports, started and stopped as groups: one helper for scripts and tests.
+
+Every child runs in its own session (so ``stop`` takes its workers with it), logs to a file, and
+gets the repository importable and TensorFlow quiet through ``child_env``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import closing, suppress
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Return True when something accepts TCP connections on host:port."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def http_ok(url: str) -> bool:
+    """Return True when GET ``url`` answers 200."""
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Return a child's environment: the repo importable, TensorFlow quiet, ``extra`` on top."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
+
+
+def python_cmd(*args: str) -> list[str]:
+    """Return a command line running the current interpreter with ``args``."""
+    return [sys.executable, *args]
+
+
+class ServerProcess:
+    """A child process in its own session, appending to ``log_path``; ``stop()`` ends the group."""
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+    ):
+        self.cmd = list(cmd)
+        self.log_path = Path(log_path)
+        self.env = env or child_env()
+        self.name = name or " ".join(self.cmd[:3])
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            return subprocess.Popen(
+                self.cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        """The process id (also the process group id)."""
+        return self.proc.pid
+
+    def restart(self) -> None:
+        """Start the same command again (after a kill)."""
+        self.proc = self._spawn()
+
+    def wait_until(self, ready: Callable[[], bool], timeout_s: float = 60.0) -> None:
+        """Poll ``ready``; raise with the log tail if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.tail()}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.tail()}")
+
+    def tail(self, n: int = 60) -> str:
+        """Return the last ``n`` lines of the log."""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the process group and, for SIGKILL, reap it."""
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+            if sig == signal.SIGKILL:
+                self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the group, SIGKILL it after ``timeout_s``."""
+        if self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill(signal.SIGKILL)
+
+
+def stop_group(pid: int, timeout_s: float = 5.0) -> bool:
+    """SIGTERM process group ``pid``, SIGKILL it after ``timeout_s``; False if it was gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return sig != signal.SIGTERM
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.1)
+    return True

@@ -1,0 +1,84 @@
+"""Start a throw-away local stack (model server + gunicorn gateways) for the load and drill scripts.
+
+The model server is the real ``tensorflow_model_server`` when ``TFS_BIN`` names one, otherwise
+``python -m modelserver``: both take the same flags (DESIGN.md contract 4). Every process runs in
+its own session and is stopped as a group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ops.procs import REPO, ServerProcess, child_env, free_port, http_ok, port_open
+
+SERVING_CONFIG = REPO / "serving_config"
+# OPS_GATEWAY_APP overrides it, e.g. to drill a gateway variant without editing backend/.
+GATEWAY_APP = "backend.app:create_app()"
+
+
+def modelserver_cmd(
+    grpc_port: int, rest_port: int, config: Path, batching: bool = True
+) -> list[str]:
+    """Return the model-server command line (``TFS_BIN`` or ``python -m modelserver``)."""
+    binary = os.environ.get("TFS_BIN")
+    head = [binary] if binary else [sys.executable, "-m", "modelserver"]
+    flags = [
+        f"--port={grpc_port}", f"--rest_api_port={rest_port}", f"--model_config_file={config}",
+        "--file_system_poll_wait_seconds=1", "--model_config_file_poll_wait_seconds=2",
+        "--allow_version_labels_for_unavailable_models=true",
+    ]  # fmt: skip
+    monitoring = SERVING_CONFIG / "monitoring.config"
+    if monitoring.is_file():
+        flags.append(f"--monitoring_config_file={monitoring}")
+    if batching:
+        flags.append("--enable_batching=true")
+        parameters = SERVING_CONFIG / "batching_parameters.txt"
+        if parameters.is_file():
+            flags.append(f"--batching_parameters_file={parameters}")
+    return [*head, *flags]
+
+
+def start_modelserver(
+    config: Path, log_dir: Path, batching: bool = True, timeout_s: float = 300
+) -> tuple[ServerProcess, int, int]:
+    """Start a model server on free ports; return it with its gRPC and REST ports once open."""
+    grpc_port, rest_port = free_port(), free_port()
+    cmd = modelserver_cmd(grpc_port, rest_port, config, batching)
+    name = f"modelserver-{grpc_port}"
+    proc = ServerProcess(cmd, log_dir / f"{name}.log", child_env(), name=name)
+    proc.wait_until(lambda: port_open(grpc_port) and port_open(rest_port), timeout_s)
+    return proc, grpc_port, rest_port
+
+
+def start_gateway(
+    upstream: str,
+    grpc_port: int,
+    rest_port: int,
+    base_path: Path,
+    config: Path,
+    log_dir: Path,
+    timeout_s: float = 120,
+    settings: dict[str, str] | None = None,
+) -> tuple[ServerProcess, str]:
+    """Start gunicorn with the gateway on a free port; return it and its URL once ready."""
+    port = free_port()
+    env = child_env(
+        GATEWAY_UPSTREAM=upstream,
+        GATEWAY_TFS_GRPC=f"127.0.0.1:{grpc_port}",
+        GATEWAY_TFS_REST=f"http://127.0.0.1:{rest_port}",
+        GATEWAY_MODEL_BASE_PATH=str(base_path),
+        GATEWAY_MODEL_CONFIG_FILE=str(config),
+        GATEWAY_BIND=f"127.0.0.1:{port}",
+        **(settings or {}),
+    )
+    cmd = [
+        sys.executable, "-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),
+        "--bind", f"127.0.0.1:{port}", os.environ.get("OPS_GATEWAY_APP", GATEWAY_APP),
+    ]  # fmt: skip
+    name = f"gateway-{upstream}-{port}"
+    proc = ServerProcess(cmd, log_dir / f"{name}.log", env, name=name)
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_until(lambda: http_ok(f"{url}/readyz"), timeout_s)
+    return proc, url

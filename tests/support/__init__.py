@@ -1,1 +1,0 @@
-"""Shared test helpers: free ports, real server processes, tiny models."""
