@@ -1,0 +1,9 @@
+"""Compare gRPC and REST under load, straight at the model server and through the gateway.
+
+Entry point of ``ops.loadtest`` (its code); ``--help`` shows the flags.
+"""
+
+from ops.loadtest import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
