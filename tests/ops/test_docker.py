@@ -269,3 +269,22 @@ def test_docker_compose_config_accepts_both_files() -> None:
     ]
     result = subprocess.run([*cmd, "config", "-q"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_ops_image_runs_push_model_as_non_root_with_what_scripts_import() -> None:
+    """docker/ops.Dockerfile (the k8s push Jobs' image) copies what exists and what ops needs."""
+    steps = dockerfile_instructions(DOCKER / "ops.Dockerfile")
+    copied = {
+        source.rstrip("/")
+        for word, args in steps
+        if word == "COPY" and "--from=" not in args
+        for source in args.split()[:-1]
+    }
+    assert all((REPO / source).exists() for source in copied), copied
+    assert {"backend", "export", "modelformat", "modelserver", "ops", "scripts"} <= copied
+    installs = [a for word, a in steps if word == "RUN" and "pip install" in a]
+    assert "pip install --no-cache-dir -r requirements.txt" in installs
+    users = [a for word, a in steps if word == "USER"]
+    assert users and users[-1] not in {"root", "0"}
+    entry = next(a for word, a in steps if word == "ENTRYPOINT")
+    assert entry == '["python", "scripts/push_model.py"]'
