@@ -9,7 +9,7 @@ MODELS ?= models
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup protos models run stop test lint bench clean loadtest drills
+.PHONY: setup protos models run stop test lint bench clean loadtest drills profile
 
 setup: $(STAMP) protos
 
@@ -61,3 +61,7 @@ loadtest: models
 drills: models
 	$(PY) scripts/reload_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
 	$(PY) scripts/fault_drill.py --spawn $(MODELS) --model minilm-intent --clients 8 --timeout 2
+
+# Where the gateway's CPU goes under load (py-spy, GIL holder only): results/profile/gateway.{md,png}.
+profile: models
+	$(PY) scripts/profile_gateway.py --spawn $(MODELS) --model minilm-intent --clients 8 --duration 20
