@@ -131,7 +131,7 @@ class Trainer:
         self.optimizer: Any = None
         spec = tf.TensorSpec([None, None], tf.int32)
         # one trace for every bucket length; no data-dependent Python control flow to convert
-        self._train_step = tf.function(
+        self.train_step = tf.function(
             self._step,
             input_signature=[spec, spec, spec, tf.TensorSpec([None], tf.int32)],
             autograph=False,
@@ -143,7 +143,7 @@ class Trainer:
         )
 
     # -- batches ---------------------------------------------------------------------------
-    def _batches(self, split: Split, epoch: int | None, skip: int = 0) -> Iterable[Any]:
+    def batches(self, split: Split, epoch: int | None, skip: int = 0) -> Iterable[Any]:
         """Return the split's batches (``epoch`` None: in order, for evaluation)."""
         seed = None if epoch is None else self.config.seed + epoch
         if self.config.pipeline == "naive":
@@ -162,9 +162,14 @@ class Trainer:
         """Return the number of training batches in one epoch (bucketing adds partial ones)."""
         if self.config.pipeline == "naive":
             return math.ceil(len(split.texts) / self.config.batch_size)
-        return sum(1 for _ in self._batches(split, epoch=0))
+        return sum(1 for _ in self.batches(split, epoch=0))
 
     # -- steps -----------------------------------------------------------------------------
+    def prepare(self, total_steps: int) -> None:
+        """Create the optimizer for a run of ``total_steps`` (before ``train_step``)."""
+        self.optimizer = make_optimizer(self.config, total_steps, self.precision)
+        self.optimizer.build(self.variables)
+
     def _step(self, ids: Any, mask: Any, types: Any, labels: Any) -> Any:
         import tensorflow as tf
 
@@ -184,7 +189,7 @@ class Trainer:
         """Return (true label ids, predicted label ids) over a split, in batch order."""
         truth: list[int] = []
         predicted: list[int] = []
-        for inputs, labels in self._batches(split, epoch=None):
+        for inputs, labels in self.batches(split, epoch=None):
             out = self._predict(inputs["input_ids"], inputs["attention_mask"],
                                 inputs["token_type_ids"])  # fmt: skip
             truth += np.asarray(labels).tolist()
@@ -230,8 +235,7 @@ class Trainer:
 
         config = self.config
         per_epoch = self.steps_per_epoch(train)
-        self.optimizer = make_optimizer(config, per_epoch * config.epochs, self.precision)
-        self.optimizer.build(self.variables)
+        self.prepare(per_epoch * config.epochs)
         last, best, best_manager = self._managers()
         if last.latest_checkpoint:
             last.checkpoint.restore(last.latest_checkpoint).assert_existing_objects_matched()
@@ -248,8 +252,8 @@ class Trainer:
                                       verbose=1 if config.verbose else 0)  # fmt: skip
             started, seen = time.perf_counter(), 0
             done = int(self.step_in_epoch)
-            for inputs, labels in self._batches(train, epoch, skip=done):
-                loss = self._train_step(inputs["input_ids"], inputs["attention_mask"],
+            for inputs, labels in self.batches(train, epoch, skip=done):
+                loss = self.train_step(inputs["input_ids"], inputs["attention_mask"],
                                         inputs["token_type_ids"], labels)  # fmt: skip
                 done += 1
                 seen += int(np.shape(labels)[0])
