@@ -9,6 +9,7 @@ publish ``--out`` atomically (finetune/output.py). Every refusal is a ``Finetune
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -24,6 +25,8 @@ from finetune.output import publishing, state_dir, write_checkpoint
 from finetune.pipeline import PIPELINES
 from finetune.training import Say, TrainConfig, tokenize_split
 from modelformat.publish import remove_tree
+
+RUN_JSON = "run.json"  # the settings a run's state was made with (checked on --resume)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,25 @@ def check_out(out: Path, resume: bool) -> None:
             f"a killed run left its training state in {state}: pass --resume to continue it, "
             "or delete that directory to start over"
         )
+
+
+def _claim_state(state: Path, settings: dict[str, Any]) -> None:
+    """Create the training-state directory, or check a resumed one was made by the same run."""
+    path = state / RUN_JSON
+    try:
+        if path.is_file():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            changed = sorted(k for k in settings if saved.get(k) != settings[k])
+            if changed:
+                raise FinetuneError(
+                    f"--resume with other settings than the killed run ({', '.join(changed)} "
+                    f"differ; see {path}): rerun it with the same ones"
+                )
+            return
+        state.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise FinetuneError(f"cannot write training state in {state}: {exc.strerror}") from exc
 
 
 def _check_config(config: TrainConfig, max_seq_len: int) -> None:
@@ -135,7 +157,11 @@ def finetune(
     }
     model = build_model(ckpt, weights, chosen.compute_dtype)
     state = state_dir(out)
-    state.mkdir(parents=True, exist_ok=True)
+    settings = {
+        **asdict(config), "verbose": None, "max_seq_len": max_seq_len, "policy": chosen.policy,
+        "labels": labels, "checkpoint_sha256": ckpt.source.get("sha256"),
+    }  # fmt: skip
+    _claim_state(state, settings)
     trainer = Trainer(model, tokenizer, config, chosen, state, say)
     outcome = trainer.fit(splits["train"], splits["dev"], on_step)
     figures = {name: scores(*trainer.predict(split), labels) for name, split in splits.items()

@@ -96,3 +96,22 @@ def test_module_entry_point_prints_no_traceback(tmp_path: Path, data: dict[str, 
 
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: checkpoint not found: {tmp_path / 'none'}"
+
+
+def test_leftover_state_needs_resume_and_resume_needs_the_same_settings(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_bert: Path, data: dict[str, Path]
+) -> None:
+    from finetune.output import state_dir
+
+    out = tmp_path / "out"
+    state = state_dir(out)
+    state.mkdir()
+    (state / "run.json").write_text(json.dumps({"epochs": 99}))
+    args = _args(tiny_bert, data["train"], data["dev"], out)
+
+    code, err = _run(capsys, *args)
+    assert code == 2 and "pass --resume to continue it" in err
+
+    code, err = _run(capsys, *args, "--resume")
+    assert code == 2 and "other settings than the killed run" in err and "epochs" in err
+    assert not out.exists()
