@@ -281,7 +281,7 @@ def drill(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )  # fmt: skip
         common = [
             "--name", args.model, "--config", str(config), "--base-path", str(base),
-            "--timeout", "120", *[f"--server={r.target}" for r in replicas],
+            "--timeout", str(args.step_timeout), *[f"--server={r.target}" for r in replicas],
         ]  # fmt: skip
         monitor = ReplicaMonitor(replicas, args.model).start()
         return run_phases(args, replicas, url, common, monitor, src_dir / str(newest))
@@ -441,6 +441,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load (at least)")
     p.add_argument("--down", type=float, default=5.0, help="seconds the killed replica stays down")
     p.add_argument("--tail", type=float, default=3.0, help="seconds of load after the promote")
+    p.add_argument(
+        "--step-timeout", type=float, default=600.0,
+        help="push_model --timeout: seconds each replica may take to load the pushed version "
+        "(a busy 2-core machine loading a BERT version under load needs minutes)",
+    )  # fmt: skip
     p.add_argument("--spread", type=float, default=0.2, help="allowed distance from the mean")
     p.add_argument("--json", type=Path, help="also write the checks and figures here")
     args = p.parse_args(argv)
