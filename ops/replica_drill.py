@@ -333,7 +333,11 @@ def run_phases(
     w_down.end = time.monotonic()
     victim.proc.restart()
     mark(f"restart {victim.name}")
-    wait_listening(victim, 300)
+    try:
+        wait_listening(victim, args.step_timeout)
+    except (TimeoutError, RuntimeError) as exc:
+        load.stop()
+        raise OpsError(f"{victim.name} did not come back after its restart: {exc}") from exc
     back = mark(f"{victim.name} listening again")
     steps["restart"] = {"ok": True, "seconds": round(back - killed, 1)}
     time.sleep(SETTLE_S)
@@ -443,8 +447,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tail", type=float, default=3.0, help="seconds of load after the promote")
     p.add_argument(
         "--step-timeout", type=float, default=600.0,
-        help="push_model --timeout: seconds each replica may take to load the pushed version "
-        "(a busy 2-core machine loading a BERT version under load needs minutes)",
+        help="seconds the restarted replica may take to listen again, and push_model's "
+        "--timeout for each replica to load the pushed version (a busy 2-core machine "
+        "loading a BERT version under load needs minutes)",
     )  # fmt: skip
     p.add_argument("--spread", type=float, default=0.2, help="allowed distance from the mean")
     p.add_argument("--json", type=Path, help="also write the checks and figures here")
