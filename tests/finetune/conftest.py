@@ -43,7 +43,10 @@ def separable_rows(n: int, seed: int) -> list[tuple[str, str]]:
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random BertModel directory (no classifier head)."""
-    return write_hf_checkpoint(tmp_path_factory.mktemp("tiny") / "bert", task="embed", seed=3)
+    # one layer: each training run traces a step per variable, and tracing is what a run costs
+    return write_hf_checkpoint(
+        tmp_path_factory.mktemp("tiny") / "bert", task="embed", seed=3, layers=1
+    )
 
 
 @pytest.fixture(scope="session")
