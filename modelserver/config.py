@@ -15,7 +15,6 @@ from google.protobuf import (
     descriptor_pb2,
     descriptor_pool,
     message_factory,
-    text_format,
     wrappers_pb2,  # noqa: F401 - registers wrappers.proto in the pool
 )
 from tensorflow_serving.config import model_server_config_pb2
@@ -102,21 +101,15 @@ PROMETHEUS_DEFAULT_PATH = "/monitoring/prometheus/metrics"
 def parse_text(text: str, message: Any, what: str) -> Any:
     """Parse text-format ``text`` into ``message``; raise INVALID_ARGUMENT naming the proto."""
     try:
-        text_format.Parse(text, message)
-    except text_format.ParseError as exc:
+        return serverconfig.parse(text, message)
+    except FormatError as exc:  # TF Serving's words (ParseProtoTextFile)
         raise invalid(f"Error parsing text-format {what}: {exc}") from None
-    return message
 
 
 def read_model_server_config(path: str | Path) -> Any:
     """Return the ModelServerConfig in a text-proto file."""
     text = Path(path).read_text(encoding="utf-8")
-    try:
-        return serverconfig.parse(text, ModelServerConfig())
-    except FormatError as exc:  # TF Serving's words (ParseProtoTextFile)
-        raise invalid(
-            f"Error parsing text-format tensorflow.serving.ModelServerConfig: {exc}"
-        ) from None
+    return parse_text(text, ModelServerConfig(), "tensorflow.serving.ModelServerConfig")
 
 
 def read_batching_parameters(path: str | Path) -> Any:
