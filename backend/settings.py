@@ -23,8 +23,9 @@ class Settings:
     """Everything the gateway is configured with; units are in the names."""
 
     upstream: str = "grpc"
+    # host:port, or a gRPC target naming several replicas (dns:///name:8500, ipv4:a:p,b:p)
     tfs_grpc_target: str = "127.0.0.1:8500"
-    tfs_rest_url: str = "http://127.0.0.1:8501"
+    tfs_rest_url: str = "http://127.0.0.1:8501"  # or several base URLs, comma-separated
     model_base_path: str = "models"
     model_config_file: str = ""
     default_model: str = ""

@@ -110,6 +110,8 @@ def _config_from(data: dict[str, Any], path: Path) -> BertConfig:
             type_vocab_size=int(data.get("type_vocab_size", 2)),
             hidden_act=str(data.get("hidden_act", "gelu")),
             layer_norm_eps=float(data.get("layer_norm_eps", 1e-12)),
+            hidden_dropout=float(data.get("hidden_dropout_prob", 0.1)),
+            attention_dropout=float(data.get("attention_probs_dropout_prob", 0.1)),
         )
     except KeyError as exc:
         raise ExportError(f"{path}: missing key {exc.args[0]!r}") from exc

@@ -18,3 +18,5 @@ class BertConfig:
     type_vocab_size: int = 2
     hidden_act: str = "gelu"
     layer_norm_eps: float = 1e-12
+    hidden_dropout: float = 0.1  # training only (finetune/); inference never drops
+    attention_dropout: float = 0.1

@@ -5,6 +5,10 @@ and every matmul runs in it, while the residual stream, layer norm, softmax, GEL
 stay float32. Low-precision accumulation across layers is what loses accuracy; keeping the
 residual stream float32 keeps the error at the level of one matmul's rounding.
 The serving signature is always int32 in, float32 out (DESIGN.md contract 1).
+
+Training (finetune/) uses this same module with ``trainable=True``: variables stay float32 and a
+``compute_dtype`` (from a Keras mixed-precision policy) runs the matmuls in bf16/fp16, while
+``logits(..., dropout_seed=...)`` adds BERT's dropout, stateless so a resumed run repeats its masks.
 """
 
 from __future__ import annotations
@@ -31,26 +35,31 @@ def output_names(task: str) -> list[str]:
 
 
 class _Dense(tf.Module):
-    """``x @ kernel + bias`` in the storage dtype; returns float32."""
+    """``x @ kernel + bias`` in the compute dtype (default: the storage dtype); returns float32."""
 
-    def __init__(self, kernel: np.ndarray, bias: np.ndarray, dtype: tf.DType, name: str) -> None:
+    def __init__(self, kernel: np.ndarray, bias: np.ndarray, dtype: tf.DType, name: str, *,
+                 trainable: bool = False, compute_dtype: tf.DType | None = None
+                 ) -> None:  # fmt: skip
         super().__init__(name=name)
-        self.kernel = tf.Variable(tf.cast(kernel, dtype), trainable=False, name="kernel")
-        self.bias = tf.Variable(tf.cast(bias, dtype), trainable=False, name="bias")
+        self.kernel = tf.Variable(tf.cast(kernel, dtype), trainable=trainable, name="kernel")
+        self.bias = tf.Variable(tf.cast(bias, dtype), trainable=trainable, name="bias")
+        self.compute_dtype = compute_dtype or dtype
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
-        y = tf.matmul(tf.cast(x, self.kernel.dtype), self.kernel) + self.bias
-        return tf.cast(y, tf.float32)
+        # tf.cast is the identity when the dtypes already match (inference: storage = compute)
+        kernel = tf.cast(self.kernel, self.compute_dtype)
+        y = tf.matmul(tf.cast(x, self.compute_dtype), kernel)
+        return tf.cast(y + tf.cast(self.bias, self.compute_dtype), tf.float32)
 
 
 class _LayerNorm(tf.Module):
     """Layer norm over the last axis: parameters stored in ``dtype``, arithmetic in float32."""
 
     def __init__(self, gamma: np.ndarray, beta: np.ndarray, eps: float, dtype: tf.DType,
-                 name: str) -> None:  # fmt: skip
+                 name: str, *, trainable: bool = False) -> None:  # fmt: skip
         super().__init__(name=name)
-        self.gamma = tf.Variable(tf.cast(gamma, dtype), trainable=False, name="gamma")
-        self.beta = tf.Variable(tf.cast(beta, dtype), trainable=False, name="beta")
+        self.gamma = tf.Variable(tf.cast(gamma, dtype), trainable=trainable, name="gamma")
+        self.beta = tf.Variable(tf.cast(beta, dtype), trainable=trainable, name="beta")
         self.eps = eps
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
@@ -66,48 +75,64 @@ def _activation(name: str, x: tf.Tensor) -> tf.Tensor:
     return tf.nn.gelu(x, approximate=name != "gelu")
 
 
+def _dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
+    """Return ``x`` with stateless dropout at ``rate`` (identity when ``seed`` is None)."""
+    if seed is None or rate <= 0.0:
+        return x
+    return tf.nn.experimental.stateless_dropout(x, rate, seed=seed + tf.constant([0, site]) * 7919)
+
+
 class _Layer(tf.Module):
     """One transformer encoder layer (post-layer-norm, as in BERT)."""
 
     def __init__(self, w: Mapping[str, np.ndarray], config: BertConfig, dtype: tf.DType,
-                 name: str) -> None:  # fmt: skip
+                 name: str, *, trainable: bool = False,
+                 compute_dtype: tf.DType | None = None) -> None:  # fmt: skip
         super().__init__(name=name)
         eps = config.layer_norm_eps
-        self.query = _Dense(w["query/kernel"], w["query/bias"], dtype, "query")
-        self.key = _Dense(w["key/kernel"], w["key/bias"], dtype, "key")
-        self.value = _Dense(w["value/kernel"], w["value/bias"], dtype, "value")
-        self.attention_out = _Dense(w["attention_out/kernel"], w["attention_out/bias"], dtype,
-                                    "attention_out")  # fmt: skip
-        self.attention_ln = _LayerNorm(w["attention_ln/gamma"], w["attention_ln/beta"], eps,
-                                       dtype, "attention_ln")  # fmt: skip
-        self.intermediate = _Dense(w["intermediate/kernel"], w["intermediate/bias"], dtype,
-                                   "intermediate")  # fmt: skip
-        self.output = _Dense(w["output/kernel"], w["output/bias"], dtype, "output")
-        self.output_ln = _LayerNorm(w["output_ln/gamma"], w["output_ln/beta"], eps, dtype,
-                                    "output_ln")  # fmt: skip
+
+        def dense(part: str) -> _Dense:
+            return _Dense(w[f"{part}/kernel"], w[f"{part}/bias"], dtype, part,
+                          trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
+
+        def norm(part: str) -> _LayerNorm:
+            return _LayerNorm(w[f"{part}/gamma"], w[f"{part}/beta"], eps, dtype, part,
+                              trainable=trainable)  # fmt: skip
+
+        self.query, self.key, self.value = dense("query"), dense("key"), dense("value")
+        self.attention_out, self.attention_ln = dense("attention_out"), norm("attention_ln")
+        self.intermediate, self.output = dense("intermediate"), dense("output")
+        self.output_ln = norm("output_ln")
         self.num_heads = config.num_heads
         self.head_dim = config.hidden_size // config.num_heads
         self.act = config.hidden_act
-        self.dtype = dtype
+        self.dtype = compute_dtype or dtype
+        self.hidden_dropout = config.hidden_dropout
+        self.attention_dropout = config.attention_dropout
 
     def _split(self, x: tf.Tensor, batch: tf.Tensor, seq: tf.Tensor) -> tf.Tensor:
         x = tf.reshape(tf.cast(x, self.dtype), [batch, seq, self.num_heads, self.head_dim])
         return tf.transpose(x, [0, 2, 1, 3])
 
-    def __call__(self, x: tf.Tensor, mask_bias: tf.Tensor, batch: tf.Tensor, seq: tf.Tensor
-                 ) -> tf.Tensor:  # fmt: skip
-        """Return the layer's output for ``x`` of shape ``[batch * seq, hidden]`` (float32)."""
+    def __call__(self, x: tf.Tensor, mask_bias: tf.Tensor, batch: tf.Tensor, seq: tf.Tensor,
+                 dropout_seed: tf.Tensor | None = None) -> tf.Tensor:  # fmt: skip
+        """Return the layer's output for ``x`` of shape ``[batch * seq, hidden]`` (float32).
+
+        ``dropout_seed`` (int32 ``[2]``) switches BERT's training dropout on.
+        """
         q = self._split(self.query(x), batch, seq)
         k = self._split(self.key(x), batch, seq)
         v = self._split(self.value(x), batch, seq)
         scores = tf.matmul(q, k, transpose_b=True)
         scores = tf.cast(scores, tf.float32) / math.sqrt(self.head_dim) + mask_bias
-        probs = tf.cast(tf.nn.softmax(scores, axis=-1), self.dtype)
-        context = tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3])
+        probs = _dropout(tf.nn.softmax(scores, axis=-1), self.attention_dropout, dropout_seed, 1)
+        context = tf.transpose(tf.matmul(tf.cast(probs, self.dtype), v), [0, 2, 1, 3])
         context = tf.reshape(context, [batch * seq, self.num_heads * self.head_dim])
-        x = self.attention_ln(x + self.attention_out(context))
+        attended = _dropout(self.attention_out(context), self.hidden_dropout, dropout_seed, 2)
+        x = self.attention_ln(x + attended)
         hidden = _activation(self.act, self.intermediate(x))
-        return self.output_ln(x + self.output(hidden))
+        out = _dropout(self.output(hidden), self.hidden_dropout, dropout_seed, 3)
+        return self.output_ln(x + out)
 
 
 class BertModule(tf.Module):
@@ -127,20 +152,34 @@ class BertModule(tf.Module):
         pooling: str = "mean",
         label_embeddings: np.ndarray | None = None,
         zero_shot_scale: float = 20.0,
+        trainable: bool = False,
+        compute_dtype: tf.DType | None = None,
     ) -> None:
+        """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc)."""
         super().__init__(name="bert")
         dtype = DTYPES[precision]
         self.task, self.pooling = task, pooling
-        self.word = tf.Variable(tf.cast(weights["embeddings/word"], dtype), trainable=False)
-        self.position = tf.Variable(tf.cast(weights["embeddings/position"], dtype),
-                                    trainable=False)  # fmt: skip
-        self.token_type = tf.Variable(tf.cast(weights["embeddings/token_type"], dtype),
-                                      trainable=False)  # fmt: skip
+        self.hidden_dropout = config.hidden_dropout
+
+        def table(name: str) -> tf.Variable:
+            return tf.Variable(tf.cast(weights[name], dtype), trainable=trainable,
+                               name=name.replace("/", "_"))  # fmt: skip
+
+        self.word = table("embeddings/word")
+        self.position = table("embeddings/position")
+        self.token_type = table("embeddings/token_type")
         self.embeddings_ln = _LayerNorm(weights["embeddings_ln/gamma"],
                                         weights["embeddings_ln/beta"], config.layer_norm_eps,
-                                        dtype, "embeddings_ln")  # fmt: skip
+                                        dtype, "embeddings_ln", trainable=trainable)  # fmt: skip
         self.layers = [
-            _Layer(_layer_weights(weights, i), config, dtype, f"layer_{i}")
+            _Layer(
+                _layer_weights(weights, i),
+                config,
+                dtype,
+                f"layer_{i}",
+                trainable=trainable,
+                compute_dtype=compute_dtype,
+            )
             for i in range(config.num_layers)
         ]
         self.zero_shot = label_embeddings is not None
@@ -150,15 +189,18 @@ class BertModule(tf.Module):
             self.label_matrix = tf.Variable(unit.T.astype(np.float32), trainable=False)
             self.scale = tf.constant(zero_shot_scale, tf.float32)
         elif task == "classify":
-            self.pooler = _Dense(weights["pooler/kernel"], weights["pooler/bias"], dtype, "pooler")
+            self.pooler = _Dense(weights["pooler/kernel"], weights["pooler/bias"], dtype, "pooler",
+                                 trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
             self.classifier = _Dense(weights["classifier/kernel"], weights["classifier/bias"],
-                                     dtype, "classifier")  # fmt: skip
+                                     dtype, "classifier", trainable=trainable,
+                                     compute_dtype=compute_dtype)  # fmt: skip
         specs = [tf.TensorSpec([None, None], tf.int32, name=n) for n in INPUT_NAMES]
         self.serve = tf.function(self._serve, input_signature=specs)
         self.encode = tf.function(self._encode, input_signature=specs)
 
     def _hidden(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
-                token_type_ids: tf.Tensor) -> tf.Tensor:  # fmt: skip
+                token_type_ids: tf.Tensor, dropout_seed: tf.Tensor | None = None
+                ) -> tf.Tensor:  # fmt: skip
         """Return the last hidden states ``[batch, seq, hidden]`` in float32."""
         batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         x = (
@@ -167,10 +209,12 @@ class BertModule(tf.Module):
             + tf.cast(tf.gather(self.token_type, token_type_ids), tf.float32)
         )
         x = tf.reshape(self.embeddings_ln(x), [batch * seq, -1])
+        x = _dropout(x, self.hidden_dropout, dropout_seed, 0)
         mask_bias = (1.0 - tf.cast(attention_mask, tf.float32)) * _MASK_NEG
         mask_bias = mask_bias[:, tf.newaxis, tf.newaxis, :]
-        for layer in self.layers:
-            x = layer(x, mask_bias, batch, seq)
+        for i, layer in enumerate(self.layers):
+            layer_seed = None if dropout_seed is None else dropout_seed + tf.constant([0, i + 1])
+            x = layer(x, mask_bias, batch, seq, layer_seed)
         return tf.reshape(x, [batch, seq, -1])
 
     def _pool(self, hidden: tf.Tensor, attention_mask: tf.Tensor) -> tf.Tensor:
@@ -193,9 +237,48 @@ class BertModule(tf.Module):
             unit = tf.math.l2_normalize(self._pool(hidden, attention_mask), axis=-1)
             logits = self.scale * tf.matmul(unit, self.label_matrix)
         else:
-            pooled = tf.tanh(self.pooler(hidden[:, 0]))
-            logits = self.classifier(pooled)
+            logits = self._head(hidden)
         return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
+
+    def _head(self, hidden: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
+        """Return a trained head's float32 logits: pooler tanh([CLS]) → dropout → classifier."""
+        pooled = tf.tanh(self.pooler(hidden[:, 0]))
+        pooled = _dropout(pooled, self.hidden_dropout, dropout_seed, 4)
+        return self.classifier(pooled)
+
+    def logits(self, input_ids: tf.Tensor, attention_mask: tf.Tensor, token_type_ids: tf.Tensor,
+               dropout_seed: tf.Tensor | None = None) -> tf.Tensor:  # fmt: skip
+        """Return a trained head's float32 logits; ``dropout_seed`` (int32 ``[2]``) = training."""
+        hidden = self._hidden(input_ids, attention_mask, token_type_ids, dropout_seed)
+        return self._head(hidden, dropout_seed)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """Return the current weights in the canonical names the constructor takes (float32)."""
+        named: dict[str, Any] = {
+            "embeddings/word": self.word,
+            "embeddings/position": self.position,
+            "embeddings/token_type": self.token_type,
+            "embeddings_ln/gamma": self.embeddings_ln.gamma,
+            "embeddings_ln/beta": self.embeddings_ln.beta,
+        }
+        for i, layer in enumerate(self.layers):
+            for part in ("query", "key", "value", "attention_out", "intermediate", "output"):
+                dense = getattr(layer, part)
+                named[f"layer_{i}/{part}/kernel"], named[f"layer_{i}/{part}/bias"] = (
+                    dense.kernel,
+                    dense.bias,
+                )
+            for part in ("attention_ln", "output_ln"):
+                norm = getattr(layer, part)
+                named[f"layer_{i}/{part}/gamma"], named[f"layer_{i}/{part}/beta"] = (
+                    norm.gamma,
+                    norm.beta,
+                )
+        if self.task == "classify" and not self.zero_shot:
+            for part in ("pooler", "classifier"):
+                dense = getattr(self, part)
+                named[f"{part}/kernel"], named[f"{part}/bias"] = dense.kernel, dense.bias
+        return {k: tf.cast(v, tf.float32).numpy() for k, v in named.items()}
 
     def signatures(self, bucket_lens: Sequence[int] = ()) -> dict[str, Any]:
         """Return the signatures to save: ``serving_default`` and one ``seq_<L>`` per bucket.

@@ -1,5 +1,7 @@
 """GetModelStatus: the version states a model server reports, from gRPC or REST, in one shape.
 
+Several replicas of one model merge into one answer (``merge_replicas``).
+
 The state numbers and names are TF Serving's ``ModelVersionStatus.State`` enum
 (``get_model_status.proto``); the REST API reports the names. Any message with TF Serving's field
 names parses (the gateway's own ``modelformat.protos`` classes or ``tensorflow_serving.apis``').
@@ -69,3 +71,21 @@ def newest_available(statuses: Sequence[VersionStatus]) -> int | None:
     """Return the highest AVAILABLE version, or None."""
     available = [s.version for s in statuses if s.state == AVAILABLE]
     return max(available) if available else None
+
+
+def merge_replicas(replicas: Sequence[Sequence[VersionStatus]]) -> list[VersionStatus]:
+    """Return one answer for several replicas of a model: AVAILABLE only where all report it.
+
+    A version some replica lacks or holds in another state takes that replica's entry (a
+    version it does not report at all: UNKNOWN), so ``newest_available`` of the result is a
+    version every replica can serve.
+    """
+    if len(replicas) == 1:
+        return newest_first(replicas[0])
+    by_replica = [{s.version: s for s in statuses} for statuses in replicas]
+    merged = []
+    for version in set().union(*by_replica):
+        entries = [states.get(version, VersionStatus(version, "UNKNOWN")) for states in by_replica]
+        lagging = [e for e in entries if e.state != AVAILABLE]
+        merged.append(lagging[0] if lagging else entries[0])
+    return newest_first(merged)

@@ -21,6 +21,11 @@ the server, its config poll and the gateway agree; a refused reload restores the
 to ``specific`` (what is served now) before publishing. The whole read-modify-write runs under
 an exclusive lock on ``.<config>.lock`` beside the config, so concurrent pushes take turns
 instead of losing each other's labels.
+
+Several replicas (``--server`` repeated, comma-separated, or a name resolving to several
+addresses) read the same models.config: each gets every reload (one that refuses it undoes it
+on the others), and a label moves only once every replica reports its version AVAILABLE, each
+wait bounded by ``--timeout`` and reported per replica.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from modelformat.publish import copy_in
 from ops import modelconfig
 from ops.modelconfig import OpsError
 from ops.procs import REPO
-from ops.server import ModelServer, wait_available
+from ops.server import ModelServer, ReplicaSet, replica_targets, wait_available_everywhere
 
 
 @dataclass
@@ -210,7 +215,7 @@ def pause_for_tests(config_path: Path, timeout_s: float) -> None:
 
 
 def apply_config(
-    server: ModelServer, config_path: Path, old: Any, new: Any, timeout_s: float
+    server: ModelServer | ReplicaSet, config_path: Path, old: Any, new: Any, timeout_s: float
 ) -> bool:
     """Write ``new`` atomically, then ask the server to reload it; restore ``old`` if refused.
 
@@ -288,7 +293,10 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
         print("dry run: nothing changed")
         return outcome
 
-    server = ModelServer(args.server)
+    server = ReplicaSet(replica_targets(args.server))
+    server.applied = config
+    if len(server.servers) > 1:
+        print(f"replicas: {', '.join(s.target for s in server.servers)}")
     try:
         started = time.monotonic()
         apply_config(server, config_path, config, writes.pin, args.timeout)
@@ -304,8 +312,8 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
         try:
             apply_config(server, config_path, writes.pin, writes.load, args.timeout)
             for version in sorted({*plan.labels.values(), plan.new_version or 0} - {0}):
-                took = wait_available(server, plan.model, version, args.timeout)
-                print(f"{plan.model} v{version} AVAILABLE ({took:.1f}s)")
+                took = wait_available_everywhere(server, plan.model, version, args.timeout)
+                print(f"{plan.model} v{version} AVAILABLE ({max(took.values()):.1f}s)")
             if apply_config(server, config_path, writes.load, writes.label, args.timeout):
                 outcome.labels_moved_at = time.monotonic()
         except OpsError:
@@ -373,7 +381,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         "--base-path", type=Path, default=REPO / "models",
         help="host directory holding <name>/<version>/ (the config may use container paths)",
     )  # fmt: skip
-    parser.add_argument("--server", default="127.0.0.1:8500", help="model server gRPC host:port")
+    parser.add_argument(
+        "--server", action="append",
+        help="model server gRPC host:port (default 127.0.0.1:8500); repeat it or separate with "
+        "commas for several replicas; a name (or dns:///name:port) stands for every address "
+        "it resolves to, e.g. a headless Service: each gets the config reload, and a label "
+        "moves only once every one reports the version AVAILABLE",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait per step")
     parser.add_argument(
         "--keep", type=int, default=2, help="newest versions a specific policy keeps (>= 1)"
@@ -394,6 +408,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         parser.error("--label goes with --checkpoint or --from-dir")
     if args.keep < 1:
         parser.error("--keep must be at least 1: the newest version is always served")
+    args.server = args.server or ["127.0.0.1:8500"]
     if args.reader_wait is None:
         try:
             args.reader_wait = default_reader_wait_s()

@@ -65,13 +65,15 @@ def start_gateway(
     """Start gunicorn with the gateway on a free port; return it and its URL once ready."""
     port = free_port()
     env = child_env(
-        GATEWAY_UPSTREAM=upstream,
-        GATEWAY_TFS_GRPC=f"127.0.0.1:{grpc_port}",
-        GATEWAY_TFS_REST=f"http://127.0.0.1:{rest_port}",
-        GATEWAY_MODEL_BASE_PATH=str(base_path),
-        GATEWAY_MODEL_CONFIG_FILE=str(config),
-        GATEWAY_BIND=f"127.0.0.1:{port}",
-        **(settings or {}),
+        **{
+            "GATEWAY_UPSTREAM": upstream,
+            "GATEWAY_TFS_GRPC": f"127.0.0.1:{grpc_port}",
+            "GATEWAY_TFS_REST": f"http://127.0.0.1:{rest_port}",
+            "GATEWAY_MODEL_BASE_PATH": str(base_path),
+            "GATEWAY_MODEL_CONFIG_FILE": str(config),
+            "GATEWAY_BIND": f"127.0.0.1:{port}",
+            **(settings or {}),  # may name several replicas instead of the one above
+        }
     )
     cmd = [
         sys.executable, "-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),

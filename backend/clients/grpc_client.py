@@ -1,17 +1,28 @@
-"""gRPC transport: TF Serving's PredictionService / ModelService over one channel per worker."""
+"""gRPC transport: TF Serving's PredictionService / ModelService over one channel per worker.
+
+A target with a resolver scheme (``dns:///tf-serving-headless:8500``, ``ipv4:a:p,b:p``) names
+several replicas: the channel spreads calls over them with gRPC's own ``round_robin`` policy and
+skips a replica whose connection is down. Version states come from every replica (one status
+channel per resolved address), merged so a version counts as AVAILABLE only where all report it.
+"""
 
 from __future__ import annotations
 
+import json
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 
+import backend.clients.endpoints as endpoints
 from backend.clients.base import Outputs, error_for_status
-from backend.errors import UpstreamTimeout
+from backend.errors import UpstreamTimeout, UpstreamUnavailable
 from backend.tensors import from_tensor_proto, to_tensor_proto
 from modelformat.protos import serving_pb2
 from modelformat.status import VersionStatus, from_grpc
@@ -34,6 +45,11 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
+# Several replicas: a subchannel per resolved address, each call to the next READY one. (The
+# default, pick_first, would pin every call of a worker to one replica.)
+ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+# How often the status channels follow the resolver's answer (replicas added or replaced).
+RESOLVE_EVERY_S = 5.0
 
 Reply = TypeVar("Reply")
 
@@ -56,7 +72,9 @@ class GrpcClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self.retry_after_s = retry_after_s
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.multi = endpoints.is_multi(target)
+        options = [*CHANNEL_OPTIONS, ("grpc.service_config", ROUND_ROBIN)] if self.multi else None
+        self._channel = grpc.insecure_channel(target, options=options or CHANNEL_OPTIONS)
         self._predict = self._channel.unary_unary(
             PREDICT,
             request_serializer=serving_pb2.PredictRequest.SerializeToString,
@@ -72,6 +90,11 @@ class GrpcClient:
             request_serializer=serving_pb2.GetModelMetadataRequest.SerializeToString,
             response_deserializer=serving_pb2.GetModelMetadataResponse.FromString,
         )
+        # Multi-replica targets: address -> (channel, GetModelStatus) for the per-replica status.
+        self._replicas: dict[str, tuple[grpc.Channel, Callable[..., Any]]] = {}
+        self._resolved_at = -float("inf")
+        self._replica_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     def predict(
         self,
@@ -91,11 +114,58 @@ class GrpcClient:
         return parse_predict_response(reply)
 
     def model_status(self, model: str, *, timeout_s: float) -> list[VersionStatus]:
-        """Return every version's state, newest first."""
+        """Return every version's state, newest first (merged over a multi target's replicas)."""
         request = serving_pb2.GetModelStatusRequest()
         request.model_spec.name = model
-        reply = self._call(self._status, request, model, timeout_s)
-        return from_grpc(reply)
+        if not self.multi:
+            return from_grpc(self._call(self._status, request, model, timeout_s))
+        fetchers = [
+            partial(self._replica_status, status, request, model, timeout_s)
+            for status in self._replica_stubs()
+        ]
+        return endpoints.merged_status(fetchers, self._pool)
+
+    def replicas(self) -> list[str]:
+        """Return the addresses the status calls go to (multi targets; else the target)."""
+        if not self.multi:
+            return [self.target]
+        self._replica_stubs()
+        with self._replica_lock:
+            return list(self._replicas)
+
+    def _replica_status(
+        self, status: Callable[..., Any], request: Any, model: str, timeout_s: float
+    ) -> list[VersionStatus]:
+        # No retry: a replica that is down is left out of this answer, not waited for.
+        return from_grpc(self._call(status, request, model, timeout_s, retries=0))
+
+    def _replica_stubs(self) -> list[Callable[..., Any]]:
+        """Return a GetModelStatus callable per resolved address, re-resolving now and then."""
+        with self._replica_lock:
+            if time.monotonic() - self._resolved_at >= RESOLVE_EVERY_S:
+                try:
+                    addresses = endpoints.resolve(self.target)
+                except endpoints.EndpointError as exc:
+                    if not self._replicas:
+                        raise UpstreamUnavailable(
+                            f"model server {self.target}: {exc}", retry_after_s=self.retry_after_s
+                        ) from exc
+                    addresses = list(self._replicas)  # keep the last answer
+                self._resolved_at = time.monotonic()
+                for gone in set(self._replicas) - set(addresses):
+                    self._replicas.pop(gone)[0].close()
+                for address in addresses:
+                    if address not in self._replicas:
+                        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                        status = channel.unary_unary(
+                            GET_MODEL_STATUS,
+                            request_serializer=serving_pb2.GetModelStatusRequest.SerializeToString,
+                            response_deserializer=serving_pb2.GetModelStatusResponse.FromString,
+                        )
+                        self._replicas[address] = (channel, status)
+                if self._pool is None and len(self._replicas) > 1:
+                    self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="status")
+            return [status for _, status in self._replicas.values()]
 
     def signature(self, model: str, *, timeout_s: float) -> dict[str, Any]:
         """Return serving_default's input and output names from GetModelMetadata."""
@@ -113,8 +183,13 @@ class GrpcClient:
         request: Any,
         model: str,
         timeout_s: float,
+        retries: int | None = None,
     ) -> Reply:
-        """Call ``method`` with a deadline, retrying UNAVAILABLE a bounded number of times."""
+        """Call ``method`` with a deadline, retrying UNAVAILABLE a bounded number of times.
+
+        With several replicas round_robin sends a retry to the next READY one.
+        """
+        retries = self.retries if retries is None else retries
         deadline = time.monotonic() + timeout_s
         attempt = 0
         while True:
@@ -130,7 +205,7 @@ class GrpcClient:
                 pause = self.backoff_s * (2**attempt) * random.uniform(0.5, 1.5)
                 if (
                     code == grpc.StatusCode.UNAVAILABLE
-                    and attempt < self.retries
+                    and attempt < retries
                     and deadline - time.monotonic() > pause
                 ):
                     attempt += 1
@@ -141,8 +216,14 @@ class GrpcClient:
                 ) from exc
 
     def close(self) -> None:
-        """Close the channel."""
+        """Close the channels."""
         self._channel.close()
+        with self._replica_lock:
+            for channel, _ in self._replicas.values():
+                channel.close()
+            self._replicas.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def build_predict_request(

@@ -1,8 +1,15 @@
-"""REST transport: TF Serving's HTTP API with one keep-alive session per worker."""
+"""REST transport: TF Serving's HTTP API with one keep-alive session per worker.
+
+``base_url`` may list several replicas, comma-separated: requests take turns over them, one that
+cannot be reached (or answers 503) is skipped for ``DOWN_S`` and the request goes to the next,
+and version states are merged over the replicas that answer (AVAILABLE only where all say so).
+"""
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -12,6 +19,7 @@ import orjson
 import requests
 from requests.adapters import HTTPAdapter
 
+import backend.clients.endpoints as endpoints
 from backend.clients.base import Outputs, error_for_status
 from backend.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from modelformat.status import VersionStatus, from_rest
@@ -29,6 +37,8 @@ _HTTP_TO_CODE = {
 _TF_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32}
 CONNECT_TIMEOUT_S = 1.0
 SIGNATURE = "serving_default"
+# A replica that could not be reached gets no new request for this long (then it is tried again).
+DOWN_S = 1.0
 
 
 class RestClient:
@@ -38,10 +48,16 @@ class RestClient:
     enforces_deadline = True
 
     def __init__(self, base_url: str, *, pool_size: int = 16, retry_after_s: int = 1) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = [u.strip().rstrip("/") for u in base_url.split(",") if u.strip()]
+        self.base_url = self.base_urls[0] if self.base_urls else base_url.rstrip("/")
+        self._turn = itertools.count()
+        self._down_until: dict[str, float] = {}
         self.retry_after_s = retry_after_s
         self._session = requests.Session()
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+        # One connection pool per replica (a pool per host; fewer would evict them in turn).
+        adapter = HTTPAdapter(
+            pool_connections=max(1, len(self.base_urls)), pool_maxsize=pool_size, max_retries=0
+        )
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
         # (model, version, signature) → output name → numpy dtype, from the signature metadata.
@@ -82,9 +98,16 @@ class RestClient:
         return decoded, int(version) if version is not None else -1
 
     def model_status(self, model: str, *, timeout_s: float) -> list[VersionStatus]:
-        """Return every version's state from GET /v1/models/{model}, newest first."""
-        reply = self._request("GET", f"/v1/models/{quote(model, safe='')}", model, timeout_s)
-        return from_rest(reply)
+        """Return every version's state from GET /v1/models/{model}, newest first (merged over
+        the replicas when there are several)."""
+        path = f"/v1/models/{quote(model, safe='')}"
+        if len(self.base_urls) <= 1:
+            return from_rest(self._request("GET", path, model, timeout_s))
+        fetchers = [
+            lambda url=url: from_rest(self._request_at(url, "GET", path, model, timeout_s))
+            for url in self.base_urls
+        ]
+        return endpoints.merged_status(fetchers)
 
     def close(self) -> None:
         """Close the session's connections."""
@@ -131,18 +154,54 @@ class RestClient:
     def _request(
         self, method: str, path: str, model: str, timeout_s: float, body: bytes | None = None
     ) -> Any:
-        """Send one request and return its parsed JSON; map every failure to a gateway error."""
+        """Send one request to the next replica; on UNAVAILABLE, to the others in turn."""
+        if len(self.base_urls) <= 1:
+            return self._request_at(self.base_url, method, path, model, timeout_s, body)
+        deadline = time.monotonic() + timeout_s
+        last: UpstreamUnavailable | None = None
+        for url in self._order():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                return self._request_at(url, method, path, model, remaining, body)
+            except UpstreamUnavailable as exc:
+                self._down_until[url] = time.monotonic() + DOWN_S
+                last = exc
+        if last is not None:
+            raise last
+        raise UpstreamTimeout(f"the model server did not answer within {timeout_s:.3g}s")
+
+    def _order(self) -> list[str]:
+        """Return the replicas starting at the next one's turn, those marked down last."""
+        start = next(self._turn) % len(self.base_urls)
+        turn = self.base_urls[start:] + self.base_urls[:start]
+        now = time.monotonic()
+        up = [u for u in turn if self._down_until.get(u, 0.0) <= now]
+        return up + [u for u in turn if u not in up]
+
+    def _request_at(
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        model: str,
+        timeout_s: float,
+        body: bytes | None = None,
+    ) -> Any:
+        """Send one request to ``base_url`` and return its parsed JSON; map every failure to a
+        gateway error."""
         try:
             response = self._session.request(
                 method,
-                self.base_url + path,
+                base_url + path,
                 data=body,
                 headers={"Content-Type": "application/json"} if body is not None else None,
                 timeout=(min(CONNECT_TIMEOUT_S, timeout_s), timeout_s),
             )
         except requests.ConnectTimeout as exc:
             raise UpstreamUnavailable(
-                f"cannot connect to the model server at {self.base_url}",
+                f"cannot connect to the model server at {base_url}",
                 retry_after_s=self.retry_after_s,
             ) from exc
         except requests.Timeout as exc:
@@ -151,7 +210,7 @@ class RestClient:
             ) from exc
         except requests.ConnectionError as exc:
             raise UpstreamUnavailable(
-                f"cannot reach the model server at {self.base_url}",
+                f"cannot reach the model server at {base_url}",
                 retry_after_s=self.retry_after_s,
             ) from exc
         except requests.RequestException as exc:

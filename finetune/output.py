@@ -1,0 +1,124 @@
+"""The fine-tuned checkpoint on disk: Hugging Face layout, written to a temp dir and renamed.
+
+``<out>/config.json`` (with ``id2label``/``label2id``, so ``export build --task classify`` needs no
+labels flag), ``model.safetensors`` (``BertForSequenceClassification`` names, torch layouts),
+``vocab.txt``, ``tokenizer_config.json`` and ``metrics.json``. The directory appears complete or
+not at all: it is filled under ``<parent>/.tmp-<name>-<random>``, fsynced and renamed (the same
+rule export publishes versions by, modelformat/publish.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.config import BertConfig
+from export.names import tensor_names
+from finetune.errors import FinetuneError
+from modelformat.publish import TEMP_PREFIX, fsync_tree, remove_tree
+
+METRICS_JSON = "metrics.json"
+
+
+def state_dir(out: Path) -> Path:
+    """Return where a run keeps its resumable training state (beside ``out``, non-final name)."""
+    return out.parent / f"{TEMP_PREFIX}{out.name}.train"
+
+
+def hf_tensors(config: BertConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Return canonical weights under ``BertForSequenceClassification`` names (torch layouts)."""
+    out = {}
+    for spec in tensor_names(config, "hf"):
+        if spec.canonical not in weights:
+            continue
+        name = spec.source if spec.head else f"bert.{spec.source}"
+        value = weights[spec.canonical]
+        out[name] = np.ascontiguousarray(value.T if spec.transposed else value, dtype=np.float32)
+    return out
+
+
+def hf_config(config: BertConfig, labels: Sequence[str], max_seq_len: int) -> dict[str, Any]:
+    """Return the ``config.json`` of a ``BertForSequenceClassification`` with these labels."""
+    return {
+        "architectures": ["BertForSequenceClassification"],
+        "model_type": "bert",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": config.hidden_act,
+        "hidden_dropout_prob": config.hidden_dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "max_position_embeddings": config.max_position,
+        "type_vocab_size": config.type_vocab_size,
+        "layer_norm_eps": config.layer_norm_eps,
+        "initializer_range": 0.02,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "classifier_dropout": None,
+        "problem_type": "single_label_classification",
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+        "finetune_max_seq_len": max_seq_len,
+    }
+
+
+def write_checkpoint(
+    dest: Path,
+    config: BertConfig,
+    weights: dict[str, np.ndarray],
+    labels: Sequence[str],
+    vocab: Sequence[str],
+    do_lower_case: bool,
+    max_seq_len: int,
+    metrics: dict[str, Any],
+) -> None:
+    """Write the HF-layout files into the (temporary) directory ``dest``."""
+    from safetensors.numpy import save_file
+
+    save_file(hf_tensors(config, weights), str(dest / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    (dest / "config.json").write_text(
+        json.dumps(hf_config(config, labels, max_seq_len), indent=2) + "\n", encoding="utf-8"
+    )
+    (dest / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer_config = {
+        "tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,
+        "model_max_length": max_seq_len, "unk_token": "[UNK]", "sep_token": "[SEP]",
+        "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]",
+    }  # fmt: skip
+    (dest / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
+                                                encoding="utf-8")  # fmt: skip
+    (dest / METRICS_JSON).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def publishing(out: Path) -> Iterator[Path]:
+    """Yield a temp dir beside ``out``; rename it to ``out`` on success, remove it on failure."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temp = out.parent / f"{TEMP_PREFIX}{out.name}-{secrets.token_hex(4)}"
+    try:
+        temp.mkdir()
+        yield temp
+        fsync_tree(temp)
+        if out.exists():
+            raise FinetuneError(f"{out} appeared while training; not replaced")
+        os.rename(temp, out)
+        fd = os.open(out.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)  # make the rename itself durable
+        finally:
+            os.close(fd)
+    except OSError as exc:  # disk full, read-only, permissions
+        raise FinetuneError(f"writing {exc.filename or out} failed: {exc.strerror or exc}") from exc
+    finally:
+        with contextlib.suppress(OSError):  # best effort; the temp name is never final
+            remove_tree(temp)  # a no-op after the rename

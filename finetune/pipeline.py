@@ -1,0 +1,126 @@
+"""Training input: gateway tokenization, then either the tf.data pipeline or the naive loop.
+
+``optimised``: tokenize every text once with the gateway's tokenizer (HF ``tokenizers`` batch
+encoding, parallel in Rust), then ``from_tensor_slices`` → parallel ``map`` (ids → the three BERT
+inputs) → ``cache`` → ``shuffle`` → ``bucket_by_sequence_length`` on the gateway's bucket rule
+(each batch padded to a serving bucket: 16, 32, 64, … ``max_seq_len``) → ``prefetch(AUTOTUNE)``.
+
+``naive``: the baseline the benchmark compares against: tokenize each batch inside the training
+loop, pad every batch to ``max_seq_len``, no prefetch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from backend.bucketing import pad_batch
+from backend.tokenization import BertTokenizer
+from modelformat.buckets import buckets
+
+PIPELINES = ("optimised", "naive")
+Batch = tuple[dict[str, Any], Any]  # (BERT inputs, label ids): numpy or tensors
+
+
+def make_tokenizer(vocab: Sequence[str], do_lower_case: bool, max_seq_len: int) -> BertTokenizer:
+    """Return the gateway's tokenizer for a checkpoint's vocabulary (ids identical to serving)."""
+    index: dict[str, int] = {}
+    for i, token in enumerate(vocab):
+        index.setdefault(token, i)  # a duplicated token keeps its first id, as read_vocab does
+    return BertTokenizer(index, do_lower_case=do_lower_case, max_seq_len=max_seq_len)
+
+
+def token_ids(tokenizer: BertTokenizer, texts: Sequence[str]) -> list[np.ndarray]:
+    """Return each text's int32 ids ([CLS] … [SEP], cut to the tokenizer's max_seq_len)."""
+    return [encoded.ids for encoded in tokenizer.encode(texts)]
+
+
+def bucket_boundaries(max_seq_len: int) -> list[int]:
+    """Return ``bucket_by_sequence_length`` boundaries for the gateway's buckets.
+
+    A boundary is exclusive and ``pad_to_bucket_boundary`` pads to boundary − 1, so boundary
+    ``L + 1`` pads a batch to exactly the serving bucket ``L``.
+    """
+    return [length + 1 for length in buckets(max_seq_len)]
+
+
+def optimised_dataset(ids: Sequence[np.ndarray], label_ids: Sequence[int]) -> Any:
+    """Return the cached per-example dataset ``({input_ids, attention_mask, token_type_ids}, y)``.
+
+    Padding happens per batch, in ``bucketed_batches``.
+    """
+    import tensorflow as tf
+
+    lengths = np.array([len(row) for row in ids], dtype=np.int64)
+    flat = np.concatenate(ids).astype(np.int32) if len(ids) else np.zeros(0, np.int32)
+    ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
+    labels = tf.constant(np.asarray(label_ids, dtype=np.int32))
+
+    def features(row: tf.Tensor, label: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        ones = tf.ones_like(row)
+        inputs = {"input_ids": row, "attention_mask": ones, "token_type_ids": ones * 0}
+        return inputs, label
+
+    dataset = tf.data.Dataset.from_tensor_slices((ragged, labels))
+    return dataset.map(features, num_parallel_calls=tf.data.AUTOTUNE).cache()
+
+
+def bucketed_batches(
+    examples: Any,
+    batch_size: int,
+    max_seq_len: int,
+    pad_id: int,
+    *,
+    seed: int | None,
+    skip: int = 0,
+) -> Any:
+    """Return shuffled (``seed`` None: in order) length-bucketed batches, prefetched."""
+    import tensorflow as tf
+
+    dataset = examples
+    if seed is not None:
+        size = int(dataset.cardinality())
+        dataset = dataset.shuffle(max(size, 1), seed=seed, reshuffle_each_iteration=False)
+    boundaries = bucket_boundaries(max_seq_len)
+    pad = tf.constant(pad_id, tf.int32)
+    zero = tf.constant(0, tf.int32)
+    dataset = dataset.bucket_by_sequence_length(
+        lambda inputs, _label: tf.shape(inputs["input_ids"])[0],
+        boundaries,
+        [batch_size] * (len(boundaries) + 1),
+        padding_values=({"input_ids": pad, "attention_mask": zero, "token_type_ids": zero}, zero),
+        pad_to_bucket_boundary=True,
+    )
+    if skip:
+        dataset = dataset.skip(skip)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def naive_batches(
+    tokenizer: BertTokenizer,
+    texts: Sequence[str],
+    label_ids: Sequence[int],
+    batch_size: int,
+    *,
+    seed: int | None,
+    skip: int = 0,
+) -> Iterator[Batch]:
+    """Yield batches tokenized on the spot and padded to ``max_seq_len`` (the baseline)."""
+    order = np.arange(len(texts))
+    if seed is not None:
+        order = np.random.default_rng(seed).permutation(len(texts))
+    starts = range(0, len(texts), batch_size)
+    for start in islice(starts, skip, None):
+        chunk = order[start : start + batch_size]
+        rows = token_ids(tokenizer, [texts[i] for i in chunk])
+        inputs = pad_batch(rows, tokenizer.max_seq_len, tokenizer.pad_id)
+        yield inputs, np.asarray([label_ids[i] for i in chunk], dtype=np.int32)
+
+
+def padding_tokens(batches: Iterator[Batch]) -> list[int]:
+    """Return the padded (masked-out) positions of each batch."""
+    return [int(np.size(inputs["attention_mask"]) - np.sum(inputs["attention_mask"]))
+            for inputs, _labels in batches]  # fmt: skip

@@ -1,0 +1,194 @@
+"""``finetune``: a BERT checkpoint and labelled TSVs in, a fine-tuned HF checkpoint out.
+
+Steps: check the arguments and ``--out``, read the checkpoint (export's reader) and the data (every
+bad row reported), choose the precision (export's machine-based rule, as a Keras policy), tokenize
+with the gateway's tokenizer, train (finetune/training.py, resumable), score dev and test, and
+publish ``--out`` atomically (finetune/output.py). Every refusal is a ``FinetuneError`` or
+``ExportError`` raised before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from export.checkpoint import read_checkpoint
+from export.hardware import CpuInfo, cpu_info
+from finetune.data import check_eval_set, check_train_set, read_examples
+from finetune.errors import FinetuneError
+from finetune.metrics import scores
+from finetune.output import publishing, state_dir, write_checkpoint
+from finetune.pipeline import PIPELINES
+from finetune.training import Say, TrainConfig, tokenize_split
+from modelformat.publish import remove_tree
+
+RUN_JSON = "run.json"  # the settings a run's state was made with (checked on --resume)
+
+
+@dataclass(frozen=True)
+class FinetuneResult:
+    """The published checkpoint and what metrics.json says about it."""
+
+    out: Path
+    metrics: dict[str, Any]
+
+    def summary(self) -> str:
+        """Return the one-line summary the CLI prints last."""
+        m = self.metrics
+        test = m.get("test")
+        test_part = f", test accuracy {test['accuracy']:.4f}" if test else ""
+        return (
+            f"wrote {self.out} (dev accuracy {m['dev']['accuracy']:.4f}, macro-F1 "
+            f"{m['dev']['macro_f1']:.4f}{test_part}; {m['precision']['used']}, "
+            f"{m['pipeline']} pipeline, {m['wall_s']:.1f}s)"
+        )
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """Refuse an existing ``out`` and leftover state that ``resume`` does not claim."""
+    if out.exists():
+        if resume:
+            raise FinetuneError(f"{out} is already a finished checkpoint; nothing to resume")
+        raise FinetuneError(f"{out} exists; choose another --out (or --resume a killed run)")
+    state = state_dir(out)
+    if state.exists() and not resume:
+        raise FinetuneError(
+            f"a killed run left its training state in {state}: pass --resume to continue it, "
+            "or delete that directory to start over"
+        )
+
+
+def _claim_state(state: Path, settings: dict[str, Any]) -> None:
+    """Create the training-state directory, or check a resumed one was made by the same run."""
+    path = state / RUN_JSON
+    try:
+        if path.is_file():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            changed = sorted(k for k in settings if saved.get(k) != settings[k])
+            if changed:
+                raise FinetuneError(
+                    f"--resume with other settings than the killed run ({', '.join(changed)} "
+                    f"differ; see {path}): rerun it with the same ones"
+                )
+            return
+        state.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise FinetuneError(f"cannot write training state in {state}: {exc.strerror}") from exc
+
+
+def _check_config(config: TrainConfig, max_seq_len: int) -> None:
+    if config.pipeline not in PIPELINES:
+        raise FinetuneError(f"pipeline must be one of {list(PIPELINES)}, got {config.pipeline!r}")
+    for name, value in (("epochs", config.epochs), ("batch size", config.batch_size)):
+        if value < 1:
+            raise FinetuneError(f"{name} must be at least 1, got {value}")
+    if not 0 < config.learning_rate < 1:
+        raise FinetuneError(f"learning rate must be in (0, 1), got {config.learning_rate}")
+    if max_seq_len < 2:
+        raise FinetuneError(f"max_seq_len must be at least 2, got {max_seq_len}")
+
+
+def finetune(
+    checkpoint: str | Path,
+    train_path: str | Path,
+    dev_path: str | Path,
+    out: str | Path,
+    *,
+    test_path: str | Path | None = None,
+    config: TrainConfig | None = None,
+    precision: str = "auto",
+    max_seq_len: int = 128,
+    resume: bool = False,
+    say: Say | None = None,
+    cpu: CpuInfo | None = None,
+    gpus: Sequence[str] | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> FinetuneResult:
+    """Fine-tune ``checkpoint`` on ``train_path`` and publish it as ``out``; return its metrics.
+
+    ``cpu`` and ``gpus`` default to this machine's (tests inject others); ``on_step`` is called
+    with the global step after every training step (tests interrupt runs with it).
+    """
+    started = time.perf_counter()
+    say = say or (lambda _message: None)
+    config = config or TrainConfig()
+    out = Path(out)
+    _check_config(config, max_seq_len)
+    check_out(out, resume)
+    ckpt = read_checkpoint(checkpoint)
+    if max_seq_len > ckpt.config.max_position:
+        raise FinetuneError(
+            f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings "
+            f"{ckpt.config.max_position}"
+        )
+    train = read_examples(train_path)
+    train_labels = check_train_set(train)
+    dev = read_examples(dev_path, train_labels)
+    check_eval_set(dev, "dev")
+    test = read_examples(test_path, train_labels) if test_path is not None else None
+    if test is not None:
+        check_eval_set(test, "test")
+
+    from export.precision import visible_gpus
+    from finetune.modeling import build_model, head_weights
+    from finetune.pipeline import make_tokenizer
+    from finetune.precision import training_precision
+    from finetune.training import Trainer
+
+    cpu = cpu or cpu_info()
+    chosen = training_precision(precision, cpu, visible_gpus() if gpus is None else gpus)
+    choice = chosen.choice
+    say(f"precision {choice.precision} (Keras policy {chosen.policy}; {choice.reason})")
+    for warning in chosen.choice.warnings:
+        say(f"warning: {warning}")
+    weights, labels = head_weights(ckpt, train_labels, config.seed)
+    say(f"{len(train)} train / {len(dev)} dev texts, labels {labels}")
+    tokenizer = make_tokenizer(ckpt.vocab, ckpt.do_lower_case, max_seq_len)
+    index = {label: i for i, label in enumerate(labels)}
+    splits = {
+        name: tokenize_split(tokenizer, ex.texts, [index[y] for y in ex.labels], config.pipeline)
+        for name, ex in (("train", train), ("dev", dev), ("test", test))
+        if ex is not None
+    }
+    model = build_model(ckpt, weights, chosen.compute_dtype)
+    state = state_dir(out)
+    settings = {
+        **asdict(config), "verbose": None, "max_seq_len": max_seq_len, "policy": chosen.policy,
+        "labels": labels, "checkpoint_sha256": ckpt.source.get("sha256"),
+    }  # fmt: skip
+    _claim_state(state, settings)
+    trainer = Trainer(model, tokenizer, config, chosen, state, say)
+    outcome = trainer.fit(splits["train"], splits["dev"], on_step)
+    figures = {name: scores(*trainer.predict(split), labels) for name, split in splits.items()
+               if name != "train"}  # fmt: skip
+    metrics = {
+        "dev": figures["dev"],
+        "test": figures.get("test"),
+        "labels": labels,
+        "precision": {
+            "requested": precision, "used": chosen.choice.precision, "policy": chosen.policy,
+            "reason": chosen.choice.reason, "loss_scaling": chosen.loss_scaling,
+        },
+        "pipeline": config.pipeline,
+        "cpu": cpu.describe(),
+        "best_epoch": outcome.best_epoch,
+        "stopped_early": outcome.stopped_early,
+        "steps": outcome.steps,
+        "epochs": outcome.history,
+        "train_wall_s": sum(e["train_wall_s"] for e in outcome.history),
+        "hyperparameters": {**asdict(config), "max_seq_len": max_seq_len},
+        "data": {name: {"path": str(ex.path), "examples": len(ex)}
+                 for name, ex in (("train", train), ("dev", dev), ("test", test)) if ex},
+        "source": ckpt.source,
+    }  # fmt: skip
+    with publishing(out) as temp:
+        metrics["wall_s"] = time.perf_counter() - started
+        write_checkpoint(temp, ckpt.config, model.weights(), labels, ckpt.vocab,
+                         ckpt.do_lower_case, max_seq_len, metrics)  # fmt: skip
+    remove_tree(state)
+    return FinetuneResult(out=out, metrics=metrics)

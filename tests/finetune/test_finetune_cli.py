@@ -1,0 +1,117 @@
+"""``python -m finetune`` refusals: one ``error:`` line, exit status 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from finetune.cli import main
+from ops.procs import REPO
+from tests.finetune.conftest import write_tsv
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+def _args(ckpt: Path, train: Path, dev: Path, out: Path, *extra: str) -> list[str]:
+    return ["--checkpoint", str(ckpt), "--train", str(train), "--dev", str(dev),
+            "--out", str(out), "--quiet", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("train_rows", "dev_rows", "message"),
+    [
+        ([], [("x", "pos")], "the training set has no examples"),
+        ([("a", "pos"), ("b", "pos")], [("x", "pos")], "the training set has one label only"),
+        ([("a", "pos"), ("b", "neg")], [("x", "meh")], "line 2: unknown label 'meh'"),
+    ],
+)
+def test_unusable_data_exits_2_with_one_error_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    tiny_bert: Path,
+    train_rows: list[tuple[str, str]],
+    dev_rows: list[tuple[str, str]],
+    message: str,
+) -> None:
+    train = write_tsv(tmp_path / "train.tsv", train_rows)
+    dev = write_tsv(tmp_path / "dev.tsv", dev_rows)
+
+    code, err = _run(capsys, *_args(tiny_bert, train, dev, tmp_path / "out"))
+
+    assert code == 2
+    assert err.startswith("error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_that_is_not_bert_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data: dict[str, Path]
+) -> None:
+    gpt = tmp_path / "gpt2"
+    gpt.mkdir()
+    (gpt / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+
+    code, err = _run(capsys, *_args(gpt, data["train"], data["dev"], tmp_path / "out"))
+
+    assert code == 2
+    assert "unknown architecture model_type='gpt2'" in err and err.count("\n") == 1
+
+
+def test_a_missing_data_file_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_bert: Path, data: dict[str, Path]
+) -> None:
+    code, err = _run(capsys, *_args(tiny_bert, tmp_path / "nope.tsv", data["dev"], tmp_path / "o"))
+
+    assert code == 2
+    assert f"data file not found: {tmp_path / 'nope.tsv'}" in err
+
+
+def test_an_existing_out_is_refused_without_resume(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_bert: Path, data: dict[str, Path]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+
+    code, err = _run(capsys, *_args(tiny_bert, data["train"], data["dev"], out))
+
+    assert code == 2
+    assert f"{out} exists" in err and "--resume" in err
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_module_entry_point_prints_no_traceback(tmp_path: Path, data: dict[str, Path]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "finetune", *_args(tmp_path / "none", data["train"], data["dev"],
+                                                   tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )  # fmt: skip
+
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: checkpoint not found: {tmp_path / 'none'}"
+
+
+def test_leftover_state_needs_resume_and_resume_needs_the_same_settings(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_bert: Path, data: dict[str, Path]
+) -> None:
+    from finetune.output import state_dir
+
+    out = tmp_path / "out"
+    state = state_dir(out)
+    state.mkdir()
+    (state / "run.json").write_text(json.dumps({"epochs": 99}))
+    args = _args(tiny_bert, data["train"], data["dev"], out)
+
+    code, err = _run(capsys, *args)
+    assert code == 2 and "pass --resume to continue it" in err
+
+    code, err = _run(capsys, *args, "--resume")
+    assert code == 2 and "other settings than the killed run" in err and "epochs" in err
+    assert not out.exists()
