@@ -9,7 +9,7 @@ MODELS ?= models
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup protos models run stop test lint bench clean loadtest drills profile
+.PHONY: setup protos models run stop test lint bench clean loadtest drills profile finetune-demo
 
 setup: $(STAMP) protos
 
@@ -41,7 +41,7 @@ stop:
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy backend benchmarks export modelformat modelserver ops scripts
+	$(VENV)/bin/mypy backend benchmarks export finetune modelformat modelserver ops scripts
 
 test: setup lint models
 	$(PY) -m pytest -q
@@ -61,6 +61,11 @@ loadtest: models
 drills: models
 	$(PY) scripts/reload_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
 	$(PY) scripts/fault_drill.py --spawn $(MODELS) --model minilm-intent --clients 8 --timeout 2
+	$(PY) scripts/replica_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
+
+# Fine-tune all-MiniLM-L6-v2 on data/tickets, export it as the next minilm-intent version, compare with zero-shot.
+finetune-demo: models
+	$(PY) -m finetune.demo --base-path $(MODELS)
 
 # Where the gateway's CPU goes under load (py-spy, GIL holder only): results/profile/gateway.{md,png}.
 profile: models

@@ -19,7 +19,7 @@ from benchmarks import BenchContext, Row
 from export.hardware import CpuInfo
 from ops.procs import REPO
 
-MODULES = ["export_bench", "modelserver_bench", "gateway_bench"]
+MODULES = ["export_bench", "modelserver_bench", "gateway_bench", "finetune_bench"]
 
 
 def machine(cpu: CpuInfo) -> str:

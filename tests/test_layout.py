@@ -20,8 +20,8 @@ ALLOWED = {
     "backend": {"modelformat", "export"},  # export: only the in-process transport, see below
     "finetune": {"modelformat", "export", "backend"},
     "ops": {"modelformat", "export", "backend"},
-    "benchmarks": {"modelformat", "export", "modelserver", "backend", "ops"},
-    "scripts": {"modelformat", "export", "modelserver", "backend", "ops", "benchmarks"},
+    "benchmarks": {"modelformat", "export", "modelserver", "backend", "finetune", "ops"},
+    "scripts": {"modelformat", "export", "modelserver", "backend", "finetune", "ops", "benchmarks"},
 }
 # The gateway imports TensorFlow-side code only here, and only when GATEWAY_UPSTREAM=local.
 GATEWAY_IMPORTS_EXPORT = {"backend.clients.local_client"}
