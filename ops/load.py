@@ -4,13 +4,16 @@ A *cell* is one point of the grid (target, protocol, concurrency, texts per requ
 text). ``concurrency`` threads each send requests back to back; requests that start during the
 warm-up are discarded. The clients are the stock ones a user would write: ``tensorflow_serving``
 gRPC stubs with ``tensor_content`` and REST columnar ``inputs`` JSON (orjson) straight at the
-model server, plain HTTP JSON at the gateway.
+model server, plain HTTP JSON at the gateway (requests; or a raw http.client keep-alive
+connection where the generator's own CPU should stay small, as in benchmarks/).
 """
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,8 +106,13 @@ def grpc_sender(
     tensors: dict[str, np.ndarray],
     timeout_s: float,
     version: int | None = None,
+    signature_name: str | None = None,
 ) -> Sender:
-    """Return a sender doing PredictionService/Predict with tensor_content bytes."""
+    """Return a sender doing PredictionService/Predict with tensor_content bytes.
+
+    ``tensors`` go as given: pass the gateway's own bucket-padded batch and its ``seq_<L>``
+    ``signature_name`` to send exactly what the gateway sends (default: serving_default).
+    """
     import grpc
     from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -116,6 +124,8 @@ def grpc_sender(
         request.model_spec.name = model
         if version is not None:
             request.model_spec.version.value = version
+        if signature_name is not None:
+            request.model_spec.signature_name = signature_name
         for name, array in tensors.items():
             # Built per call on purpose: the client's serialization cost is part of the figure.
             proto = tensor_pb2.TensorProto(
@@ -204,13 +214,63 @@ def gateway_sender(
     return send
 
 
+def gateway_http_sender(
+    url: str,
+    model: str,
+    verb: str,
+    texts: list[str],
+    timeout_s: float,
+    version: int | None = None,
+) -> Sender:
+    """Return a sender doing what ``gateway_sender`` does over one raw keep-alive connection.
+
+    http.client instead of requests: a fraction of the client CPU per request, so a load
+    generator sharing the host with the servers takes less of it from them.
+    """
+    parsed = urllib.parse.urlsplit(url)
+    host = parsed.hostname or "127.0.0.1"
+    conn = http.client.HTTPConnection(host, parsed.port, timeout=timeout_s)
+    path = f"{parsed.path.rstrip('/')}/v1/models/{model}:{verb}"
+    headers = {"Content-Type": "application/json"}
+    payload: dict[str, Any] = {"texts": texts}
+    if version is not None:
+        payload["version"] = version
+
+    def send() -> tuple[bool, int, int, int | None, str]:
+        body = orjson.dumps(payload)
+        try:
+            try:
+                conn.request("POST", path, body=body, headers=headers)
+                resp = conn.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionError):
+                # The server closed an idle keep-alive connection (gunicorn: after 5 s): reconnect.
+                conn.close()
+                conn.request("POST", path, body=body, headers=headers)
+                resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            return False, len(body), 0, None, type(exc).__name__
+        if resp.status != 200:
+            return False, len(body), len(data), None, f"{resp.status} {data[:200]!r}"
+        served = orjson.loads(data).get("model", {}).get("version")
+        return True, len(body), len(data), int(served) if served else None, ""
+
+    return send
+
+
 def run_cell(
     cell: Cell,
     make_sender: Callable[[], Sender],
     duration_s: float,
     warmup_s: float,
+    on_window: Callable[[str], None] | None = None,
 ) -> CellResult:
-    """Run ``cell.concurrency`` closed-loop clients; measure ``duration_s`` after the warm-up."""
+    """Run ``cell.concurrency`` closed-loop clients; measure ``duration_s`` after the warm-up.
+
+    ``on_window("start")`` and ``on_window("end")`` are called where the measured window opens
+    and closes (beside the client's own CPU marks), e.g. to read the servers' CPU over it.
+    """
     samples: list[Sample] = []
     lock = threading.Lock()
     stop = threading.Event()
@@ -232,9 +292,13 @@ def run_cell(
     for thread in threads:
         thread.start()
     time.sleep(max(0.0, window[0] - time.perf_counter()))
+    if on_window is not None:  # outside the client's CPU marks: its own cost is not the client's
+        on_window("start")
     cpu_marks["start"] = time.process_time()
     time.sleep(max(0.0, window[1] - time.perf_counter()))
     cpu_marks["end"] = time.process_time()
+    if on_window is not None:
+        on_window("end")
     stop.set()
     for thread in threads:
         thread.join(timeout=60)

@@ -19,7 +19,13 @@ from benchmarks import BenchContext, Row
 from export.hardware import CpuInfo
 from ops.procs import REPO
 
-MODULES = ["export_bench", "modelserver_bench", "gateway_bench", "finetune_bench"]
+MODULES = [
+    "export_bench",
+    "modelserver_bench",
+    "gateway_bench",
+    "gateway_load_bench",
+    "finetune_bench",
+]
 
 
 def machine(cpu: CpuInfo) -> str:
