@@ -80,15 +80,11 @@ def _record_request(response: Response) -> Response:
     rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
     model = getattr(g, "served_model", None) or _known_model(request.view_args or {})
     version = getattr(g, "served_version", None)
-    metrics.REQUESTS.labels(
-        route=rule,
-        model=model,
-        version="" if version is None else str(version),
-        status=str(response.status_code),
-    ).inc()
+    served = "" if version is None else str(version)
+    metrics.child(metrics.REQUESTS, rule, model, served, str(response.status_code)).inc()
     started = getattr(g, "started", None)
     if started is not None:
-        metrics.REQUEST_SECONDS.labels(route=rule).observe(time.perf_counter() - started)
+        metrics.child(metrics.REQUEST_SECONDS, rule).observe(time.perf_counter() - started)
     return response
 
 

@@ -78,6 +78,10 @@ def reassemble(
     """
     if not chunks:
         return {}
+    if len(chunks) == 1 and list(chunks[0].indices) == list(range(total)):
+        # One chunk in the caller's order (most requests): its outputs are the answer as is.
+        _check_rows(chunks[0], outputs[0], total)
+        return dict(outputs[0])
     merged: dict[str, np.ndarray] = {}
     for name, first in outputs[0].items():
         merged[name] = np.empty((total, *first.shape[1:]), dtype=first.dtype)
@@ -96,3 +100,13 @@ def reassemble(
                 )
             merged[name][index] = value
     return merged
+
+
+def _check_rows(chunk: Chunk, result: dict[str, np.ndarray], rows: int) -> None:
+    """Raise a 502 unless every output of ``result`` has one row per text of ``chunk``."""
+    for name, value in result.items():
+        if value.ndim == 0 or value.shape[0] != rows:
+            raise UpstreamError(
+                f"output {name!r} came back with shape {list(value.shape)} for {rows} texts "
+                f"(chunk padded to {chunk.seq_len} tokens)"
+            )

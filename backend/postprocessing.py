@@ -47,18 +47,21 @@ def classifications(
         names = [str(i) for i in range(probabilities.shape[-1])]
     indices, scores = top_k(probabilities, k)
     rows = []
-    for row in range(probabilities.shape[0]):
+    # tolist(): Python ints and floats in one call, not a numpy scalar per value.
+    logits = outputs.get("logits") if with_logits else None
+    for row, (row_indices, row_scores) in enumerate(
+        zip(indices.tolist(), scores.tolist(), strict=True)
+    ):
         ranked = [
-            {"label": names[int(i)], "score": float(s)}
-            for i, s in zip(indices[row], scores[row], strict=True)
+            {"label": names[i], "score": s} for i, s in zip(row_indices, row_scores, strict=True)
         ]
         item: dict[str, Any] = {
             "label": ranked[0]["label"],
             "score": ranked[0]["score"],
             "top_k": ranked,
         }
-        if with_logits and "logits" in outputs:
-            item["logits"] = [float(v) for v in outputs["logits"][row]]
+        if logits is not None:
+            item["logits"] = [float(v) for v in logits[row]]
         rows.append(item)
     return rows
 

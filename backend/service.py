@@ -61,7 +61,7 @@ class Gateway:
         self.settings = settings
         self.pid = os.getpid()
         self.client = client if client is not None else make_client(settings)
-        self.assets = AssetCache(settings.model_base_path)
+        self.assets = AssetCache(settings.model_base_path, recheck_s=settings.status_cache_s)
         self.statuses = StatusCache(self._fetch_status, ttl_s=settings.status_cache_s)
         self.labels = LabelTable(settings.model_config_file, recheck_s=settings.labels_cache_s)
         self.resolver = VersionResolver(self.statuses, self.labels)
@@ -300,7 +300,7 @@ class Gateway:
         try:
             return fn()
         except (UpstreamUnavailable, UpstreamTimeout, UpstreamError) as exc:
-            metrics.UPSTREAM_ERRORS.labels(transport=self.client.transport, code=exc.code).inc()
+            metrics.child(metrics.UPSTREAM_ERRORS, self.client.transport, exc.code).inc()
             raise
 
     def _fetch_status(self, model: str) -> list[Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,9 @@ _TO_DT: dict[np.dtype[Any], Any] = {
     np.dtype(np.bool_): DT.DT_BOOL,
 }
 _FROM_DT: dict[int, np.dtype[Any]] = {dt: np_dtype for np_dtype, dt in _TO_DT.items()}
+# tensor_content is little-endian whatever the host: the dtype to read it with.
+_FROM_DT_WIRE = {dt: np_dtype.newbyteorder("<") for dt, np_dtype in _FROM_DT.items()}
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 # Which typed *_val field carries each dtype when tensor_content is empty.
 _VAL_FIELD: dict[int, str] = {
@@ -51,32 +56,46 @@ class TensorConversionError(ValueError):
 
 def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
     """Return a TensorProto carrying ``array`` as little-endian ``tensor_content`` bytes."""
+    proto = tensor_pb2.TensorProto()
+    fill_tensor_proto(proto, array)
+    return proto
+
+
+def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
+    """Write ``array`` into an empty ``proto`` in place (a map entry of a request: no copy)."""
     array = np.asarray(array)
     dtype = _TO_DT.get(array.dtype.newbyteorder("="))
     if dtype is None:
         raise TensorConversionError(f"cannot send numpy dtype {array.dtype}")
-    proto = tensor_pb2.TensorProto(dtype=dtype)
-    proto.tensor_shape.dim.extend(tensor_pb2.TensorShapeProto.Dim(size=d) for d in array.shape)
+    proto.dtype = dtype
+    dims = proto.tensor_shape.dim
+    for size in array.shape:
+        dims.add(size=size)
     # One bytes copy instead of a per-element typed field: ~10 µs for a [32,128] int32 batch.
     little = array.dtype.newbyteorder("<")
-    proto.tensor_content = np.ascontiguousarray(array, dtype=little).tobytes()
-    return proto
+    if array.dtype != little:  # a big-endian array, or any array on a big-endian host
+        array = array.astype(little)
+    proto.tensor_content = np.ascontiguousarray(array).tobytes()
 
 
 def from_tensor_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
     """Return the numpy array in ``proto``, from ``tensor_content`` or the typed ``*_val`` field."""
-    shape = tuple(int(d.size) for d in proto.tensor_shape.dim)
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    count = math.prod(shape)
     if proto.dtype == DT.DT_BFLOAT16:
         return _bfloat16_to_float32(proto, shape, count)
-    np_dtype = _FROM_DT.get(proto.dtype)
-    if np_dtype is None:
+    wire = _FROM_DT_WIRE.get(proto.dtype)
+    if wire is None:
         raise TensorConversionError(f"unsupported tensor dtype {DT.Name(proto.dtype)}")
-    if proto.tensor_content:
-        flat = np.frombuffer(proto.tensor_content, dtype=np_dtype.newbyteorder("<"))
+    content = proto.tensor_content
+    if content:
+        flat = np.frombuffer(content, dtype=wire)
         if flat.size != count:
             raise TensorConversionError(f"tensor_content has {flat.size} values for shape {shape}")
-        return flat.astype(np_dtype, copy=False).reshape(shape)
+        if not _LITTLE_ENDIAN:
+            flat = flat.astype(_FROM_DT[proto.dtype])
+        return flat.reshape(shape)
+    np_dtype = _FROM_DT[proto.dtype]
     # TF Serving answers with typed *_val fields unless --enable_serialization_as_tensor_content.
     values = getattr(proto, _VAL_FIELD[proto.dtype])
     if proto.dtype == DT.DT_HALF:

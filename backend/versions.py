@@ -119,28 +119,39 @@ class AssetCache:
     """ModelAssets per (model, version), loaded once per published directory.
 
     A version directory never changes once published, but it may be deleted and a new one
-    published under the same number: each hit is checked against the directory's identity
-    (two ``stat`` calls), so the new version's vocabulary and labels are used.
+    published under the same number: a hit older than ``recheck_s`` is checked against the
+    directory's identity (two ``stat`` calls), so the new version's vocabulary and labels are
+    used from then on. (The model server itself sees such a republish only when it reloads the
+    version; the gateway's view of version states lags by ``GATEWAY_STATUS_CACHE_S`` too.)
     """
 
-    def __init__(self, base_path: str | Path, capacity: int = 16) -> None:
+    def __init__(self, base_path: str | Path, capacity: int = 16, recheck_s: float = 1.0) -> None:
         self.base_path = Path(base_path)
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, int], tuple[Any, ModelAssets]] = OrderedDict()
+        self.recheck_s = recheck_s
+        # (model, version) -> (identity, checked at, assets)
+        self._items: OrderedDict[tuple[str, int], tuple[Any, float, ModelAssets]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, model: str, version: int) -> ModelAssets:
         """Return the assets of ``model`` ``version``, loading them on first use."""
         key = (model, version)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None and now - hit[1] < self.recheck_s:
+                self._items.move_to_end(key)
+                return hit[2]  # checked recently: no stat on the hot path
         identity = version_identity(self.base_path, check_model_name(model), version)
         with self._lock:
             hit = self._items.get(key)
             if hit is not None and hit[0] == identity:
+                self._items[key] = (identity, now, hit[2])
                 self._items.move_to_end(key)
-                return hit[1]
+                return hit[2]
         assets = load_assets(self.base_path, model, version)  # outside the lock: file I/O
         with self._lock:
-            self._items[key] = (identity, assets)
+            self._items[key] = (identity, now, assets)
             self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)

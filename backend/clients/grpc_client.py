@@ -23,7 +23,7 @@ import numpy as np
 import backend.clients.endpoints as endpoints
 from backend.clients.base import Outputs, error_for_status
 from backend.errors import UpstreamTimeout, UpstreamUnavailable
-from backend.tensors import from_tensor_proto, to_tensor_proto
+from backend.tensors import fill_tensor_proto, from_tensor_proto
 from modelformat.protos import serving_pb2
 from modelformat.status import VersionStatus, from_grpc
 
@@ -243,7 +243,7 @@ def build_predict_request(
     elif label is not None:
         request.model_spec.version_label = label
     for name, array in inputs.items():
-        request.inputs[name].CopyFrom(to_tensor_proto(array))
+        fill_tensor_proto(request.inputs[name], array)
     return request
 
 

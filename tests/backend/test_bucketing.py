@@ -114,3 +114,14 @@ def test_chunks_whose_outputs_disagree_are_a_502_not_garbage_rows(
 
     with pytest.raises(UpstreamError, match=match):
         reassemble(chunks, [first, second], 3)
+
+
+def test_one_chunk_in_caller_order_is_returned_as_is_but_still_checked() -> None:
+    from backend.errors import UpstreamError
+
+    chunk = Chunk(indices=(0, 1), seq_len=16)
+    outputs = {"probabilities": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    merged = reassemble([chunk], [outputs], 2)
+    assert merged["probabilities"] is outputs["probabilities"]
+    with pytest.raises(UpstreamError, match="shape"):
+        reassemble([chunk], [{"probabilities": np.ones((1, 3), np.float32)}], 2)

@@ -178,7 +178,7 @@ def _publish(base: Path, version: int, vocab: list[str]) -> None:
 
 def test_a_version_deleted_and_published_again_gets_its_new_vocabulary(tmp_path: Path) -> None:
     _publish(tmp_path, 3, tiny_vocab())
-    cache = AssetCache(tmp_path)
+    cache = AssetCache(tmp_path, recheck_s=0.0)
     first = cache.get("m", 3)
     assert cache.get("m", 3) is first  # cached while the directory stays
     shutil.rmtree(tmp_path / "m" / "3")
@@ -189,3 +189,16 @@ def test_a_version_deleted_and_published_again_gets_its_new_vocabulary(tmp_path:
     assert list(second.tokenizer.encode([word])[0].ids) != list(
         first.tokenizer.encode([word])[0].ids
     )
+
+
+def test_asset_cache_hits_skip_the_directory_check_within_the_recheck_window(
+    tmp_path: Path,
+) -> None:
+    _publish(tmp_path, 3, tiny_vocab())
+    cache = AssetCache(tmp_path, recheck_s=3600.0)
+    first = cache.get("m", 3)
+    shutil.rmtree(tmp_path / "m" / "3")
+    _publish(tmp_path, 3, other_vocab())
+    assert cache.get("m", 3) is first  # within the window: no stat, the cached assets
+    cache.recheck_s = 0.0
+    assert cache.get("m", 3) is not first  # past it: the republished directory is seen
