@@ -7,7 +7,8 @@ the stack ``gateway_bench`` starts, with 8-word texts (``ops.load.make_texts``):
   1 and 8 texts per request; the aim is gateway ≤ 10 % of the model server for one text;
 - throughput at saturation: closed-loop clients through the gateway vs straight at the model
   server over gRPC with exactly the tensors the gateway sends (the version's own tokenizer, the
-  gateway's chunking and bucket padding, the bucket's ``seq_<L>`` signature), cells alternating;
+  gateway's chunking and bucket padding, the bucket's ``seq_<L>`` signature; checked first: the
+  direct call must return the gateway's logits), cells alternating;
 - the load generator's own CPU per request on each side (an HTTP and a gRPC client differ), and
   how much of a core it used, since on a shared host it takes CPU from the servers.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import psutil
+import requests
 
 from benchmarks import BenchContext, Row, median
 from benchmarks.gateway_bench import _models, _Stack
@@ -82,6 +84,7 @@ class Direct:
 
     inputs: dict[str, np.ndarray]
     signature: str | None
+    order: tuple[int, ...]  # the batch's rows by index into the texts (the gateway sorts them)
 
     def describe(self) -> str:
         shape = "×".join(str(d) for d in self.inputs["input_ids"].shape)
@@ -110,7 +113,37 @@ def gateway_batch(base: Path, model: str, version: int, texts: list[str]) -> Dir
     rows = [encoded[i].ids for i in chunk.indices]
     inputs = pad_batch(rows, chunk.seq_len, assets.tokenizer.pad_id)
     signature = assets.bucket_signatures.get(chunk.seq_len) if settings.bucketing else None
-    return Direct(inputs, signature)
+    return Direct(inputs, signature, chunk.indices)
+
+
+def check_same_answers(
+    stack: _Stack, model: str, version: int, texts: list[str], direct: Direct
+) -> None:
+    """Raise unless the direct call returns the logits the gateway returns for ``texts``."""
+    from backend.clients.grpc_client import GrpcClient
+
+    reply = requests.post(
+        f"{stack.gateways['grpc']}/v1/models/{model}:classify",
+        json={"texts": texts, "return_logits": True},
+        timeout=TIMEOUT_S,
+    )
+    reply.raise_for_status()
+    via_gateway = np.array([p["logits"] for p in reply.json()["predictions"]])
+    client = GrpcClient(f"127.0.0.1:{stack.grpc_port}")
+    try:
+        outputs, served = client.predict(
+            model, direct.inputs, version=version, timeout_s=TIMEOUT_S,
+            signature_name=direct.signature,
+        )  # fmt: skip
+    finally:
+        client.close()
+    straight = np.empty_like(via_gateway)
+    straight[list(direct.order)] = outputs["logits"]
+    if served != version or not np.allclose(straight, via_gateway, atol=1e-4):
+        raise RuntimeError(
+            f"the direct batch does not reproduce the gateway's answer (v{served}): "
+            f"{straight.tolist()} vs {via_gateway.tolist()}"
+        )
 
 
 class _Pids:
@@ -219,6 +252,7 @@ def _saturation_rows(
     """Return gateway ÷ direct gRPC throughput at saturation and the generator's CPU rows."""
     text_list = make_texts(texts, WORDS)
     direct = gateway_batch(base, model, version, text_list)
+    check_same_answers(stack, model, version, text_list, direct)
     url = stack.gateways["grpc"]
     # One channel for all client threads, as a real client process holds (HTTP/2 streams).
     channel = grpc.insecure_channel(f"127.0.0.1:{stack.grpc_port}")
