@@ -329,8 +329,6 @@ def run_phases(
     w_down = Window(f"{victim.name} down", time.monotonic(), 0.0, live)
     w_down.before = snapshot(replicas, args.model)
     time.sleep(max(0.0, killed + args.down - time.monotonic()))
-    w_down.after = snapshot(replicas, args.model)
-    w_down.end = time.monotonic()
     victim.proc.restart()
     mark(f"restart {victim.name}")
     try:
@@ -338,6 +336,10 @@ def run_phases(
     except (TimeoutError, RuntimeError) as exc:
         load.stop()
         raise OpsError(f"{victim.name} did not come back after its restart: {exc}") from exc
+    # The outage window runs until the victim listens again (its model loads meanwhile): the
+    # live replicas carry the whole load for all of it.
+    w_down.after = snapshot(replicas, args.model)
+    w_down.end = time.monotonic()
     back = mark(f"{victim.name} listening again")
     steps["restart"] = {"ok": True, "seconds": round(back - killed, 1)}
     time.sleep(SETTLE_S)
