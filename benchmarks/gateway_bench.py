@@ -19,10 +19,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import psutil
 import requests
@@ -151,22 +153,53 @@ def _interleaved(calls: list[Callable[[], object]], n: int) -> list[list[float]]
     return times
 
 
+@dataclass(frozen=True)
+class Direct:
+    """What the gateway sends upstream for some texts: its batch and the signature it calls."""
+
+    inputs: dict[str, np.ndarray]
+    signature: str | None
+    order: tuple[int, ...]  # the batch's rows by index into the texts (the gateway sorts them)
+
+    def describe(self) -> str:
+        shape = "×".join(str(d) for d in self.inputs["input_ids"].shape)
+        return f"[{shape}] int32 ×{len(self.inputs)} → {self.signature or 'serving_default'}"
+
+
+def gateway_batch(base: Path, model: str, version: int, texts: list[str]) -> Direct:
+    """Return the one batch the gateway sends for ``texts``, built with the gateway's own code."""
+    from backend.bucketing import pad_batch, plan_chunks
+    from backend.settings import load_settings
+    from backend.versions import load_assets
+
+    settings = load_settings(environ=child_env())  # what the stack's gateways read
+    assets = load_assets(base, model, version)
+    encoded = assets.tokenizer.encode(texts)
+    chunks = plan_chunks(
+        [int(e.ids.shape[0]) for e in encoded],
+        settings.max_batch_size,
+        assets.max_seq_len,
+        bucketing=settings.bucketing,
+        bucket_lens=sorted(assets.bucket_signatures) or None,
+    )
+    if len(chunks) != 1:
+        raise ValueError(f"{len(texts)} texts make {len(chunks)} upstream calls; expected one")
+    [chunk] = chunks
+    rows = [encoded[i].ids for i in chunk.indices]
+    inputs = pad_batch(rows, chunk.seq_len, assets.tokenizer.pad_id)
+    signature = assets.bucket_signatures.get(chunk.seq_len) if settings.bucketing else None
+    return Direct(inputs, signature, chunk.indices)
+
+
 def _overhead(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[Row]:
     """Return the overhead rows (grpc and rest) for one short text."""
-    from backend.bucketing import pad_batch
     from backend.clients.grpc_client import GrpcClient
-    from backend.versions import load_assets
-    from modelformat.buckets import bucket_for
 
     version = stack.version(model)
-    assets = load_assets(base, model, version)
-    [encoded] = assets.tokenizer.encode([TEXT])
     # Exactly what the gateway sends for this text: one row padded to its bucket, to the
     # bucket's seq_<L> signature when the export has them.
-    buckets = sorted(assets.bucket_signatures) or None
-    seq_len = bucket_for(len(encoded.ids), assets.max_seq_len, lengths=buckets)
-    inputs = pad_batch([encoded.ids], seq_len)
-    signature = assets.bucket_signatures.get(seq_len, "serving_default")
+    batch = gateway_batch(base, model, version, [TEXT])
+    inputs, signature = batch.inputs, batch.signature or "serving_default"
     n = 60 if ctx.quick else 300
     # http.client keep-alive connections: a thin client, so the figures are the servers' time.
     gateways = {name: _Http(url) for name, url in stack.gateways.items()}

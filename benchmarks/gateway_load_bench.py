@@ -26,7 +26,7 @@ import psutil
 import requests
 
 from benchmarks import BenchContext, Row, median
-from benchmarks.gateway_bench import _models, _Stack
+from benchmarks.gateway_bench import Direct, _models, _Stack, gateway_batch
 from export.hardware import usable_cores
 from ops.load import (
     Cell,
@@ -37,7 +37,6 @@ from ops.load import (
     make_texts,
     run_cell,
 )
-from ops.procs import child_env
 
 WORDS = 8
 TEXT_COUNTS = (1, 8)
@@ -76,44 +75,6 @@ def cpu_delta(before: CpuSnapshot, after: CpuSnapshot) -> float:
     went to a parent's children counters, which are not read).
     """
     return sum(seconds - before.get(key, 0.0) for key, seconds in after.items())
-
-
-@dataclass(frozen=True)
-class Direct:
-    """What the gateway sends upstream for some texts: its batch and the signature it calls."""
-
-    inputs: dict[str, np.ndarray]
-    signature: str | None
-    order: tuple[int, ...]  # the batch's rows by index into the texts (the gateway sorts them)
-
-    def describe(self) -> str:
-        shape = "×".join(str(d) for d in self.inputs["input_ids"].shape)
-        return f"[{shape}] int32 ×{len(self.inputs)} → {self.signature or 'serving_default'}"
-
-
-def gateway_batch(base: Path, model: str, version: int, texts: list[str]) -> Direct:
-    """Return the one batch the gateway sends for ``texts``, built with the gateway's own code."""
-    from backend.bucketing import pad_batch, plan_chunks
-    from backend.settings import load_settings
-    from backend.versions import load_assets
-
-    settings = load_settings(environ=child_env())  # what the stack's gateways read
-    assets = load_assets(base, model, version)
-    encoded = assets.tokenizer.encode(texts)
-    chunks = plan_chunks(
-        [int(e.ids.shape[0]) for e in encoded],
-        settings.max_batch_size,
-        assets.max_seq_len,
-        bucketing=settings.bucketing,
-        bucket_lens=sorted(assets.bucket_signatures) or None,
-    )
-    if len(chunks) != 1:
-        raise ValueError(f"{len(texts)} texts make {len(chunks)} upstream calls; expected one")
-    [chunk] = chunks
-    rows = [encoded[i].ids for i in chunk.indices]
-    inputs = pad_batch(rows, chunk.seq_len, assets.tokenizer.pad_id)
-    signature = assets.bucket_signatures.get(chunk.seq_len) if settings.bucketing else None
-    return Direct(inputs, signature, chunk.indices)
 
 
 def check_same_answers(

@@ -225,3 +225,9 @@ def counts(answers: Iterable[Answer]) -> dict[str, int]:
         out["ok" if a.ok else "failed"] += 1
         out[f"version {a.version}" if a.ok else f"status {a.status} {a.error}"] += 1
     return dict(out)
+
+
+def print_checks(checks: dict[str, bool]) -> None:
+    """Print one ``[PASS]``/``[FAIL]`` line per check, as every drill ends."""
+    for name, passed in checks.items():
+        print(f"[{'PASS' if passed else 'FAIL'}] {name}")

@@ -249,8 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"\nTimeline, {title} phase (answers finished per second):")
         print(drills.timeline(answers, t0, marks))
     print("\n" + json.dumps(result["figures"], indent=1, default=str))
-    for name, passed in result["checks"].items():
-        print(f"[{'PASS' if passed else 'FAIL'}] {name}")
+    drills.print_checks(result["checks"])
     return result
 
 

@@ -178,6 +178,17 @@ def rest_sender(
     return send
 
 
+def gateway_payload(texts: list[str], version: int | None) -> dict[str, Any]:
+    """Return the JSON body of a gateway ``:classify``/``:embed`` request."""
+    return {"texts": texts} if version is None else {"texts": texts, "version": version}
+
+
+def served_version(answer: bytes) -> int | None:
+    """Return the model version a gateway answer names (None if it names none)."""
+    served = orjson.loads(answer).get("model", {}).get("version")
+    return int(served) if served else None
+
+
 def gateway_sender(
     session: requests.Session,
     url: str,
@@ -190,9 +201,7 @@ def gateway_sender(
     """Return a sender doing the gateway's ``:classify`` or ``:embed`` with raw texts."""
     endpoint = f"{url.rstrip('/')}/v1/models/{model}:{verb}"
     headers = {"Content-Type": "application/json"}
-    payload: dict[str, Any] = {"texts": texts}
-    if version is not None:
-        payload["version"] = version
+    payload = gateway_payload(texts, version)
 
     def send() -> tuple[bool, int, int, int | None, str]:
         body = orjson.dumps(payload)
@@ -208,8 +217,7 @@ def gateway_sender(
                 None,
                 f"{resp.status_code} {resp.text[:200]}",
             )
-        served = orjson.loads(resp.content).get("model", {}).get("version")
-        return True, len(body), len(resp.content), int(served) if served else None, ""
+        return True, len(body), len(resp.content), served_version(resp.content), ""
 
     return send
 
@@ -232,9 +240,7 @@ def gateway_http_sender(
     conn = http.client.HTTPConnection(host, parsed.port, timeout=timeout_s)
     path = f"{parsed.path.rstrip('/')}/v1/models/{model}:{verb}"
     headers = {"Content-Type": "application/json"}
-    payload: dict[str, Any] = {"texts": texts}
-    if version is not None:
-        payload["version"] = version
+    payload = gateway_payload(texts, version)
 
     def send() -> tuple[bool, int, int, int | None, str]:
         body = orjson.dumps(payload)
@@ -253,8 +259,7 @@ def gateway_http_sender(
             return False, len(body), 0, None, type(exc).__name__
         if resp.status != 200:
             return False, len(body), len(data), None, f"{resp.status} {data[:200]!r}"
-        served = orjson.loads(data).get("model", {}).get("version")
-        return True, len(body), len(data), int(served) if served else None, ""
+        return True, len(body), len(data), served_version(data), ""
 
     return send
 

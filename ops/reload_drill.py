@@ -249,8 +249,7 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
     gaps = {f"v{k}": round(v, 2) for k, v in result["unloaded_after_label_moved_s"].items()}
     print("Unloaded after its label moved (s, at least):", json.dumps(gaps))
     print(f"AVAILABLE at end: {result['available_at_end']}, policy: {result['policy_at_end']}")
-    for name, passed in result["checks"].items():
-        print(f"[{'PASS' if passed else 'FAIL'}] {name}")
+    drills.print_checks(result["checks"])
     return result
 
 

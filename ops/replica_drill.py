@@ -428,8 +428,7 @@ def report(result: dict[str, Any], answers: list[Answer], t0: float, events: Any
     for name, step in result["steps"].items():
         print(f"step {name}: {'ok' if step['ok'] else 'FAILED'} in {step['seconds']}s")
     print(f"p99 latency: {result['latency_p99_ms']:.1f} ms")
-    for name, passed in result["checks"].items():
-        print(f"[{'PASS' if passed else 'FAIL'}] {name}")
+    drills.print_checks(result["checks"])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
