@@ -124,11 +124,15 @@ def build(
     do_lower_case: bool | None = None,
     cpu: CpuInfo | None = None,
     gpus: Sequence[str] | None = None,
+    early_exit: bool = False,
+    default_speed: float = 0.0,
 ) -> BuildResult:
     """Export ``checkpoint`` as ``<base_path>/<name>/<version>`` and return what was published.
 
     ``precision`` is ``auto`` or one of fp32/fp16/bf16; ``cpu`` and ``gpus`` default to this
-    machine's (tests inject other machines').
+    machine's (tests inject other machines'). ``early_exit`` serves the checkpoint's distilled
+    students (a ``speed`` input, an ``exit_layer`` output); ``default_speed`` goes into model.json
+    for the gateway.
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
@@ -145,6 +149,13 @@ def build(
         raise ExportError("--label-prompts builds a classification head: use it with task classify")
     if label_prompts is not None and labels is not None:
         raise ExportError("give either labels or label prompts, not both")
+    if early_exit and (task != "classify" or label_prompts is not None):
+        raise ExportError(
+            "--early-exit needs a classifier trained with students (finetune distill-exits): "
+            "not an embedding or zero-shot export"
+        )
+    if not 0.0 <= default_speed <= 1.0:  # also refuses NaN
+        raise ExportError(f"default speed must be in [0, 1], got {default_speed}")
     model_dir = model_dir_for(base_path, name)
     version = choose_version(model_dir, version)
 
@@ -163,14 +174,20 @@ def build(
             )
         if "pooler/kernel" not in ckpt.weights:
             raise ExportError(f"{checkpoint}: classifier head present but no pooler dense weights")
+    if early_exit and ckpt.exits is None:
+        raise ExportError(
+            f"{checkpoint}: no trained early-exit students; make them with "
+            "`python -m finetune distill-exits --checkpoint ...` and export that checkpoint"
+        )
+    exits = ckpt.exits if early_exit else None
 
     say(
         f"building {task} model ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size})"
     )
     reference, target, out_labels, scale = _build_modules(
-        ckpt, task, precision, pooling, max_seq_len, label_prompts, say
+        ckpt, task, precision, pooling, max_seq_len, label_prompts, say, exits
     )
-    probe = _probe_batch(ckpt, max_seq_len)
+    probe = _probe_batch(ckpt, max_seq_len, exits is not None)
     expected = _run(reference.serve, probe)
 
     try:
@@ -183,6 +200,7 @@ def build(
                 labels=out_labels, zero_shot_scale=scale, probe=probe, expected=expected,
                 tolerance=tolerance, warmup=warmup, say=say, choice=choice,
                 verified=verified_on(cpu, gpus),
+                early_exit=_early_exit_info(exits, ckpt, default_speed),
             )  # fmt: skip
     except OSError as exc:  # disk full, read-only, permissions: the temp dir is already gone
         where = exc.filename or model_dir
@@ -213,6 +231,7 @@ def _build_modules(
     max_seq_len: int,
     label_prompts: str | Path | None,
     say: Progress,
+    exits: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
     from export.model import BertModule, run
@@ -239,6 +258,7 @@ def _build_modules(
         return BertModule(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
+            early_exit=exits,
         )  # fmt: skip
 
     reference = make("fp32")
@@ -254,11 +274,31 @@ def special_ids(vocab: Sequence[str]) -> tuple[int, int]:
     return index.get("[CLS]", 0), index.get("[SEP]", 0)
 
 
-def _probe_batch(ckpt: Checkpoint, max_seq_len: int) -> dict[str, np.ndarray]:
+def _early_exit_info(
+    exits: dict[str, Any] | None, ckpt: Checkpoint, default_speed: float
+) -> dict[str, Any] | None:
+    """Return model.json's ``early_exit`` entry (None for a model without exits)."""
+    if exits is None:
+        return None
+    layers = ckpt.config.num_layers
+    return {
+        "default_speed": default_speed,
+        "num_layers": layers,
+        "layers": list(range(1, layers)),
+        "pooling": exits["pooling"],
+        "width": int(ckpt.weights["exit_0/dense/kernel"].shape[1]),
+        "agreement": exits.get("agreement", {}),
+    }
+
+
+def _probe_batch(ckpt: Checkpoint, max_seq_len: int, speed: bool = False) -> dict[str, np.ndarray]:
     from export.warmup import token_batch
 
     cls_id, sep_id = special_ids(ckpt.vocab)
-    return token_batch(PROBE_BATCH, min(64, max_seq_len), len(ckpt.vocab), cls_id, sep_id, 1234)
+    batch = token_batch(PROBE_BATCH, min(64, max_seq_len), len(ckpt.vocab), cls_id, sep_id, 1234)
+    if speed:  # speed 0: the early-exit graph must give the full model's outputs
+        batch["speed"] = np.zeros(PROBE_BATCH, np.float32)
+    return batch
 
 
 def _run(fn: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -347,11 +387,12 @@ def _write_version(
     say: Progress,
     choice: PrecisionChoice,
     verified: dict[str, Any],
+    early_exit: dict[str, Any] | None = None,
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
 
-    from export.model import INPUT_NAMES, output_names
+    from export.model import INPUT_NAMES, SPEED, output_names
     from export.warmup import token_batch, warmup_plan, write_warmup
     from modelformat.buckets import buckets, signature_name
 
@@ -392,8 +433,8 @@ def _write_version(
         "labels": labels,
         "pooling": pooling,
         "zero_shot": zero_shot_scale is not None,
-        "inputs": list(INPUT_NAMES),
-        "outputs": output_names(task),
+        "inputs": [*INPUT_NAMES, SPEED] if early_exit else list(INPUT_NAMES),
+        "outputs": output_names(task, early_exit is not None),
         "bucket_signatures": bucket_signatures,
         "hidden_size": ckpt.config.hidden_size,
         "vocab_size": ckpt.config.vocab_size,
@@ -405,6 +446,8 @@ def _write_version(
     }
     if zero_shot_scale is not None:
         info["zero_shot_scale"] = zero_shot_scale
+    if early_exit is not None:
+        info["early_exit"] = early_exit
     (temp / "assets").mkdir(exist_ok=True)
     (temp / VOCAB_TXT).write_text("\n".join(ckpt.vocab) + "\n", encoding="utf-8")
     if task == "classify":
@@ -419,6 +462,9 @@ def _write_version(
             token_batch(b, n, len(ckpt.vocab), cls_id, sep_id, seed=i)
             for i, (_, b, n) in enumerate(plan)
         ]
+        if early_exit is not None:  # speed 0: every layer at the full batch size gets warmed
+            for batch in batches:
+                batch[SPEED] = np.zeros(batch["input_ids"].shape[0], np.float32)
         write_warmup(temp, name, batches, [sig for sig, _, _ in plan])
     say(f"publishing version {version}")
     fsync_tree(temp)

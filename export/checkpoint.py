@@ -35,6 +35,9 @@ class Checkpoint:
     labels: list[str]
     has_head: bool
     source: dict[str, str] = field(default_factory=dict)
+    # config.json's "early_exits" (pooling, width, per-layer agreement) when every student's
+    # weights are present (finetune distill-exits wrote them), else None
+    exits: dict[str, Any] | None = None
 
 
 def read_checkpoint(
@@ -185,6 +188,11 @@ def _collect(
         if (kernel in weights) != (bias in weights):
             missing = bias if kernel in weights else kernel
             raise ExportError(f"{where}: missing tensor {sources[missing]}")
+    students = [n for n in sources if n.startswith("exit_")]
+    present = [n for n in students if n in weights]
+    if present and len(present) != len(students):  # the students are all there or none
+        missing = next(n for n in students if n not in weights)
+        raise ExportError(f"{where}: missing tensor {sources[missing]} (early-exit students)")
     return weights
 
 
@@ -272,7 +280,25 @@ def _read_hf(path: Path, labels: Sequence[str] | None, lower: bool | None) -> Ch
         labels=_resolve_labels(labels, config_labels, width, str(config_path)),
         has_head=has_head,
         source={"format": "hf", "path": str(path.resolve()), "sha256": _sha256([weights_path])},
+        exits=_exits(data, weights, config_path),
     )
+
+
+def _exits(data: dict[str, Any], weights: dict[str, np.ndarray], where: Path) -> dict | None:
+    """Return config.json's ``early_exits`` when the students' weights are there, else None."""
+    have = "exit_0/dense/kernel" in weights
+    entry = data.get("early_exits")
+    if not have:
+        return None
+    if not isinstance(entry, dict):
+        raise ExportError(f"{where}: model.safetensors has early-exit students but config.json "
+                          "has no \"early_exits\" entry")  # fmt: skip
+    if "classifier/kernel" not in weights:
+        raise ExportError(f"{where}: early-exit students without a trained classifier head")
+    pooling = entry.get("pooling", "mean")
+    if pooling not in ("mean", "cls"):
+        raise ExportError(f"{where}: early_exits.pooling must be mean or cls, got {pooling!r}")
+    return {**entry, "pooling": pooling}
 
 
 def _google_prefix(path: Path) -> Path:

@@ -38,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--pooling", choices=["mean", "cls"], default="mean")
     b.add_argument("--no-warmup", action="store_true", help="skip the warmup records")
     b.add_argument("--cased", action="store_true", help="do not lower-case (Google checkpoints)")
+    b.add_argument("--early-exit", action="store_true",
+                   help="serve the checkpoint's distilled students (finetune distill-exits): "
+                        "a per-row speed input, an exit_layer output")  # fmt: skip
+    b.add_argument("--default-speed", type=float, default=0.0,
+                   help="--early-exit: the gateway's speed for requests without one")  # fmt: skip
     _tolerance_flags(b)
 
     i = sub.add_parser("inspect", help="show a version's signature, model.json and size")
@@ -85,6 +90,7 @@ def _build(args: argparse.Namespace) -> int:
         label_prompts=args.label_prompts, pooling=args.pooling, warmup=not args.no_warmup,
         tolerance=_tolerance(args),
         progress=progress, do_lower_case=False if args.cased else None,
+        early_exit=args.early_exit, default_speed=args.default_speed,
     )  # fmt: skip
     print(result.summary(), flush=True)
     for warning in result.warnings:
@@ -99,7 +105,7 @@ def _print_inspection(report: dict[str, Any]) -> None:
           f"(variables {report['variables_bytes'] / 1e6:.2f} MB)")  # fmt: skip
     for key in ("name", "task", "precision", "max_seq_len", "do_lower_case", "pooling",
                 "zero_shot", "labels", "hidden_size", "num_layers", "vocab_size",
-                "exporter_version", "created_at"):  # fmt: skip
+                "early_exit", "exporter_version", "created_at"):  # fmt: skip
         print(f"{key:<17}{model.get(key)}")
     if "precision_requested" in model:  # versions exported before auto existed lack these
         print(f"precision choice {model['precision_requested']}: {model.get('precision_reason')}")

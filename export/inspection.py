@@ -69,7 +69,10 @@ def _probe_for(path: Path, info: dict[str, Any], vocab_size: int) -> dict[str, n
     vocab = vocab_file.read_text(encoding="utf-8").splitlines() if vocab_file.is_file() else []
     cls_id, sep_id = special_ids(vocab)
     seq = min(64, int(info.get("max_seq_len", 64)))
-    return token_batch(8, seq, vocab_size, cls_id, sep_id, seed=99)
+    batch = token_batch(8, seq, vocab_size, cls_id, sep_id, seed=99)
+    if "early_exit" in info:  # speed 0: the full model, comparable with any other version
+        batch["speed"] = np.zeros(8, np.float32)
+    return batch
 
 
 def verify_version(

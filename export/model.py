@@ -25,13 +25,16 @@ from modelformat.buckets import signature_name
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+SPEED = "speed"  # the early-exit graph's extra input: float32 [batch], one threshold per row
 # A large negative (not -inf) so a fully padded row still gives a finite softmax.
 _MASK_NEG = -1e9
 
 
-def output_names(task: str) -> list[str]:
+def output_names(task: str, early_exit: bool = False) -> list[str]:
     """Return the signature's output names for ``task``."""
-    return ["logits", "probabilities"] if task == "classify" else ["embedding"]
+    if task != "classify":
+        return ["embedding"]
+    return ["logits", "probabilities", "exit_layer"] if early_exit else ["logits", "probabilities"]
 
 
 class _Dense(tf.Module):
@@ -135,6 +138,52 @@ class _Layer(tf.Module):
         return self.output_ln(x + out)
 
 
+def pool(hidden: tf.Tensor, attention_mask: tf.Tensor, pooling: str) -> tf.Tensor:
+    """Return one float32 vector per row of ``hidden`` [b, S, H]: ``cls`` or the masked mean."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    mask = tf.cast(attention_mask, tf.float32)[:, :, tf.newaxis]
+    total = tf.reduce_sum(hidden * mask, axis=1)
+    return total / tf.maximum(tf.reduce_sum(mask, axis=1), 1e-9)
+
+
+def normalized_entropy(logits: tf.Tensor) -> tf.Tensor:
+    """Return FastBERT's uncertainty per row: ``-Σ p log p / log N`` in [0, 1] (float32)."""
+    logits = tf.cast(logits, tf.float32)
+    log_p = tf.nn.log_softmax(logits, axis=-1)
+    entropy = -tf.reduce_sum(tf.exp(log_p) * log_p, axis=-1)
+    return entropy / math.log(max(int(logits.shape[-1]), 2))
+
+
+class Student(tf.Module):
+    """An early-exit classifier after one encoder layer: pooled → dense tanh → classifier."""
+
+    def __init__(self, w: Mapping[str, np.ndarray], dtype: tf.DType, name: str, *,
+                 pooling: str, trainable: bool = False,
+                 compute_dtype: tf.DType | None = None) -> None:  # fmt: skip
+        super().__init__(name=name)
+        self.dense = _Dense(w["dense/kernel"], w["dense/bias"], dtype, "dense",
+                            trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
+        self.classifier = _Dense(w["classifier/kernel"], w["classifier/bias"], dtype,
+                                 "classifier", trainable=trainable,
+                                 compute_dtype=compute_dtype)  # fmt: skip
+        self.pooling = pooling
+
+    def __call__(self, pooled: tf.Tensor) -> tf.Tensor:
+        """Return float32 logits for ``pooled`` [b, H] (see ``pool``)."""
+        return self.classifier(tf.tanh(self.dense(pooled)))
+
+
+def exit_weight_names(num_layers: int) -> list[str]:
+    """Return the canonical names of every student's weights (students after layers 1..L-1)."""
+    return [
+        f"exit_{k}/{part}/{kind}"
+        for k in range(num_layers - 1)
+        for part in ("dense", "classifier")
+        for kind in ("kernel", "bias")
+    ]
+
+
 class BertModule(tf.Module):
     """A BERT encoder with a ``classify`` (trained or zero-shot) or ``embed`` head.
 
@@ -154,11 +203,21 @@ class BertModule(tf.Module):
         zero_shot_scale: float = 20.0,
         trainable: bool = False,
         compute_dtype: tf.DType | None = None,
+        early_exit: Mapping[str, Any] | None = None,
+        compaction: bool = True,
     ) -> None:
-        """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc)."""
+        """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc).
+
+        ``early_exit`` (a checkpoint's ``early_exits`` entry: ``pooling``) serves the students in
+        ``weights`` (``exit_{k}/...``): ``serve`` then takes a per-row ``speed`` and returns
+        ``exit_layer``. ``compaction=False`` keeps exited rows in the batch until every row has
+        exited (the baseline the benchmark compares against); the outputs are the same.
+        """
         super().__init__(name="bert")
         dtype = DTYPES[precision]
         self.task, self.pooling = task, pooling
+        self.compaction = compaction
+        self.hidden_size = config.hidden_size
         self.hidden_dropout = config.hidden_dropout
 
         def table(name: str) -> tf.Variable:
@@ -194,14 +253,59 @@ class BertModule(tf.Module):
             self.classifier = _Dense(weights["classifier/kernel"], weights["classifier/bias"],
                                      dtype, "classifier", trainable=trainable,
                                      compute_dtype=compute_dtype)  # fmt: skip
+        self.students: list[Student] = []
+        self.exit_pooling = ""
+        if early_exit is not None:
+            self.exit_pooling = str(early_exit.get("pooling", "mean"))
+            self.students = [
+                Student(_prefixed(weights, f"exit_{k}/"), dtype, f"exit_{k}",
+                        pooling=self.exit_pooling, trainable=trainable,
+                        compute_dtype=compute_dtype)
+                for k in range(config.num_layers - 1)
+            ]  # fmt: skip
         specs = [tf.TensorSpec([None, None], tf.int32, name=n) for n in INPUT_NAMES]
-        self.serve = tf.function(self._serve, input_signature=specs)
+        self.serve = tf.function(self._serving_fn(), input_signature=self._specs(None))
         self.encode = tf.function(self._encode, input_signature=specs)
+
+    @property
+    def early_exit(self) -> bool:
+        """Whether the served graph has early exits (``speed`` in, ``exit_layer`` out)."""
+        return bool(self.students)
+
+    def _specs(self, seq_len: int | None) -> list[tf.TensorSpec]:
+        specs = [tf.TensorSpec([None, seq_len], tf.int32, name=n) for n in INPUT_NAMES]
+        if self.early_exit:
+            specs.append(tf.TensorSpec([None], tf.float32, name=SPEED))
+        return specs
+
+    def _serving_fn(self) -> Any:
+        return self._serve_exits if self.early_exit else self._serve
 
     def _hidden(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
                 token_type_ids: tf.Tensor, dropout_seed: tf.Tensor | None = None
                 ) -> tf.Tensor:  # fmt: skip
         """Return the last hidden states ``[batch, seq, hidden]`` in float32."""
+        batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+        x, mask_bias = self._embed(input_ids, attention_mask, token_type_ids, dropout_seed)
+        for i, layer in enumerate(self.layers):
+            layer_seed = None if dropout_seed is None else dropout_seed + tf.constant([0, i + 1])
+            x = layer(x, mask_bias, batch, seq, layer_seed)
+        return tf.reshape(x, [batch, seq, -1])
+
+    def layer_outputs(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
+                      token_type_ids: tf.Tensor) -> list[tf.Tensor]:  # fmt: skip
+        """Return the hidden states ``[batch, seq, hidden]`` (float32) after layers 1..L."""
+        batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+        x, mask_bias = self._embed(input_ids, attention_mask, token_type_ids)
+        out = []
+        for layer in self.layers:
+            x = layer(x, mask_bias, batch, seq)
+            out.append(tf.reshape(x, [batch, seq, -1]))
+        return out
+
+    def _embed(self, input_ids: tf.Tensor, attention_mask: tf.Tensor, token_type_ids: tf.Tensor,
+               dropout_seed: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
+        """Return the embeddings ``[batch * seq, hidden]`` and the attention mask's bias."""
         batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         x = (
             tf.cast(tf.gather(self.word, input_ids), tf.float32)
@@ -210,19 +314,10 @@ class BertModule(tf.Module):
         )
         x = tf.reshape(self.embeddings_ln(x), [batch * seq, -1])
         x = _dropout(x, self.hidden_dropout, dropout_seed, 0)
-        mask_bias = (1.0 - tf.cast(attention_mask, tf.float32)) * _MASK_NEG
-        mask_bias = mask_bias[:, tf.newaxis, tf.newaxis, :]
-        for i, layer in enumerate(self.layers):
-            layer_seed = None if dropout_seed is None else dropout_seed + tf.constant([0, i + 1])
-            x = layer(x, mask_bias, batch, seq, layer_seed)
-        return tf.reshape(x, [batch, seq, -1])
+        return x, _mask_bias(attention_mask)
 
     def _pool(self, hidden: tf.Tensor, attention_mask: tf.Tensor) -> tf.Tensor:
-        if self.pooling == "cls":
-            return hidden[:, 0]
-        mask = tf.cast(attention_mask, tf.float32)[:, :, tf.newaxis]
-        total = tf.reduce_sum(hidden * mask, axis=1)
-        return total / tf.maximum(tf.reduce_sum(mask, axis=1), 1e-9)
+        return pool(hidden, attention_mask, self.pooling)
 
     def _encode(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
                 token_type_ids: tf.Tensor) -> tf.Tensor:  # fmt: skip
@@ -239,6 +334,86 @@ class BertModule(tf.Module):
         else:
             logits = self._head(hidden)
         return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
+
+    def _serve_exits(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
+                     token_type_ids: tf.Tensor, speed: tf.Tensor
+                     ) -> dict[str, tf.Tensor]:  # fmt: skip
+        """Run the layers with early exits; return logits, probabilities and exit_layer.
+
+        After layer i (< L) each row still running asks its student; a row whose normalised
+        entropy is below its ``speed`` takes the student's logits and leaves. With compaction the
+        rows left are gathered and the next layers run on them only; the exited rows' results are
+        scattered back into the input order at the end. ``speed`` 0 exits nowhere: every row
+        runs all L layers, exactly the full model.
+        """
+        batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+        speed = _checked_speed(speed, batch)
+        x, _ = self._embed(input_ids, attention_mask, token_type_ids)
+        if not self.compaction:
+            return self._exits_masked(x, attention_mask, speed, batch, seq)
+        rows, mask = tf.range(batch), attention_mask
+        done_rows, done_logits, done_layers = [], [], []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            left = tf.shape(rows)[0]
+            x = layer(x, _mask_bias(mask), left, seq)
+            # explicit sizes: once every row has exited the batch is empty and -1 is ambiguous
+            hidden = tf.reshape(x, [left, seq, self.hidden_size])
+            if i == last:
+                logits, leave = self._head(hidden), tf.ones([left], tf.bool)
+            else:
+                logits = self.students[i](pool(hidden, mask, self.exit_pooling))
+                leave = normalized_entropy(logits) < speed
+            done_rows.append(tf.boolean_mask(rows, leave))
+            done_logits.append(tf.boolean_mask(logits, leave))
+            done_layers.append(tf.fill(tf.shape(done_rows[-1]), i + 1))
+            if i < last:  # the rows left, gathered: the next layer runs on them only
+                stay = tf.logical_not(leave)
+                rows, mask, speed = (tf.boolean_mask(t, stay) for t in (rows, mask, speed))
+                x = tf.reshape(tf.boolean_mask(hidden, stay), [-1, self.hidden_size])
+        where = tf.concat(done_rows, axis=0)[:, tf.newaxis]
+        logits = tf.scatter_nd(where, tf.concat(done_logits, axis=0),
+                               [batch, tf.shape(done_logits[-1])[-1]])  # fmt: skip
+        exit_layer = tf.scatter_nd(where, tf.concat(done_layers, axis=0), [batch])
+        return {
+            "logits": logits,
+            "probabilities": tf.nn.softmax(logits, axis=-1),
+            "exit_layer": exit_layer,
+        }
+
+    def _exits_masked(self, x: tf.Tensor, attention_mask: tf.Tensor, speed: tf.Tensor,
+                      batch: tf.Tensor, seq: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
+        """The no-compaction baseline: every row runs until the batch's last row has exited."""
+        mask_bias = _mask_bias(attention_mask)
+        running = tf.ones([batch], tf.bool)
+        logits = tf.zeros([batch, self.classifier.bias.shape[0]], tf.float32)
+        exit_layer = tf.zeros([batch], tf.int32)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+
+            def step(x=x, running=running, logits=logits, exit_layer=exit_layer,
+                     i=i, layer=layer) -> tuple[tf.Tensor, ...]:  # fmt: skip
+                x = layer(x, mask_bias, batch, seq)
+                hidden = tf.reshape(x, [batch, seq, -1])
+                if i == last:
+                    out, leave = self._head(hidden), running
+                else:
+                    out = self.students[i](pool(hidden, attention_mask, self.exit_pooling))
+                    leave = tf.logical_and(running, normalized_entropy(out) < speed)
+                logits = tf.where(leave[:, tf.newaxis], out, logits)
+                exit_layer = tf.where(leave, i + 1, exit_layer)
+                return x, tf.logical_and(running, tf.logical_not(leave)), logits, exit_layer
+
+            def skip(x=x, running=running, logits=logits,
+                     exit_layer=exit_layer) -> tuple[tf.Tensor, ...]:  # fmt: skip
+                return x, running, logits, exit_layer
+
+            x, running, logits, exit_layer = tf.cond(tf.reduce_any(running), step, skip)
+        return {
+            "logits": logits,
+            "probabilities": tf.nn.softmax(logits, axis=-1),
+            "exit_layer": exit_layer,
+        }
 
     def _head(self, hidden: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
         """Return a trained head's float32 logits: pooler tanh([CLS]) → dropout → classifier."""
@@ -278,6 +453,11 @@ class BertModule(tf.Module):
             for part in ("pooler", "classifier"):
                 dense = getattr(self, part)
                 named[f"{part}/kernel"], named[f"{part}/bias"] = dense.kernel, dense.bias
+        for k, student in enumerate(self.students):
+            for part in ("dense", "classifier"):
+                dense = getattr(student, part)
+                named[f"exit_{k}/{part}/kernel"] = dense.kernel
+                named[f"exit_{k}/{part}/bias"] = dense.bias
         return {k: tf.cast(v, tf.float32).numpy() for k, v in named.items()}
 
     def signatures(self, bucket_lens: Sequence[int] = ()) -> dict[str, Any]:
@@ -290,20 +470,47 @@ class BertModule(tf.Module):
         """
         out = {"serving_default": self.serve.get_concrete_function()}
         for seq_len in bucket_lens:
-            specs = [tf.TensorSpec([None, seq_len], tf.int32, name=n) for n in INPUT_NAMES]
-            fn = tf.function(self._serve, input_signature=specs)
+            fn = tf.function(self._serving_fn(), input_signature=self._specs(seq_len))
             out[signature_name(seq_len)] = fn.get_concrete_function()
         return out
 
 
 def _layer_weights(weights: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
-    prefix = f"layer_{index}/"
+    return _prefixed(weights, f"layer_{index}/")
+
+
+def _prefixed(weights: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
+def _mask_bias(attention_mask: tf.Tensor) -> tf.Tensor:
+    """Return the additive attention bias ``[batch, 1, 1, seq]`` for a 0/1 mask."""
+    bias = (1.0 - tf.cast(attention_mask, tf.float32)) * _MASK_NEG
+    return bias[:, tf.newaxis, tf.newaxis, :]
+
+
+def _checked_speed(speed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
+    """Return ``speed`` after checking one value per row, each in [0, 1] (NaN fails: TF Serving
+    answers INVALID_ARGUMENT with the message)."""
+    shape_ok = tf.debugging.assert_equal(
+        tf.shape(speed)[0], batch, message="speed must have one value per row of input_ids"
+    )
+    in_range = tf.debugging.Assert(
+        tf.reduce_all(tf.logical_and(speed >= 0.0, speed <= 1.0)),
+        ["speed must be in [0, 1] (no NaN)"],
+    )
+    with tf.control_dependencies([shape_ok, in_range]):
+        return tf.identity(speed)
+
+
 def run(fn: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Call a ``tf.function`` / signature with numpy int32 inputs and return numpy outputs."""
+    """Call a ``tf.function`` / signature with numpy inputs and return numpy outputs.
+
+    The three token inputs go in as int32; ``speed``, when given, as float32.
+    """
     feeds = {name: tf.constant(np.asarray(inputs[name], dtype=np.int32)) for name in INPUT_NAMES}
+    if SPEED in inputs:
+        feeds[SPEED] = tf.constant(np.asarray(inputs[SPEED], dtype=np.float32))
     out = fn(**feeds)
     if isinstance(out, dict):
         return {name: value.numpy() for name, value in out.items()}

@@ -113,4 +113,25 @@ def tensor_names(config: BertConfig, fmt: str) -> list[TensorName]:
         TensorName("classifier/bias", ("labels",), "classifier.bias" if hf else "output_bias",
                    optional=True, head=True),
     ]  # fmt: skip
+    if hf:  # early-exit students (finetune distill-exits); Google checkpoints never have them
+        out += exit_tensor_names(config)
+    return out
+
+
+def exit_tensor_names(config: BertConfig) -> list[TensorName]:
+    """Return the early-exit students' tensors: one after each layer but the last.
+
+    ``exits.{k}`` is the student after layer k+1: a dense layer (hidden → width, tanh) and a
+    classifier (width → labels), torch layouts, outside ``bert.`` (transformers ignores them).
+    """
+    h = config.hidden_size
+    out = []
+    for k in range(config.num_layers - 1):
+        for part, shape in (("dense", (h, "exit_width")), ("classifier", ("exit_width", "labels"))):
+            out += [
+                TensorName(f"exit_{k}/{part}/kernel", shape, f"exits.{k}.{part}.weight",
+                           transposed=True, optional=True, head=True),
+                TensorName(f"exit_{k}/{part}/bias", shape[1:], f"exits.{k}.{part}.bias",
+                           optional=True, head=True),
+            ]  # fmt: skip
     return out

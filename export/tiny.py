@@ -105,11 +105,14 @@ def write_hf_checkpoint(
     intermediate: int = 37,
     max_position: int = 128,
     do_lower_case: bool = True,
+    exits: bool = False,
+    exit_width: int = 8,
 ) -> Path:
     """Write a random Hugging Face BERT directory and return its path.
 
     ``classify`` writes ``BertForSequenceClassification`` names (``bert.*`` + ``classifier.*``)
-    and ``id2label``; ``embed`` writes plain ``BertModel`` names.
+    and ``id2label``; ``embed`` writes plain ``BertModel`` names. ``exits`` adds random
+    early-exit students after layers 1..L-1 (``exits.{k}.*``) and config.json's ``early_exits``.
     """
     from safetensors.numpy import save_file  # light, but only needed here
 
@@ -154,6 +157,23 @@ def write_hf_checkpoint(
         config["architectures"] = ["BertForSequenceClassification"]
         config["id2label"] = {str(i): label for i, label in enumerate(labels)}
         config["label2id"] = {label: i for i, label in enumerate(labels)}
+    if exits:
+        if task != "classify":
+            raise ValueError("exits need a classifier: task classify")
+        for k in range(layers - 1):
+            for part, n_in, n_out in (("dense", hidden, exit_width),
+                                      ("classifier", exit_width, len(labels))):  # fmt: skip
+                tensors[f"exits.{k}.{part}.weight"] = rng.normal(0.0, 0.5, (n_out, n_in)).astype(
+                    np.float32
+                )
+                tensors[f"exits.{k}.{part}.bias"] = rng.normal(0.0, 0.1, (n_out,)).astype(
+                    np.float32
+                )
+        agreement = {str(k + 1): 0.0 for k in range(layers - 1)}  # random: not distilled
+        config["early_exits"] = {
+            "pooling": "mean", "width": exit_width, "layers": list(range(1, layers)),
+            "agreement": agreement,
+        }  # fmt: skip
     save_file(tensors, str(dest / "model.safetensors"))
     (dest / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     (dest / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
@@ -182,12 +202,20 @@ def export_tiny_model(
     max_seq_len: int = 64,
     vocab: Sequence[str] | None = None,
     warmup: bool = True,
+    early_exit: bool = False,
+    default_speed: float = 0.0,
+    layers: int = 2,
 ) -> Path:
-    """Export a tiny random BERT as ``<base_path>/<name>/<version>`` and return that directory."""
+    """Export a tiny random BERT as ``<base_path>/<name>/<version>`` and return that directory.
+
+    ``early_exit`` exports random students with it (``--early-exit``; ``layers`` ≥ 2).
+    """
     from export.build import build  # imports TensorFlow: only when a test actually exports
 
     with tempfile.TemporaryDirectory(prefix="tiny-bert-") as tmp:
-        checkpoint = write_hf_checkpoint(Path(tmp) / "ckpt", task=task, seed=seed, vocab=vocab)
+        checkpoint = write_hf_checkpoint(
+            Path(tmp) / "ckpt", task=task, seed=seed, vocab=vocab, exits=early_exit, layers=layers
+        )
         result = build(
             checkpoint,
             name,
@@ -197,6 +225,8 @@ def export_tiny_model(
             precision=precision,
             max_seq_len=max_seq_len,
             warmup=warmup,
+            early_exit=early_exit,
+            default_speed=default_speed,
         )
     return result.path
 
