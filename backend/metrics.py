@@ -59,6 +59,12 @@ TOKENS_PER_REQUEST = Histogram(
     "Tokens (specials included, before padding) per inference request.",
     buckets=(16, 64, 256, 1024, 4096, 16384, 65536, 262144),
 )
+EXIT_LAYER = Histogram(
+    "gateway_exit_layer",
+    "Layers each text ran before it exited (early-exit models; the model's layer count = all).",
+    ["model", "version"],
+    buckets=tuple(range(1, 25)),
+)
 
 MODEL_CONFIG_ERRORS = Counter(
     "gateway_model_config_errors_total",

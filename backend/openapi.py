@@ -23,7 +23,8 @@ _ERRORS = {
     "404": "Unknown model, version or label.",
     "413": "Body over GATEWAY_MAX_BODY_BYTES or more than GATEWAY_MAX_TEXTS texts.",
     "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, "
-    "text over max_seq_len with truncate=false, or the wrong task for the model.",
+    "text over max_seq_len with truncate=false, the wrong task for the model, or a bad "
+    "'speed' (not a number in [0, 1], or a list not one per text; wrong types included).",
     "502": "The model server answered with an error.",
     "503": "The model server is unreachable (with Retry-After).",
     "504": "The model server did not answer within GATEWAY_TIMEOUT_S.",

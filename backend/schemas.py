@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backend.early_exit import valid_speed
 from backend.errors import BadRequest, PayloadTooLarge, UnprocessableInput
 from backend.settings import Settings
 
@@ -36,11 +37,21 @@ class _Request(BaseModel):
     )
 
 
+Speed = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
 class ClassifyRequest(_Request):
     """Body of POST /v1/models/{model}:classify."""
 
     top_k: int = Field(default=1, ge=1, le=1000, description="How many ranked labels to return.")
     return_logits: bool = Field(default=False, description="Also return the raw logits.")
+    speed: Speed | list[Speed] | None = Field(
+        default=None,
+        description="Early-exit models: how early a text may leave the model, 0 (the full "
+        "model) to 1 (the first exit); one number for every text, or a list with one per text. "
+        "Default: GATEWAY_DEFAULT_SPEED, else the model's own default. Models without early "
+        "exits ignore it and say so in 'notes'.",
+    )
 
 
 class EmbedRequest(_Request):
@@ -71,6 +82,12 @@ class Prediction(BaseModel):
     top_k: list[Scored]
     truncated: bool
     logits: list[float] | None = None
+    exit_layer: int | None = Field(
+        default=None,
+        ge=1,
+        description="Early-exit models only: how many encoder layers the text ran before it "
+        "exited (the model's layer count = the full model).",
+    )
 
 
 class ClassifyResponse(BaseModel):
@@ -78,6 +95,11 @@ class ClassifyResponse(BaseModel):
 
     model: ModelRef
     predictions: list[Prediction]
+    notes: list[str] | None = Field(
+        default=None,
+        description="What the gateway did differently from what was asked, e.g. a 'speed' "
+        "ignored by a model without early exits.",
+    )
 
 
 class EmbedResponse(BaseModel):
@@ -140,6 +162,8 @@ def parse_request(kind: type[RequestModel], raw: bytes, settings: Settings) -> R
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object with a 'texts' list")
     check_texts(body.get("texts"), settings)
+    if "speed" in kind.model_fields and body.get("speed") is not None:
+        check_speed(body["speed"], len(body["texts"]))
     try:
         request = kind.model_validate(body)
     except ValidationError as exc:
@@ -172,6 +196,36 @@ def check_texts(texts: Any, settings: Settings) -> None:
                 f"texts[{index}] has {len(text)} characters, over the limit of "
                 f"{settings.max_text_chars} (GATEWAY_MAX_TEXT_CHARS)"
             )
+
+
+def check_speed(speed: Any, count: int) -> None:
+    """Raise 422 unless ``speed`` is a number in [0, 1] or a list of ``count`` of them.
+
+    Every bad speed is a 422, wrong types included (a string, a bool), though the gateway
+    answers 400 for a wrong type elsewhere: issue 11 asks one status for every bad speed.
+    """
+    if isinstance(speed, list):
+        if len(speed) != count:
+            raise UnprocessableInput(
+                f"field 'speed' has {len(speed)} values for {count} texts: give one per text, "
+                "or one number for all"
+            )
+        for index, value in enumerate(speed):
+            if not valid_speed(value):
+                raise UnprocessableInput(
+                    f"speed[{index}] is {_short(value)}: not a number in [0, 1]"
+                )
+    elif not valid_speed(speed):
+        raise UnprocessableInput(
+            f"field 'speed' is {_short(speed)}: give a number in [0, 1] "
+            "or a list of them, one per text"
+        )
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """Return ``repr(value)`` cut to ``limit`` characters (it goes into an error message)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _first_error(exc: ValidationError) -> str:

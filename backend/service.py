@@ -18,6 +18,13 @@ from backend import metrics
 from backend.bucketing import Chunk, pad_batch, plan_chunks, reassemble
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
+from backend.early_exit import (
+    EXIT_OUTPUT,
+    SPEED_INPUT,
+    chunk_speeds,
+    ignored_note,
+    text_speeds,
+)
 from backend.errors import (
     GatewayError,
     ModelAssetsError,
@@ -87,16 +94,36 @@ class Gateway:
 
         done = self._infer(
             model, request.texts, request.version, request.label, request.truncate,
-            task="classify", check=check_top_k,
+            task="classify", check=check_top_k, speed=request.speed,
         )  # fmt: skip
         labels = done.assets.labels
+        early_exit = done.assets.early_exit
         with metrics.stage("postprocess"):
             predictions = classifications(
                 done.outputs, labels, request.top_k, with_logits=request.return_logits
             )
+            if early_exit is not None:
+                self._add_exit_layers(done, predictions)
         for item, cut in zip(predictions, done.truncated, strict=True):
             item["truncated"] = cut
-        return {"model": self._model_ref(done), "predictions": predictions}
+        answer: dict[str, Any] = {"model": self._model_ref(done), "predictions": predictions}
+        if request.speed is not None and early_exit is None:
+            answer["notes"] = [ignored_note(done.assets.model, done.assets.version)]
+        return answer
+
+    @staticmethod
+    def _add_exit_layers(done: Inference, predictions: list[dict[str, Any]]) -> None:
+        """Give each prediction its ``exit_layer`` and count it in ``gateway_exit_layer``."""
+        layers = done.outputs.get(EXIT_OUTPUT)
+        if layers is None:
+            raise UpstreamError(
+                f"model {done.assets.model!r} version {done.assets.version} has early exits "
+                f"(model.json) but returned no {EXIT_OUTPUT!r} output"
+            )
+        histogram = metrics.child(metrics.EXIT_LAYER, done.assets.model, str(done.assets.version))
+        for item, layer in zip(predictions, layers.tolist(), strict=True):
+            item["exit_layer"] = layer
+            histogram.observe(layer)
 
     def embed(self, model: str, request: EmbedRequest) -> dict[str, Any]:
         """Return the :embed answer for ``request`` (embeddings as a float32 array)."""
@@ -171,10 +198,11 @@ class Gateway:
         *,
         task: str,
         check: Callable[[ModelAssets], None] | None = None,
+        speed: float | Sequence[float] | None = None,
     ) -> Inference:
         """Return the model's outputs for ``texts`` from one resolved version."""
         deadline = time.monotonic() + self._timeout()
-        args = (model, texts, truncate, task, check, deadline)
+        args = (model, texts, truncate, task, check, speed, deadline)
         try:
             return self._infer_once(version, label, *args)
         except VersionNotFound:
@@ -196,6 +224,7 @@ class Gateway:
         truncate: bool,
         task: str,
         check: Callable[[ModelAssets], None] | None,
+        speed: float | Sequence[float] | None,
         deadline: float,
     ) -> Inference:
         resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
@@ -214,6 +243,14 @@ class Gateway:
             raise TaskMismatch(f"model {model!r} is a {assets.task!r} model, not {task!r}")
         if check is not None:
             check(assets)
+        speeds = None
+        if assets.early_exit is not None:
+            try:
+                speeds = text_speeds(
+                    speed, self.settings.default_speed, assets.early_exit, len(texts)
+                )
+            except ValueError as exc:
+                raise UnprocessableInput(f"field 'speed': {exc}") from None
         with metrics.stage("tokenize"):
             encoded = assets.tokenizer.encode(texts)
         cut = [e.truncated for e in encoded]
@@ -233,7 +270,7 @@ class Gateway:
             bucket_lens=sorted(assets.bucket_signatures) or None,
         )
         with metrics.stage("upstream"):
-            results = self._run_chunks(model, resolved, chunks, encoded, assets, deadline)
+            results = self._run_chunks(model, resolved, chunks, encoded, assets, deadline, speeds)
         outputs = reassemble(chunks, results, len(texts))
         return Inference(assets=assets, outputs=outputs, truncated=cut)
 
@@ -245,8 +282,13 @@ class Gateway:
         encoded: Sequence[Encoded],
         assets: ModelAssets,
         deadline: float,
+        speeds: np.ndarray | None = None,
     ) -> list[Outputs]:
-        """Return each chunk's outputs (same order as ``chunks``), at most N chunks in flight."""
+        """Return each chunk's outputs (same order as ``chunks``), at most N chunks in flight.
+
+        ``speeds`` (one per text, early-exit models only) go with each chunk as its ``speed``
+        input, in the chunk's row order.
+        """
         pad_id = assets.tokenizer.pad_id
         # A bucket-padded chunk goes to its length's fixed-length signature: TF Serving batches
         # per signature, so each queue then holds one shape and never pads (padding is off).
@@ -254,6 +296,8 @@ class Gateway:
 
         def call(chunk: Chunk) -> Outputs:
             batch = pad_batch([encoded[i].ids for i in chunk.indices], chunk.seq_len, pad_id)
+            if speeds is not None:
+                batch[SPEED_INPUT] = chunk_speeds(speeds, chunk.indices)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S")

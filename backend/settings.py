@@ -41,6 +41,8 @@ class Settings:
     grpc_retries: int = 2
     retry_after_s: int = 1
     debug_endpoints: bool = False
+    # speed of early-exit models when a request gives none (None: the model's own default)
+    default_speed: float | None = None
 
     def __post_init__(self) -> None:
         if self.upstream not in UPSTREAMS:
@@ -54,6 +56,10 @@ class Settings:
             raise SettingsError("max_texts_per_request and max_text_chars must be at least 1")
         if self.request_timeout_s <= 0:
             raise SettingsError("request_timeout_s must be positive")
+        if self.default_speed is not None and not 0 <= self.default_speed <= 1:  # NaN too
+            raise SettingsError(
+                f"GATEWAY_DEFAULT_SPEED must be in [0, 1] or unset, not {self.default_speed}"
+            )
 
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with ``changes`` applied (validated like the original)."""
@@ -80,6 +86,7 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_GRPC_RETRIES": "grpc_retries",
     "GATEWAY_RETRY_AFTER_S": "retry_after_s",
     "GATEWAY_DEBUG_ENDPOINTS": "debug_endpoints",
+    "GATEWAY_DEFAULT_SPEED": "default_speed",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -100,6 +107,8 @@ def _convert(name: str, kind: Any, raw: Any) -> Any:
             return int(raw)
         if kind in (float, "float"):
             return float(raw)
+        if kind == "float | None":
+            return float(raw) if raw.strip() else None
     except ValueError:
         raise SettingsError(f"{name}: cannot read {raw!r} as {kind}") from None
     return raw

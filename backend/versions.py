@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from backend import metrics
+from backend.early_exit import EarlyExit, parse_early_exit
 from backend.errors import (
     LabelNotFound,
     ModelAssetsError,
@@ -52,6 +53,8 @@ class ModelAssets:
     info: dict[str, Any] = field(repr=False, default_factory=dict)
     # padded length → its fixed-length signature (``seq_<L>``); empty for older exports
     bucket_signatures: dict[int, str] = field(default_factory=dict)
+    # the exits of an early-exit version (it takes ``speed``, returns ``exit_layer``); else None
+    early_exit: EarlyExit | None = None
 
 
 def check_model_name(model: str) -> str:
@@ -85,6 +88,7 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
         bucket_signatures = {
             int(length): str(name) for length, name in info.get("bucket_signatures", {}).items()
         }
+        early_exit = parse_early_exit(info)
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ModelAssetsError(
             f"model {model!r} version {version} has unreadable assets: {exc}"
@@ -98,6 +102,7 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
         tokenizer=tokenizer,
         info=info,
         bucket_signatures=bucket_signatures,
+        early_exit=early_exit,
     )
 
 
