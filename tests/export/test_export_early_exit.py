@@ -1,0 +1,186 @@
+"""``export build --early-exit``: the served graph with students, per-row speed and compaction.
+
+A tiny 4-layer checkpoint with random students (export.tiny): random students are confident on
+some rows and not on others, which is all the exit logic needs to be exercised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from export.build import build
+from export.checkpoint import read_checkpoint
+from export.errors import ExportError
+from export.model import BertModule, normalized_entropy, pool, run
+from export.tiny import write_hf_checkpoint
+from export.warmup import read_warmup_records, token_batch
+
+LAYERS = 4
+ROWS = 24
+
+
+@pytest.fixture(scope="module")
+def exits_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_hf_checkpoint(tmp_path_factory.mktemp("ee-ckpt"), exits=True, layers=LAYERS)
+
+
+@pytest.fixture(scope="module")
+def exits_version(exits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    base = tmp_path_factory.mktemp("ee-models")
+    return build(exits_ckpt, "ee", base, version=1, max_seq_len=64, early_exit=True,
+                 default_speed=0.25)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def plain_version(exits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The same checkpoint exported without --early-exit: the full model."""
+    return build(exits_ckpt, "plain", tmp_path_factory.mktemp("plain"), version=1, max_seq_len=64)
+
+
+def _batch(seq: int = 32, seed: int = 5) -> dict[str, np.ndarray]:
+    return token_batch(ROWS, seq, 80, 2, 3, seed=seed)
+
+
+def _speeds(value: float | np.ndarray) -> np.ndarray:
+    return np.broadcast_to(np.asarray(value, np.float32), (ROWS,)).copy()
+
+
+def _expected(exits_ckpt: Path, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """FastBERT's rule row by row, from every layer's hidden states (no compaction involved)."""
+    ckpt = read_checkpoint(exits_ckpt)
+    module = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
+                        early_exit=ckpt.exits)  # fmt: skip
+    ints = {k: tf.constant(v) for k, v in feeds.items() if k != "speed"}
+    states = module.layer_outputs(**ints)
+    student_logits = [
+        module.students[i](pool(h, ints["attention_mask"], "mean")).numpy()
+        for i, h in enumerate(states[:-1])
+    ]
+    teacher = module._head(states[-1]).numpy()
+    logits = np.empty_like(teacher)
+    layers = np.empty(ROWS, np.int32)
+    for row in range(ROWS):
+        for i, out in enumerate(student_logits):
+            uncertainty = float(normalized_entropy(out[row : row + 1]).numpy()[0])
+            if uncertainty < feeds["speed"][row]:
+                logits[row], layers[row] = out[row], i + 1
+                break
+        else:
+            logits[row], layers[row] = teacher[row], LAYERS
+    return logits, layers
+
+
+def test_speed_zero_is_exactly_the_full_model(exits_version: Any, plain_version: Any) -> None:
+    ee = tf.saved_model.load(str(exits_version.path))
+    plain = tf.saved_model.load(str(plain_version.path))
+    for signature in ("serving_default", "seq_32"):
+        feeds = _batch()
+        want = run(plain.signatures[signature], feeds)
+        got = run(ee.signatures[signature], {**feeds, "speed": _speeds(0.0)})
+        np.testing.assert_array_equal(got["logits"], want["logits"])
+        np.testing.assert_array_equal(got["probabilities"], want["probabilities"])
+        assert (got["exit_layer"] == LAYERS).all()
+        assert got["exit_layer"].dtype == np.int32
+
+
+def test_rows_exit_where_fastberts_rule_says(exits_ckpt: Path, exits_version: Any) -> None:
+    ee = tf.saved_model.load(str(exits_version.path))
+    speeds = np.linspace(0.0, 1.0, ROWS, dtype=np.float32)  # one speed per row
+    feeds = {**_batch(), "speed": speeds}
+    got = run(ee.signatures["seq_32"], feeds)
+    want_logits, want_layers = _expected(exits_ckpt, feeds)
+
+    np.testing.assert_array_equal(got["exit_layer"], want_layers)
+    np.testing.assert_allclose(got["logits"], want_logits, rtol=0, atol=1e-5)
+    assert len(set(want_layers.tolist())) >= 3  # the rows really exit at different layers
+    np.testing.assert_allclose(got["probabilities"].sum(-1), 1.0, atol=1e-6)
+
+
+def test_speed_one_leaves_after_the_first_layer(exits_version: Any) -> None:
+    ee = tf.saved_model.load(str(exits_version.path))
+    got = run(ee.signatures["serving_default"], {**_batch(), "speed": _speeds(1.0)})
+    assert (got["exit_layer"] == 1).all()
+
+
+def test_compaction_and_the_masked_baseline_give_the_same_answers(exits_ckpt: Path) -> None:
+    ckpt = read_checkpoint(exits_ckpt)
+
+    def module(compaction: bool) -> BertModule:
+        return BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
+                          early_exit=ckpt.exits, compaction=compaction)  # fmt: skip
+
+    compact, masked = module(True), module(False)
+    for speed in (0.0, 0.5, np.linspace(0.0, 1.0, ROWS)):
+        feeds = {**_batch(seed=9), "speed": _speeds(speed)}
+        a, b = run(compact.serve, feeds), run(masked.serve, feeds)
+        np.testing.assert_array_equal(a["exit_layer"], b["exit_layer"])
+        np.testing.assert_allclose(a["logits"], b["logits"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("speed", "message"),
+    [
+        (np.full(ROWS, np.nan, np.float32), "speed must be in [0, 1]"),
+        (np.full(ROWS, -0.1, np.float32), "speed must be in [0, 1]"),
+        (np.full(ROWS, 1.5, np.float32), "speed must be in [0, 1]"),
+        (np.zeros(3, np.float32), "speed must have one value per row"),
+    ],
+)
+def test_bad_speed_is_the_graphs_invalid_argument(
+    exits_version: Any, speed: np.ndarray, message: str
+) -> None:
+    ee = tf.saved_model.load(str(exits_version.path))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message.replace("[", r"\[")):
+        run(ee.signatures["serving_default"], {**_batch(), "speed": speed})
+
+
+def test_model_json_signatures_and_warmup_describe_the_exits(exits_version: Any) -> None:
+    info = exits_version.model_info
+    assert info["inputs"] == ["input_ids", "attention_mask", "token_type_ids", "speed"]
+    assert info["outputs"] == ["logits", "probabilities", "exit_layer"]
+    assert info["early_exit"] == {
+        "default_speed": 0.25, "num_layers": LAYERS, "layers": [1, 2, 3], "pooling": "mean",
+        "width": 8, "agreement": {"1": 0.0, "2": 0.0, "3": 0.0},
+    }  # fmt: skip
+    loaded = tf.saved_model.load(str(exits_version.path))
+    for name in ("serving_default", "seq_16", "seq_64"):
+        fn = loaded.signatures[name]
+        _, inputs = fn.structured_input_signature
+        assert inputs["speed"].dtype == tf.float32 and inputs["speed"].shape.as_list() == [None]
+        assert fn.structured_outputs["exit_layer"].dtype == tf.int32
+    records = read_warmup_records(exits_version.path)
+    assert records and all(inputs["speed"].shape == inputs["input_ids"].shape[:1]
+                           for _, inputs in records)  # fmt: skip
+
+
+def test_early_exit_refusals_publish_nothing(
+    tmp_path: Path, hf_classify: Path, hf_embed: Path, exits_ckpt: Path
+) -> None:
+    base = tmp_path / "models"
+    with pytest.raises(ExportError, match="no trained early-exit students"):
+        build(hf_classify, "m", base, early_exit=True, max_seq_len=32)
+    with pytest.raises(ExportError, match="not an embedding or zero-shot export"):
+        build(hf_embed, "m", base, task="embed", early_exit=True, max_seq_len=32)
+    with pytest.raises(ExportError, match="default speed must be in"):
+        build(exits_ckpt, "m", base, early_exit=True, default_speed=float("nan"), max_seq_len=32)
+    assert not (base / "m").exists() or not any((base / "m").iterdir())
+
+
+def test_students_are_all_there_or_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    ckpt = write_hf_checkpoint(tmp_path / "ck", exits=True, layers=3)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    del tensors["exits.1.classifier.bias"]
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    with pytest.raises(ExportError, match=r"exits\.1\.classifier\.bias"):
+        read_checkpoint(ckpt)
+
+
+def test_a_checkpoint_without_exits_reads_as_before(hf_classify: Path) -> None:
+    assert read_checkpoint(hf_classify).exits is None
