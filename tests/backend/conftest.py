@@ -40,6 +40,9 @@ def minilm_vocab_file() -> Path:
 # -- end-to-end: tiny models, a real modelserver, real gunicorn gateways ------------------------
 
 INTENT, EMBED = "tiny-intent", "tiny-embed"
+# v1: a 3-layer classifier; v2: the same checkpoint exported with early exits (students after
+# layers 1 and 2), so v2 at speed 0 must answer as v1 does.
+EXITS, EXIT_LAYERS = "tiny-exits", 3
 LABELS = {INTENT: {"stable": 1, "canary": 2}}
 
 
@@ -51,7 +54,8 @@ def other_vocab() -> list[str]:
 
 @pytest.fixture(scope="session")
 def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Return a base path with tiny-intent v1, v2 (another vocabulary) and tiny-embed v1."""
+    """Return a base path with tiny-intent v1, v2 (another vocabulary), tiny-embed v1 and
+    tiny-exits v1 (no exits), v2 (the same weights with early exits)."""
     from export.tiny import export_tiny_model
 
     base = tmp_path_factory.mktemp("models")
@@ -60,6 +64,11 @@ def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
         base, INTENT, task="classify", version=2, seed=1, vocab=other_vocab(), warmup=False
     )
     export_tiny_model(base, EMBED, task="embed", version=1, seed=2, warmup=False)
+    for version, early_exit in ((1, False), (2, True)):
+        export_tiny_model(
+            base, EXITS, version=version, seed=5, layers=EXIT_LAYERS, warmup=False,
+            early_exit=early_exit,
+        )  # fmt: skip
     return base
 
 
@@ -67,7 +76,7 @@ def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def config_file(model_base: Path) -> Path:
     """Return the serving config (all versions, labels stable=1, canary=2)."""
     path = model_base / "models.config"
-    path.write_text(model_config(model_base, LABELS, [INTENT, EMBED]), encoding="utf-8")
+    path.write_text(model_config(model_base, LABELS, [INTENT, EMBED, EXITS]), encoding="utf-8")
     return path
 
 
@@ -84,6 +93,8 @@ def modelserver(config_file: Path, log_dir: Path) -> Iterator[ModelServer]:
         server.wait_available(INTENT, 1)
         server.wait_available(INTENT, 2)
         server.wait_available(EMBED, 1)
+        server.wait_available(EXITS, 1)
+        server.wait_available(EXITS, 2)
         yield server
     finally:
         server.stop()

@@ -13,7 +13,7 @@ import requests
 
 from backend.schemas import ClassifyResponse, EmbedResponse, ModelStatusResponse
 from backend.tokenization import BertTokenizer
-from tests.backend.conftest import EMBED, INTENT
+from tests.backend.conftest import EMBED, EXITS, INTENT
 from tests.backend.stack import Gateway, ModelServer
 
 LONG = " ".join(["my card was charged twice"] * 20)  # ~100 tokens > max_seq_len 64
@@ -233,6 +233,10 @@ def _check(schema: dict[str, Any], value: object, doc: dict[str, Any], where: st
         ("post", f"/v1/models/{INTENT}:classify", {"texts": TEXTS, "top_k": 2}, "200"),
         ("post", f"/v1/models/{INTENT}:classify", {"texts": ["a"], "return_logits": True}, "200"),
         ("post", f"/v1/models/{EMBED}:embed", {"texts": TEXTS}, "200"),
+        ("post", f"/v1/models/{EXITS}:classify", {"texts": TEXTS, "speed": 0.5}, "200"),
+        ("post", f"/v1/models/{EXITS}:classify", {"texts": TEXTS, "speed": [0, 1, 1, 0.5]}, "200"),
+        ("post", f"/v1/models/{INTENT}:classify", {"texts": ["a"], "speed": 1}, "200"),
+        ("post", f"/v1/models/{EXITS}:classify", {"texts": ["a"], "speed": "1"}, "422"),
         ("get", f"/v1/models/{INTENT}", None, "200"),
         ("get", "/healthz", None, "200"),
         ("get", "/readyz", None, "200"),
@@ -249,6 +253,7 @@ def test_responses_match_the_openapi_document(
     template = path if path.startswith("/healthz") or path.startswith("/readyz") else None
     if template is None:
         template = path.replace(INTENT, "{model}").replace(EMBED, "{model}")
+        template = template.replace(EXITS, "{model}")
 
     response = requests.request(method, f"{gateway.url}{path}", json=body, timeout=30)
 

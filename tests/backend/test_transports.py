@@ -15,7 +15,7 @@ import requests
 from flask.testing import FlaskClient
 
 from backend.app import create_app
-from tests.backend.conftest import EMBED, INTENT
+from tests.backend.conftest import EMBED, EXITS, INTENT
 from tests.backend.stack import Gateway, ModelServer
 
 TEXTS = ["my card was charged twice", "我的订单还没到", "hello", " ".join(["refund"] * 80)]
@@ -23,6 +23,11 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     (f"/v1/models/{INTENT}:classify", {"texts": TEXTS, "top_k": 3, "return_logits": True}),
     (f"/v1/models/{EMBED}:embed", {"texts": TEXTS}),
     (f"/v1/models/{EMBED}:embed", {"texts": TEXTS, "normalize": False}),
+    # early exits (v2, the newest: the one local serves): a float32 speed per text each way
+    (
+        f"/v1/models/{EXITS}:classify",
+        {"texts": TEXTS, "speed": [1, 0, 0.4, 1], "return_logits": True},
+    ),
 ]
 
 
@@ -49,7 +54,9 @@ def _numbers(body: dict[str, Any]) -> np.ndarray:
     return np.asarray([[t["score"] for t in p["top_k"]] + p["logits"] for p in body["predictions"]])
 
 
-@pytest.mark.parametrize(("path", "body"), REQUESTS, ids=["classify", "embed", "embed-raw"])
+@pytest.mark.parametrize(
+    ("path", "body"), REQUESTS, ids=["classify", "embed", "embed-raw", "classify-early-exit"]
+)
 def test_grpc_rest_and_local_give_identical_answers(
     grpc_gateway: Gateway,
     rest_gateway: Gateway,
@@ -71,6 +78,10 @@ def test_grpc_rest_and_local_give_identical_answers(
             name: [p["top_k"][0]["label"] for p in a["predictions"]] for name, a in answers.items()
         }
         assert labels["grpc"] == labels["rest"] == labels["local"]
+        exits = {
+            name: [p.get("exit_layer") for p in a["predictions"]] for name, a in answers.items()
+        }
+        assert exits["grpc"] == exits["rest"] == exits["local"]
     np.testing.assert_allclose(
         _numbers(answers["rest"]), _numbers(answers["grpc"]), rtol=1e-6, atol=1e-7
     )
