@@ -63,9 +63,14 @@ drills: models
 	$(PY) scripts/fault_drill.py --spawn $(MODELS) --model minilm-intent --clients 8 --timeout 2
 	$(PY) scripts/replica_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
 
-# Fine-tune all-MiniLM-L6-v2 on data/tickets, export it as the next minilm-intent version, compare with zero-shot.
+# Fine-tune all-MiniLM-L6-v2 on data/tickets, export it as the next minilm-intent version, compare with zero-shot;
+# then distil early-exit students from the fine-tuned head (checkpoints kept in $(FINETUNE_CKPT), git-ignored run/).
+FINETUNE_CKPT ?= run/finetune-demo
 finetune-demo: models
-	$(PY) -m finetune.demo --base-path $(MODELS)
+	rm -rf $(FINETUNE_CKPT)/tickets-v1 $(FINETUNE_CKPT)/tickets-v1-exits
+	$(PY) -m finetune.demo --base-path $(MODELS) --keep $(FINETUNE_CKPT)/tickets-v1
+	$(PY) -m finetune distill-exits --checkpoint $(FINETUNE_CKPT)/tickets-v1 \
+	    --texts data/tickets/train.tsv --dev data/tickets/dev.tsv --out $(FINETUNE_CKPT)/tickets-v1-exits
 
 # Where the gateway's CPU goes under load (py-spy, GIL holder only): results/profile/gateway.{md,png}.
 profile: models

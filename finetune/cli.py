@@ -1,9 +1,11 @@
-"""Command line: ``python -m finetune`` (argument parsing and printing only; see finetune/run.py).
+"""Command line: ``python -m finetune [train]`` and ``python -m finetune distill-exits``.
 
-Progress lines and the Keras progress bar go to stdout; the last line names the written checkpoint
-and its dev/test accuracy. Refusals (bad rows, a one-class training set, dev labels train lacks,
-a non-BERT checkpoint, an existing ``--out``) print one ``error: ...`` line to stderr and exit
-with status 2; an interrupted run exits with 130 and continues with ``--resume``.
+Argument parsing and printing only (finetune/run.py fine-tunes, finetune/exits.py distils
+early-exit students). Progress lines and the Keras progress bar go to stdout; the last line
+names the written checkpoint and its dev/test accuracy. Refusals (bad rows, a one-class training
+set, dev labels train lacks, a non-BERT checkpoint, an existing ``--out``) print one
+``error: ...`` line to stderr and exit with status 2; an interrupted fine-tuning run exits with
+130 and continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from finetune.exits import DistillConfig
 from finetune.training import TrainConfig
 from modelformat.errors import FormatError
 
 DEFAULTS = TrainConfig()
+DISTILL_DEFAULTS = DistillConfig()
+DISTILL = "distill-exits"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,13 +52,67 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line and return the exit status."""
-    args = _parser().parse_args(argv)
+def _distill_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m finetune {DISTILL}",
+        description="Train early-exit students (one per layer 1..L-1) to match a fine-tuned "
+        "checkpoint's head (self-distillation; labels not needed) and write the checkpoint with "
+        "them (finetune/README.md, 'Early exits').",
+    )
+    add = parser.add_argument
+    add("--checkpoint", required=True, type=Path, help="fine-tuned HF dir (trained head)")
+    add("--texts", required=True, type=Path, help="text<TAB>label TSV or one text per line")
+    add("--dev", required=True, type=Path, help="texts for agreement (labels: also accuracy)")
+    add("--out", required=True, type=Path, help="directory to create (HF layout)")
+    add("--pooling", choices=["auto", "mean", "cls"], default=DISTILL_DEFAULTS.pooling,
+        help="auto: train both, keep the higher mean dev agreement")  # fmt: skip
+    add("--width", type=int, default=DISTILL_DEFAULTS.width, help="student hidden width")
+    add("--epochs", type=int, default=DISTILL_DEFAULTS.epochs)
+    add("--lr", type=float, default=DISTILL_DEFAULTS.learning_rate)
+    add("--batch-size", type=int, default=DISTILL_DEFAULTS.batch_size)
+    add("--seed", type=int, default=DISTILL_DEFAULTS.seed)
+    add("--max-seq-len", type=int, help="default: the checkpoint's fine-tuning length, else 128")
+    return parser
+
+
+def _sayer() -> Callable[[str], None]:
     started = time.perf_counter()
 
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f}s] {message}", flush=True)
+
+    return say
+
+
+def distill_main(argv: Sequence[str]) -> int:
+    """Run ``distill-exits`` and return the exit status."""
+    args = _distill_parser().parse_args(argv)
+    config = DistillConfig(
+        pooling=args.pooling, width=args.width, epochs=args.epochs, learning_rate=args.lr,
+        batch_size=args.batch_size, seed=args.seed, max_seq_len=args.max_seq_len,
+    )  # fmt: skip
+    try:
+        from finetune.exits import distill_exits
+
+        result = distill_exits(args.checkpoint, args.texts, args.dev, args.out, config=config,
+                               say=_sayer())  # fmt: skip
+    except FormatError as exc:  # FinetuneError, ExportError (not BERT), the publish rule's errors
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(f"\nexits on {args.dev} ({result.report['dev']['texts']} texts):\n{result.table()}\n")
+    print(result.summary(), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line and return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [DISTILL]:
+        return distill_main(argv[1:])
+    if argv[:1] == ["train"]:
+        argv = argv[1:]
+    args = _parser().parse_args(argv)
+    say = _sayer()
 
     config = TrainConfig(
         epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,

@@ -54,12 +54,7 @@ def read_examples(path: str | Path, known_labels: Sequence[str] | None = None) -
     ``known_labels`` makes any other label a bad row (dev and test files: the labels train has).
     """
     path = Path(path)
-    try:
-        lines = path.read_bytes().split(b"\n")
-    except FileNotFoundError as exc:
-        raise FinetuneError(f"data file not found: {path}") from exc
-    except OSError as exc:
-        raise FinetuneError(f"cannot read {path}: {exc.strerror}") from exc
+    lines = _read_lines(path)
     texts, labels, bad = [], [], []
     for number, raw in enumerate(lines, start=1):
         if not raw.strip() or (number == 1 and _parse_row(raw, None) == HEADER):
@@ -70,10 +65,64 @@ def read_examples(path: str | Path, known_labels: Sequence[str] | None = None) -
         else:
             texts.append(row[0])
             labels.append(row[1])
+    _refuse_bad_rows(path, bad)
+    return Examples(texts=texts, labels=labels, path=path)
+
+
+def _read_lines(path: Path) -> list[bytes]:
+    try:
+        return path.read_bytes().split(b"\n")
+    except FileNotFoundError as exc:
+        raise FinetuneError(f"data file not found: {path}") from exc
+    except OSError as exc:
+        raise FinetuneError(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def _refuse_bad_rows(path: Path, bad: Sequence[str]) -> None:
     if bad:
         more = f"; and {len(bad) - SHOWN_BAD_ROWS} more" if len(bad) > SHOWN_BAD_ROWS else ""
         raise FinetuneError(f"{path}: {len(bad)} bad rows: {'; '.join(bad[:SHOWN_BAD_ROWS])}{more}")
-    return Examples(texts=texts, labels=labels, path=path)
+
+
+@dataclass(frozen=True)
+class Texts:
+    """Texts in file order; their labels only when every row has one (else None)."""
+
+    texts: list[str]
+    labels: list[str] | None
+    path: Path
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def read_texts(path: str | Path) -> Texts:
+    """Return the texts of a ``text<TAB>label`` TSV or of a file with one text per line.
+
+    For distillation, where labels are not needed: a row's label (after its last tab) is kept
+    only if every row has one; bad UTF-8 and empty texts are still bad rows, reported together.
+    """
+    path = Path(path)
+    texts, labels, bad = [], [], []
+    for number, raw in enumerate(_read_lines(path), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            bad.append(f"line {number}: bad UTF-8 at byte {exc.start}")
+            continue
+        text, _tab, label = line.rpartition("\t") if "\t" in line else (line, "", "")
+        text, label = text.strip(), label.strip()
+        if number == 1 and (text, label) in (HEADER, ("text", "")):
+            continue
+        if not text:
+            bad.append(f"line {number}: empty text")
+            continue
+        texts.append(text)
+        labels.append(label)
+    _refuse_bad_rows(path, bad)
+    return Texts(texts=texts, labels=labels if all(labels) else None, path=path)
 
 
 def check_train_set(train: Examples) -> list[str]:
