@@ -184,3 +184,18 @@ def test_students_are_all_there_or_the_checkpoint_is_refused(tmp_path: Path) -> 
 
 def test_a_checkpoint_without_exits_reads_as_before(hf_classify: Path) -> None:
     assert read_checkpoint(hf_classify).exits is None
+
+
+def test_runs_through_the_tf1_session_loader_tf_serving_uses(exits_version: Any) -> None:
+    """TF Serving loads a SavedModelBundle (graph + session): the exits must run that way too."""
+    feeds = {**_batch(seq=16), "speed": np.linspace(0.0, 1.0, ROWS, dtype=np.float32)}
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(exits_version.path))
+        signature = meta.signature_def["seq_16"]
+        got = session.run(
+            {name: info.name for name, info in signature.outputs.items()},
+            {signature.inputs[name].name: value for name, value in feeds.items()},
+        )
+    want = run(tf.saved_model.load(str(exits_version.path)).signatures["seq_16"], feeds)
+    np.testing.assert_array_equal(got["exit_layer"], want["exit_layer"])
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-6)
