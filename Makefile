@@ -64,13 +64,16 @@ drills: models
 	$(PY) scripts/replica_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
 
 # Fine-tune all-MiniLM-L6-v2 on data/tickets, export it as the next minilm-intent version, compare with zero-shot;
-# then distil early-exit students from the fine-tuned head (checkpoints kept in $(FINETUNE_CKPT), git-ignored run/).
+# then distil early-exit students from the fine-tuned head (checkpoints kept in $(FINETUNE_CKPT), git-ignored run/)
+# and export that checkpoint with --early-exit as the version after (speed 0, the default, is the same model).
 FINETUNE_CKPT ?= run/finetune-demo
 finetune-demo: models
 	rm -rf $(FINETUNE_CKPT)/tickets-v1 $(FINETUNE_CKPT)/tickets-v1-exits
 	$(PY) -m finetune.demo --base-path $(MODELS) --keep $(FINETUNE_CKPT)/tickets-v1
 	$(PY) -m finetune distill-exits --checkpoint $(FINETUNE_CKPT)/tickets-v1 \
 	    --texts data/tickets/train.tsv --dev data/tickets/dev.tsv --out $(FINETUNE_CKPT)/tickets-v1-exits
+	$(PY) -m export build --checkpoint $(FINETUNE_CKPT)/tickets-v1-exits --name minilm-intent \
+	    --base-path $(MODELS) --task classify --early-exit --max-seq-len 128 --precision auto
 
 # Where the gateway's CPU goes under load (py-spy, GIL holder only): results/profile/gateway.{md,png}.
 profile: models

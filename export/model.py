@@ -332,7 +332,7 @@ class BertModule(tf.Module):
             unit = tf.math.l2_normalize(self._pool(hidden, attention_mask), axis=-1)
             logits = self.scale * tf.matmul(unit, self.label_matrix)
         else:
-            logits = self._head(hidden)
+            logits = self.head(hidden)
         return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
 
     def _serve_exits(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
@@ -360,7 +360,7 @@ class BertModule(tf.Module):
             # explicit sizes: once every row has exited the batch is empty and -1 is ambiguous
             hidden = tf.reshape(x, [left, seq, self.hidden_size])
             if i == last:
-                logits, leave = self._head(hidden), tf.ones([left], tf.bool)
+                logits, leave = self.head(hidden), tf.ones([left], tf.bool)
             else:
                 logits = self.students[i](pool(hidden, mask, self.exit_pooling))
                 leave = normalized_entropy(logits) < speed
@@ -396,7 +396,7 @@ class BertModule(tf.Module):
                 x = layer(x, mask_bias, batch, seq)
                 hidden = tf.reshape(x, [batch, seq, -1])
                 if i == last:
-                    out, leave = self._head(hidden), running
+                    out, leave = self.head(hidden), running
                 else:
                     out = self.students[i](pool(hidden, attention_mask, self.exit_pooling))
                     leave = tf.logical_and(running, normalized_entropy(out) < speed)
@@ -415,7 +415,7 @@ class BertModule(tf.Module):
             "exit_layer": exit_layer,
         }
 
-    def _head(self, hidden: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
+    def head(self, hidden: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
         """Return a trained head's float32 logits: pooler tanh([CLS]) → dropout → classifier."""
         pooled = tf.tanh(self.pooler(hidden[:, 0]))
         pooled = _dropout(pooled, self.hidden_dropout, dropout_seed, 4)
@@ -425,7 +425,7 @@ class BertModule(tf.Module):
                dropout_seed: tf.Tensor | None = None) -> tf.Tensor:  # fmt: skip
         """Return a trained head's float32 logits; ``dropout_seed`` (int32 ``[2]``) = training."""
         hidden = self._hidden(input_ids, attention_mask, token_type_ids, dropout_seed)
-        return self._head(hidden, dropout_seed)
+        return self.head(hidden, dropout_seed)
 
     def weights(self) -> dict[str, np.ndarray]:
         """Return the current weights in the canonical names the constructor takes (float32)."""

@@ -138,7 +138,7 @@ def encode(ckpt: Checkpoint, texts: Sequence[str], max_seq_len: int) -> Features
         hidden = module.layer_outputs(ids, mask, types)
         pooled = {p: tf.stack([pool(h, mask, p) for h in hidden[:-1]]) for p in POOLINGS}
         # the served head on the last layer, exactly: the students' target
-        return pooled, module._head(hidden[-1])
+        return pooled, module.head(hidden[-1])
 
     spec = tf.TensorSpec([None, None], tf.int32)
     run = tf.function(forward, input_signature=[spec] * 3, autograph=False)

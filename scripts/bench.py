@@ -25,6 +25,7 @@ MODULES = [
     "gateway_bench",
     "gateway_load_bench",
     "finetune_bench",
+    "early_exit_bench",
 ]
 
 

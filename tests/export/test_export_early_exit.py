@@ -61,7 +61,7 @@ def _expected(exits_ckpt: Path, feeds: dict[str, np.ndarray]) -> tuple[np.ndarra
         module.students[i](pool(h, ints["attention_mask"], "mean")).numpy()
         for i, h in enumerate(states[:-1])
     ]
-    teacher = module._head(states[-1]).numpy()
+    teacher = module.head(states[-1]).numpy()
     logits = np.empty_like(teacher)
     layers = np.empty(ROWS, np.int32)
     for row in range(ROWS):
