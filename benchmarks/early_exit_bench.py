@@ -21,6 +21,7 @@ the median over repeats, modes interleaved within a repeat.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -142,6 +143,7 @@ def measure(graphs: Graphs, repeats: int) -> dict[str, Any]:
     full_pred = outputs[None]["logits"].argmax(-1)
     result: dict[str, Any] = {
         "texts": n,
+        "num_layers": graphs.num_layers,
         "full": {
             "accuracy": float((full_pred == graphs.truth).mean()),
             "b1": n1 / median(times[("full b1", None)]),
@@ -179,20 +181,26 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     speeds = result["speeds"]
-    for key, label, marker in (("b32", "batch 32, compaction", "o"),
-                               ("b32_masked", "batch 32, no compaction", "s"),
-                               ("b1", "batch 1", "^")):  # fmt: skip
+    full = result["full"]
+    curves = (("b32", "batch 32, compaction", "o", "tab:blue"),
+              ("b32_masked", "batch 32, no compaction", "s", "tab:orange"),
+              ("b1", "batch 1", "^", "tab:green"))  # fmt: skip
+    for key, label, marker, colour in curves:
         xs = [speeds[s][key] for s in SPEEDS]
         ys = [100 * speeds[s]["accuracy"] for s in SPEEDS]
-        ax.plot(xs, ys, marker=marker, label=label)
-        if key != "b32_masked":
-            for s, x, y in zip(SPEEDS, xs, ys, strict=True):
-                ax.annotate(f"{s:g}", (x, y), textcoords="offset points", xytext=(4, 4),
-                            fontsize=8)  # fmt: skip
-    full = result["full"]
-    for key, label in (("b32", "full model, batch 32"), ("b1", "full model, batch 1")):
+        ax.plot(xs, ys, marker=marker, color=colour, label=label)
+        if key == "b32_masked":
+            continue
+        for s, x, y in zip(SPEEDS, xs, ys, strict=True):
+            # speeds where no text exits yet sit on one point: label only the first of them
+            if s > 0 and speeds[s]["layers"] >= result["num_layers"] - 1e-9:
+                continue
+            ax.annotate(f"{s:g}", (x, y), textcoords="offset points", xytext=(4, 4),
+                        fontsize=8, color=colour)  # fmt: skip
+    for key, label, colour in (("b32", "full model, batch 32", "black"),
+                               ("b1", "full model, batch 1", "grey")):  # fmt: skip
         ax.scatter([full[key]], [100 * full["accuracy"]], marker="*", s=160, zorder=5,
-                   label=label)  # fmt: skip
+                   color=colour, label=label)  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("texts/s (log scale; in process, same graph TF Serving runs)")
     ax.set_ylabel("test accuracy (%)")
@@ -253,5 +261,7 @@ def run(ctx: BenchContext) -> list[Row]:
         result = measure(graphs, 1 if ctx.quick else min(ctx.repeats, 3))
     title = f"Early exits on data/tickets/test.tsv, MiniLM-L6 fine-tuned ({ctx.cpu.describe()})"
     plot(result, PLOT, title)
-    ctx.notes.append(f"early_exit_bench: plot in {PLOT.relative_to(PLOT.parent.parent)}")
+    PLOT.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    ctx.notes.append(f"early_exit_bench: plot in {PLOT.relative_to(PLOT.parent.parent)} "
+                     "(figures in early_exit.json beside it)")  # fmt: skip
     return rows(result, ctx.cpu.cpu_class)
