@@ -10,7 +10,7 @@ import os
 import shutil
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,30 @@ def start_server(workdir: Path, flags: list[str], timeout_s: float = 120.0) -> S
         proc.stop()
         raise
     return Server(proc, grpc_port, rest_port, workdir)
+
+
+def start_batching_server(
+    root: Path, name: str, models: list[dict[str, Any]], params: str, extra: Sequence[str] = ()
+) -> Server:
+    """Start a server with --enable_batching, ``params`` as its batching parameters file, the
+    Prometheus endpoint at /metrics and 64 gRPC threads (so concurrent callers all reach the
+    batch queue: the default is 4 x cores, 8 on a 2-core machine, in the binary as here)."""
+    params_file = root / f"{name}-batching.txt"
+    params_file.write_text(params)
+    monitoring = root / f"{name}-monitoring.config"
+    monitoring.write_text('prometheus_config { enable: true path: "/metrics" }\n')
+    config = write_config(root / f"{name}.config", models)
+    return start_server(
+        root,
+        [
+            f"--model_config_file={config}",
+            "--enable_batching",
+            f"--batching_parameters_file={params_file}",
+            f"--monitoring_config_file={monitoring}",
+            "--grpc_max_threads=64",
+            *extra,
+        ],
+    )
 
 
 def cpu_seconds(server: Server) -> float:

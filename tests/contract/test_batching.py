@@ -18,9 +18,8 @@ from tests.contract.conftest import (
     TFS_BIN,
     Server,
     cpu_seconds,
-    start_server,
+    start_batching_server,
     wait_until_spinning,
-    write_config,
 )
 
 QUEUE_FULL = "The batch scheduling queue to which this task was submitted is full"
@@ -29,33 +28,17 @@ QUEUE_FULL = "The batch scheduling queue to which this task was submitted is ful
 @pytest.fixture(scope="session")
 def batch_server(contract_root: Path, hp2_base: Path, tiny_base: Path) -> Iterator[Server]:
     """A server with --enable_batching: 4 rows per batch, 1 thread, 2 queued batches at most."""
-    params = contract_root / "batching.txt"
-    params.write_text(
-        "max_batch_size { value: 4 }\nbatch_timeout_micros { value: 20000 }\n"
-        "num_batch_threads { value: 1 }\nmax_enqueued_batches { value: 2 }\n"
-        "pad_variable_length_inputs: true\n"
-    )
-    monitoring = contract_root / "batch-monitoring.config"
-    monitoring.write_text('prometheus_config { enable: true path: "/metrics" }\n')
-    config = write_config(
-        contract_root / "batch.config",
+    server = start_batching_server(
+        contract_root,
+        "batch",
         [
             {"name": "half_plus_two", "base_path": str(hp2_base)},
             {"name": "tiny", "base_path": str(tiny_base)},
         ],
-    )
-    server = start_server(
-        contract_root,
-        [
-            f"--model_config_file={config}",
-            "--enable_batching",
-            f"--batching_parameters_file={params}",
-            f"--monitoring_config_file={monitoring}",
-            # Enough request threads that 15 concurrent callers all reach the batch queue (the
-            # defaults are 4 x cores, 8 on a 2-core machine, in the binary as here).
-            "--grpc_max_threads=64",
-            "--rest_api_num_threads=64",
-        ],
+        "max_batch_size { value: 4 }\nbatch_timeout_micros { value: 20000 }\n"
+        "num_batch_threads { value: 1 }\nmax_enqueued_batches { value: 2 }\n"
+        "pad_variable_length_inputs: true\n",
+        extra=["--rest_api_num_threads=64"],  # 15 concurrent REST callers too
     )
     yield server
     server.stop()

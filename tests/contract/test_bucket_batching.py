@@ -21,7 +21,7 @@ import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
-from tests.contract.conftest import TFS_BIN, Server, start_server, write_config
+from tests.contract.conftest import TFS_BIN, Server, start_batching_server
 
 PADDING_OFF = "from different tasks have different shapes and padding is turned off"
 
@@ -29,26 +29,13 @@ PADDING_OFF = "from different tasks have different shapes and padding is turned 
 @pytest.fixture(scope="module")
 def bucket_server(contract_root: Path, tiny_base: Path) -> Iterator[Server]:
     """Batching on, padding off (as in serving_config/), a 20 ms window so calls do meet."""
-    params = contract_root / "bucket-batching.txt"
-    params.write_text(
+    server = start_batching_server(
+        contract_root,
+        "bucket",
+        [{"name": "tiny", "base_path": str(tiny_base)}],
         "max_batch_size { value: 16 }\nbatch_timeout_micros { value: 20000 }\n"
         "num_batch_threads { value: 2 }\nmax_enqueued_batches { value: 64 }\n"
-        "pad_variable_length_inputs: false\n"
-    )
-    monitoring = contract_root / "bucket-monitoring.config"
-    monitoring.write_text('prometheus_config { enable: true path: "/metrics" }\n')
-    config = write_config(
-        contract_root / "bucket.config", [{"name": "tiny", "base_path": str(tiny_base)}]
-    )
-    server = start_server(
-        contract_root,
-        [
-            f"--model_config_file={config}",
-            "--enable_batching",
-            f"--batching_parameters_file={params}",
-            f"--monitoring_config_file={monitoring}",
-            "--grpc_max_threads=64",
-        ],
+        "pad_variable_length_inputs: false\n",
     )
     yield server
     server.stop()

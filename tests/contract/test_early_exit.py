@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
 from export.warmup import token_batch
-from tests.contract.conftest import Server, start_server, write_config
+from tests.contract.conftest import Server, start_batching_server
 
 SEQ = 16
 
@@ -33,26 +33,13 @@ def ee_server(contract_root: Path) -> Iterator[Server]:
 
     base = contract_root / "ee-models"
     export_tiny_model(base, "ee", version=1, early_exit=True, layers=3, max_seq_len=32)
-    params = contract_root / "ee-batching.txt"
-    params.write_text(
+    server = start_batching_server(
+        contract_root,
+        "ee",
+        [{"name": "ee", "base_path": str(base / "ee")}],
         "max_batch_size { value: 32 }\nbatch_timeout_micros { value: 20000 }\n"
         "num_batch_threads { value: 2 }\nmax_enqueued_batches { value: 64 }\n"
-        "pad_variable_length_inputs: false\n"
-    )
-    monitoring = contract_root / "ee-monitoring.config"
-    monitoring.write_text('prometheus_config { enable: true path: "/metrics" }\n')
-    config = write_config(
-        contract_root / "ee.config", [{"name": "ee", "base_path": str(base / "ee")}]
-    )
-    server = start_server(
-        contract_root,
-        [
-            f"--model_config_file={config}",
-            "--enable_batching",
-            f"--batching_parameters_file={params}",
-            f"--monitoring_config_file={monitoring}",
-            "--grpc_max_threads=64",
-        ],
+        "pad_variable_length_inputs: false\n",
     )
     yield server
     server.stop()
