@@ -61,9 +61,9 @@ def test_transformers_loads_the_same_logits(trained) -> None:  # type: ignore[no
 
     feeds = _feeds()
     ours = _our_logits(trained.out)
-    model = BertForSequenceClassification.from_pretrained(
-        str(trained.out), local_files_only=True
-    ).eval()
+    local_dir = str(trained.out)  # a directory on disk: never a hub lookup
+    model = BertForSequenceClassification.from_pretrained(local_dir, local_files_only=True)
+    model.eval()
     with torch.no_grad():
         theirs = model(**{k: torch.from_numpy(v.astype(np.int64)) for k, v in feeds.items()})
 
