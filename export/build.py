@@ -295,10 +295,9 @@ def _probe_batch(ckpt: Checkpoint, max_seq_len: int, speed: bool = False) -> dic
     from export.warmup import token_batch
 
     cls_id, sep_id = special_ids(ckpt.vocab)
-    batch = token_batch(PROBE_BATCH, min(64, max_seq_len), len(ckpt.vocab), cls_id, sep_id, 1234)
-    if speed:  # speed 0: the early-exit graph must give the full model's outputs
-        batch["speed"] = np.zeros(PROBE_BATCH, np.float32)
-    return batch
+    # speed 0 for an early-exit graph: it must give the full model's outputs
+    return token_batch(PROBE_BATCH, min(64, max_seq_len), len(ckpt.vocab), cls_id, sep_id, 1234,
+                       speed=0.0 if speed else None)  # fmt: skip
 
 
 def _run(fn: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -458,13 +457,11 @@ def _write_version(
         per_signature = Counter(sig for sig, _, _ in plan)
         say(f"writing {len(plan)} warmup records ({dict(per_signature)}, batches 1/8/32)")
         cls_id, sep_id = special_ids(ckpt.vocab)
+        speed = None if early_exit is None else 0.0  # every layer at the full batch size warmed
         batches = [
-            token_batch(b, n, len(ckpt.vocab), cls_id, sep_id, seed=i)
+            token_batch(b, n, len(ckpt.vocab), cls_id, sep_id, seed=i, speed=speed)
             for i, (_, b, n) in enumerate(plan)
         ]
-        if early_exit is not None:  # speed 0: every layer at the full batch size gets warmed
-            for batch in batches:
-                batch[SPEED] = np.zeros(batch["input_ids"].shape[0], np.float32)
         write_warmup(temp, name, batches, [sig for sig, _, _ in plan])
     say(f"publishing version {version}")
     fsync_tree(temp)

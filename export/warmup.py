@@ -38,9 +38,18 @@ def warmup_plan(max_seq_len: int) -> list[tuple[str, int, int]]:
 
 
 def token_batch(
-    batch: int, seq: int, vocab_size: int, cls_id: int, sep_id: int, seed: int = 0
+    batch: int,
+    seq: int,
+    vocab_size: int,
+    cls_id: int,
+    sep_id: int,
+    seed: int = 0,
+    speed: float | None = None,
 ) -> dict[str, np.ndarray]:
-    """Return a deterministic batch of ``[CLS] random tokens [SEP]`` rows of varied lengths."""
+    """Return a deterministic batch of ``[CLS] random tokens [SEP]`` rows of varied lengths.
+
+    ``speed`` adds the early-exit graph's ``speed`` input (that value for every row).
+    """
     rng = np.random.default_rng(seed)
     low = min(5, vocab_size - 1)  # skip the usual special ids at the start of BERT vocabularies
     ids = rng.integers(low, vocab_size, size=(batch, seq), dtype=np.int64).astype(np.int32)
@@ -50,11 +59,14 @@ def token_batch(
     ids[:, 0] = cls_id
     ids[np.arange(batch), lengths - 1] = sep_id
     ids = ids * mask  # padding id 0
-    return {
+    out = {
         "input_ids": ids,
         "attention_mask": mask,
         "token_type_ids": np.zeros((batch, seq), dtype=np.int32),
     }
+    if speed is not None:
+        out["speed"] = np.full(batch, speed, dtype=np.float32)
+    return out
 
 
 def write_warmup(
