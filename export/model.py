@@ -173,6 +173,14 @@ class Student(tf.Module):
         """Return float32 logits for ``pooled`` [b, H] (see ``pool``)."""
         return self.classifier(tf.tanh(self.dense(pooled)))
 
+    def named_variables(self) -> dict[str, tf.Variable]:
+        """Return the variables under the names the constructor takes (``dense/kernel``, ...)."""
+        return {
+            f"{part}/{kind}": getattr(getattr(self, part), kind)
+            for part in ("dense", "classifier")
+            for kind in ("kernel", "bias")
+        }
+
 
 def exit_weight_names(num_layers: int) -> list[str]:
     """Return the canonical names of every student's weights (students after layers 1..L-1)."""
@@ -454,10 +462,7 @@ class BertModule(tf.Module):
                 dense = getattr(self, part)
                 named[f"{part}/kernel"], named[f"{part}/bias"] = dense.kernel, dense.bias
         for k, student in enumerate(self.students):
-            for part in ("dense", "classifier"):
-                dense = getattr(student, part)
-                named[f"exit_{k}/{part}/kernel"] = dense.kernel
-                named[f"exit_{k}/{part}/bias"] = dense.bias
+            named.update({f"exit_{k}/{n}": v for n, v in student.named_variables().items()})
         return {k: tf.cast(v, tf.float32).numpy() for k, v in named.items()}
 
     def signatures(self, bucket_lens: Sequence[int] = ()) -> dict[str, Any]:

@@ -127,10 +127,8 @@ def encode(ckpt: Checkpoint, texts: Sequence[str], max_seq_len: int) -> Features
     """Return every layer's pooled vectors (both poolings) and the teacher's logits, once."""
     import tensorflow as tf
 
-    from backend.bucketing import pad_batch
     from export.model import BertModule, pool
-    from finetune.pipeline import make_tokenizer, token_ids
-    from modelformat.buckets import bucket_for
+    from finetune.pipeline import make_tokenizer, sorted_batches, token_ids
 
     module = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls")
 
@@ -144,14 +142,10 @@ def encode(ckpt: Checkpoint, texts: Sequence[str], max_seq_len: int) -> Features
     run = tf.function(forward, input_signature=[spec] * 3, autograph=False)
     tokenizer = make_tokenizer(ckpt.vocab, ckpt.do_lower_case, max_seq_len)
     rows = token_ids(tokenizer, texts)
-    order = np.argsort([len(r) for r in rows], kind="stable")  # similar lengths together
     layers, hidden = ckpt.config.num_layers - 1, ckpt.config.hidden_size
     pooled = {p: np.zeros((layers, len(rows), hidden), np.float32) for p in POOLINGS}
     teacher = np.zeros((len(rows), len(ckpt.labels)), np.float32)
-    for start in range(0, len(order), ENCODE_BATCH):
-        chunk = order[start : start + ENCODE_BATCH]
-        width = bucket_for(max(len(rows[i]) for i in chunk), max_seq_len)
-        feeds = pad_batch([rows[i] for i in chunk], width, tokenizer.pad_id)
+    for chunk, feeds in sorted_batches(rows, ENCODE_BATCH, max_seq_len, tokenizer.pad_id):
         vectors, logits = run(feeds["input_ids"], feeds["attention_mask"],
                               feeds["token_type_ids"])  # fmt: skip
         for p in POOLINGS:
@@ -235,8 +229,7 @@ def train_students(
     labels = train.teacher.shape[1]
     init = initial_students(layers, hidden, config.width, labels, config.seed)
     students = build_students(init, pooling, trainable=True)
-    variables = [getattr(getattr(s, part), kind) for s in students
-                 for part in ("dense", "classifier") for kind in ("kernel", "bias")]  # fmt: skip
+    variables = [v for s in students for v in s.named_variables().values()]
     optimizer = keras.optimizers.AdamW(learning_rate=config.learning_rate,
                                        weight_decay=config.weight_decay)  # fmt: skip
     optimizer.exclude_from_weight_decay(var_names=["bias"])
@@ -272,16 +265,11 @@ def train_students(
 
 
 def _weights(student: Any) -> dict[str, np.ndarray]:
-    return {
-        f"{part}/{kind}": getattr(getattr(student, part), kind).numpy().astype(np.float32)
-        for part in ("dense", "classifier")
-        for kind in ("kernel", "bias")
-    }
+    return {n: v.numpy().astype(np.float32) for n, v in student.named_variables().items()}
 
 
-def _max_seq_len(config: DistillConfig, ckpt: Checkpoint, path: Path) -> int:
-    data = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    length = config.max_seq_len or int(data.get("finetune_max_seq_len", 128))
+def _max_seq_len(config: DistillConfig, ckpt: Checkpoint, hf_config: dict[str, Any]) -> int:
+    length = config.max_seq_len or int(hf_config.get("finetune_max_seq_len", 128))
     return min(length, ckpt.config.max_position)
 
 
@@ -312,7 +300,8 @@ def distill_exits(
     if not texts.texts:
         raise FinetuneError(f"{texts.path}: no texts to distil on")
     dev = _read_dev(Path(dev_path), ckpt.labels)
-    max_seq_len = _max_seq_len(config, ckpt, checkpoint)
+    hf_config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    max_seq_len = _max_seq_len(config, ckpt, hf_config)
     layers = list(range(1, ckpt.config.num_layers))
     say(f"{len(texts)} texts, {len(dev)} dev texts, {len(ckpt.labels)} labels, "
         f"students after layers {layers}, max_seq_len {max_seq_len}")  # fmt: skip
@@ -350,7 +339,7 @@ def distill_exits(
     }  # fmt: skip
     with publishing(out) as temp:
         report["wall_s"] = time.perf_counter() - started
-        _write(temp, checkpoint, ckpt, students, report)
+        _write(temp, checkpoint, ckpt, hf_config, students, report)
     return DistillResult(out=out, report=report)
 
 
@@ -365,9 +354,10 @@ def early_exits_entry(report: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _write(dest: Path, source: Path, ckpt: Checkpoint, students: Sequence[dict],
-           report: dict[str, Any]) -> None:  # fmt: skip
-    """Write the input checkpoint's files, its weights with the students, config and report."""
+def _write(dest: Path, source: Path, ckpt: Checkpoint, hf_config: dict[str, Any],
+           students: Sequence[dict], report: dict[str, Any]) -> None:  # fmt: skip
+    """Write the input checkpoint's files, its weights with the students, config and report
+    (``hf_config``: the input's config.json, read once)."""
     from safetensors.numpy import save_file
 
     rewritten = ("model.safetensors", "config.json", EXITS_JSON)
@@ -381,13 +371,8 @@ def _write(dest: Path, source: Path, ckpt: Checkpoint, students: Sequence[dict],
     weights = {name: value for name, value in ckpt.weights.items() if not name.startswith("exit_")}
     for k, student in enumerate(students):
         weights.update({f"exit_{k}/{name}": value for name, value in student.items()})
-    tensors = hf_tensors(ckpt.config, weights)
-    written = sum(name.startswith("exits.") for name in tensors)
-    if written != 4 * len(students):  # export.names must list the students (issue 11 contract)
-        raise FinetuneError(f"export.names lists {written} student tensors, expected "
-                            f"{4 * len(students)}; is export up to date?")  # fmt: skip
-    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    config["early_exits"] = early_exits_entry(report)
+    save_file(hf_tensors(ckpt.config, weights), str(dest / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    config = {**hf_config, "early_exits": early_exits_entry(report)}
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (dest / EXITS_JSON).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
