@@ -66,11 +66,10 @@ class Graphs:
     def __init__(self, checkpoint: Path, texts: Sequence[str], labels: Sequence[str]) -> None:
         import tensorflow as tf
 
-        from backend.bucketing import pad_batch
         from backend.tokenization import BertTokenizer
         from export.checkpoint import read_checkpoint
         from export.model import BertModule
-        from modelformat.buckets import bucket_for
+        from finetune.pipeline import sorted_batches
 
         ckpt = read_checkpoint(checkpoint)
         self.num_layers = ckpt.config.num_layers
@@ -84,20 +83,18 @@ class Graphs:
         tokenizer = BertTokenizer.from_files(checkpoint / "vocab.txt", max_seq_len=MAX_SEQ_LEN,
                                              do_lower_case=ckpt.do_lower_case)  # fmt: skip
         rows = [e.ids for e in tokenizer.encode(list(texts))]
-        self.order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+
+        def batches(size: int, rows: list[Any]) -> list[tuple[list[int], dict[str, Any]]]:
+            return [(chunk, {k: tf.constant(v) for k, v in feeds.items()})
+                    for chunk, feeds in sorted_batches(rows, size, MAX_SEQ_LEN,
+                                                       tokenizer.pad_id)]  # fmt: skip
+
+        by32 = batches(BATCH, rows)
+        self.order = [i for chunk, _ in by32 for i in chunk]  # the length-sorted test split
         self.truth = np.array([ckpt.labels.index(y) for y in labels])[self.order]
-
-        def batches(size: int, order: list[int]) -> list[dict[str, Any]]:
-            out = []
-            for start in range(0, len(order), size):
-                chunk = order[start : start + size]
-                width = bucket_for(max(len(rows[i]) for i in chunk), MAX_SEQ_LEN)
-                feeds = pad_batch([rows[i] for i in chunk], width, tokenizer.pad_id)
-                out.append({k: tf.constant(v) for k, v in feeds.items()})
-            return out
-
         # batch 1: every 4th of the length-sorted texts
-        self.batches = {BATCH: batches(BATCH, self.order), 1: batches(1, self.order[::4])}
+        every_4th = [rows[i] for i in self.order[::4]]
+        self.batches = {BATCH: [f for _, f in by32], 1: [f for _, f in batches(1, every_4th)]}
         self.texts = {size: sum(int(f["input_ids"].shape[0]) for f in feeds)
                       for size, feeds in self.batches.items()}  # fmt: skip
 

@@ -42,11 +42,10 @@ def minilm_dir() -> Path:
 def score_version(path: Path, texts: Sequence[str], labels: Sequence[str]) -> dict[str, Any]:
     """Return test accuracy and macro-F1 of one exported classify version, served as the gateway
     serves it (its own vocabulary, bucket-padded batches)."""
-    from backend.bucketing import pad_batch
     from backend.tokenization import BertTokenizer
     from export.predictor import PersistentPredictor
     from finetune.metrics import scores
-    from modelformat.buckets import bucket_for
+    from finetune.pipeline import sorted_batches
 
     predictor = PersistentPredictor(path)
     info = predictor.model_info or {}
@@ -55,12 +54,8 @@ def score_version(path: Path, texts: Sequence[str], labels: Sequence[str]) -> di
                                          do_lower_case=bool(info["do_lower_case"]),
                                          max_seq_len=max_len)  # fmt: skip
     rows = [e.ids for e in tokenizer.encode(list(texts))]
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # similar lengths together
     predicted = [0] * len(rows)
-    for start in range(0, len(order), EVAL_BATCH):
-        chunk = order[start : start + EVAL_BATCH]
-        width = bucket_for(max(len(rows[i]) for i in chunk), max_len)
-        feeds = pad_batch([rows[i] for i in chunk], width, tokenizer.pad_id)
+    for chunk, feeds in sorted_batches(rows, EVAL_BATCH, max_len, tokenizer.pad_id):
         for i, row in zip(chunk, predictor.predict(feeds)["logits"].argmax(-1), strict=True):
             predicted[i] = int(row)
     served_labels = list(info["labels"])

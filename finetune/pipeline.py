@@ -19,7 +19,7 @@ import numpy as np
 
 from backend.bucketing import pad_batch
 from backend.tokenization import BertTokenizer
-from modelformat.buckets import buckets
+from modelformat.buckets import bucket_for, buckets
 
 PIPELINES = ("optimised", "naive")
 Batch = tuple[dict[str, Any], Any]  # (BERT inputs, label ids): numpy or tensors
@@ -36,6 +36,20 @@ def make_tokenizer(vocab: Sequence[str], do_lower_case: bool, max_seq_len: int) 
 def token_ids(tokenizer: BertTokenizer, texts: Sequence[str]) -> list[np.ndarray]:
     """Return each text's int32 ids ([CLS] … [SEP], cut to the tokenizer's max_seq_len)."""
     return [encoded.ids for encoded in tokenizer.encode(texts)]
+
+
+def sorted_batches(
+    rows: Sequence[np.ndarray], size: int, max_seq_len: int, pad_id: int
+) -> list[tuple[list[int], dict[str, np.ndarray]]]:
+    """Return (row indices, padded inputs) per batch for scoring: rows sorted by length (stable),
+    ``size`` at a time, each batch padded to the gateway's bucket of its longest row."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    out = []
+    for start in range(0, len(order), size):
+        chunk = order[start : start + size]
+        width = bucket_for(max(len(rows[i]) for i in chunk), max_seq_len)
+        out.append((chunk, pad_batch([rows[i] for i in chunk], width, pad_id)))
+    return out
 
 
 def bucket_boundaries(max_seq_len: int) -> list[int]:
