@@ -31,6 +31,9 @@ _FROM_DT: dict[int, np.dtype[Any]] = {dt: np_dtype for np_dtype, dt in _TO_DT.it
 # tensor_content is little-endian whatever the host: the dtype to read it with.
 _FROM_DT_WIRE = {dt: np_dtype.newbyteorder("<") for dt, np_dtype in _FROM_DT.items()}
 _LITTLE_ENDIAN = sys.byteorder == "little"
+# The enum values as plain ints: ``DT.DT_HALF`` goes through protobuf's EnumTypeWrapper
+# (~2.5 µs a lookup), and the hot path below compares a few of them per tensor.
+_HALF, _BFLOAT16 = int(DT.DT_HALF), int(DT.DT_BFLOAT16)
 
 # Which typed *_val field carries each dtype when tensor_content is empty.
 _VAL_FIELD: dict[int, str] = {
@@ -64,7 +67,9 @@ def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
 def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
     """Write ``array`` into an empty ``proto`` in place (a map entry of a request: no copy)."""
     array = np.asarray(array)
-    dtype = _TO_DT.get(array.dtype.newbyteorder("="))
+    dtype = _TO_DT.get(array.dtype)
+    if dtype is None:
+        dtype = _TO_DT.get(array.dtype.newbyteorder("="))
     if dtype is None:
         raise TensorConversionError(f"cannot send numpy dtype {array.dtype}")
     proto.dtype = dtype
@@ -72,36 +77,37 @@ def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
     for size in array.shape:
         dims.add(size=size)
     # One bytes copy instead of a per-element typed field: ~10 µs for a [32,128] int32 batch.
-    little = array.dtype.newbyteorder("<")
-    if array.dtype != little:  # a big-endian array, or any array on a big-endian host
-        array = array.astype(little)
+    if not (_LITTLE_ENDIAN and array.dtype.isnative):
+        # a big-endian array, or any array on a big-endian host
+        array = array.astype(array.dtype.newbyteorder("<"))
     proto.tensor_content = np.ascontiguousarray(array).tobytes()
 
 
 def from_tensor_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
     """Return the numpy array in ``proto``, from ``tensor_content`` or the typed ``*_val`` field."""
-    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    shape = tuple([d.size for d in proto.tensor_shape.dim])
     count = math.prod(shape)
-    if proto.dtype == DT.DT_BFLOAT16:
+    dtype = proto.dtype
+    if dtype == _BFLOAT16:
         return _bfloat16_to_float32(proto, shape, count)
-    wire = _FROM_DT_WIRE.get(proto.dtype)
+    wire = _FROM_DT_WIRE.get(dtype)
     if wire is None:
-        raise TensorConversionError(f"unsupported tensor dtype {DT.Name(proto.dtype)}")
+        raise TensorConversionError(f"unsupported tensor dtype {DT.Name(dtype)}")
     content = proto.tensor_content
     if content:
         flat = np.frombuffer(content, dtype=wire)
         if flat.size != count:
             raise TensorConversionError(f"tensor_content has {flat.size} values for shape {shape}")
         if not _LITTLE_ENDIAN:
-            flat = flat.astype(_FROM_DT[proto.dtype])
+            flat = flat.astype(_FROM_DT[dtype])
         return flat.reshape(shape)
-    np_dtype = _FROM_DT[proto.dtype]
     # TF Serving answers with typed *_val fields unless --enable_serialization_as_tensor_content.
-    values = getattr(proto, _VAL_FIELD[proto.dtype])
-    if proto.dtype == DT.DT_HALF:
-        flat = np.asarray(values, dtype=np.uint16).view(np.float16)
+    # list() first: numpy reads a list in one pass, a repeated field value by value (~2x).
+    values = list(getattr(proto, _VAL_FIELD[dtype]))
+    if dtype == _HALF:
+        flat = np.array(values, dtype=np.uint16).view(np.float16)
     else:
-        flat = np.asarray(values, dtype=np_dtype)
+        flat = np.array(values, dtype=_FROM_DT[dtype])
     return _fill(flat, shape, count)
 
 
