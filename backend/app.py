@@ -16,7 +16,7 @@ from typing import Any
 from flask import Flask, Response, current_app, g, request
 
 from backend import metrics
-from backend.api import current_settings, health, meta, models
+from backend.api import BODY_READ, current_settings, health, meta, models
 from backend.errors import register_error_handlers
 from backend.settings import load_settings
 from modelformat.names import valid_model_name
@@ -51,6 +51,8 @@ def _finish_body(response: Response) -> Response:
     read here: gunicorn's ``pre_request`` hook (docker/gunicorn.conf.py) answers those with
     "Connection: close" instead.
     """
+    if request.environ.get(BODY_READ):
+        return response  # the view read it all (request_body)
     length = request.content_length
     if length and length <= (current_app.config["MAX_CONTENT_LENGTH"] or 0):
         while request.stream.read(1 << 16):

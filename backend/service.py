@@ -260,10 +260,11 @@ class Gateway:
                 f"texts[{first}] needs {encoded[first].full_length} tokens, over max_seq_len "
                 f"{assets.max_seq_len} of model {model!r}; send truncate=true to cut it"
             )
+        lengths = [e.ids.shape[0] for e in encoded]
         metrics.TEXTS_PER_REQUEST.observe(len(texts))
-        metrics.TOKENS_PER_REQUEST.observe(sum(int(e.ids.shape[0]) for e in encoded))
+        metrics.TOKENS_PER_REQUEST.observe(sum(lengths))
         chunks = plan_chunks(
-            [int(e.ids.shape[0]) for e in encoded],
+            lengths,
             self.settings.max_batch_size,
             assets.max_seq_len,
             bucketing=self.settings.bucketing,

@@ -19,19 +19,28 @@ def json_response(body: Any, status: int = 200) -> Response:
     return Response(data, status=status, mimetype="application/json")
 
 
+# Set in the WSGI environ once the whole body has been read (the app's _finish_body skips then).
+BODY_READ = "gateway.body_read"
+
+
 def request_body() -> bytes:
     """Return the request body; 413 when it is over GATEWAY_MAX_BODY_BYTES, chunked ones too.
 
-    Werkzeug refuses a declared Content-Length over the limit, but a chunked body it cuts at
-    the limit without a word: the JSON would then fail to parse as a misleading 400.
+    A body with a Content-Length within the limit is read straight from ``wsgi.input`` (the
+    server bounds it by that length): Werkzeug's stream wrapper and its checks cost ~50 µs a
+    request and add nothing then. Werkzeug refuses a declared Content-Length over the limit,
+    but a chunked body it cuts at the limit without a word: the JSON would then fail to parse
+    as a misleading 400.
     """
-    raw = request.get_data(cache=False)
+    environ = request.environ
     limit = current_settings().max_body_bytes
-    if (
-        request.content_length is None
-        and len(raw) >= limit
-        and request.environ["wsgi.input"].read(1)
-    ):
+    length = request.content_length
+    if length is not None and length <= limit:
+        raw: bytes = environ["wsgi.input"].read(length) if length else b""
+        environ[BODY_READ] = True
+        return raw
+    raw = request.get_data(cache=False)
+    if length is None and len(raw) >= limit and environ["wsgi.input"].read(1):
         raise PayloadTooLarge(f"body is over the limit of {limit} bytes (GATEWAY_MAX_BODY_BYTES)")
     return raw
 
