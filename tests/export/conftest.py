@@ -3,13 +3,43 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from export.tiny import write_google_checkpoint, write_hf_checkpoint
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+class Bundle:
+    """A version loaded the way TF Serving loads it: a SavedModelBundle (TF1 graph + session)."""
+
+    def __init__(self, session: Any, meta: Any) -> None:
+        self.session = session
+        self.meta = meta
+
+    def run(self, signature_name: str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Return every output of ``signature_name`` for ``feeds``, fed by tensor name."""
+        signature = self.meta.signature_def[signature_name]
+        outputs: dict[str, np.ndarray] = self.session.run(
+            {name: info.name for name, info in signature.outputs.items()},
+            {signature.inputs[name].name: value for name, value in feeds.items()},
+        )
+        return outputs
+
+
+@contextmanager
+def tf_serving_bundle(path: str | Path) -> Iterator[Bundle]:
+    """Yield the version at ``path`` loaded through the TF1 session loader TF Serving uses."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        yield Bundle(session, tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path)))
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from export.predictor import PersistentPredictor
 from export.warmup import BATCH_SIZES, MAX_RECORDS, read_warmup_records, token_batch, warmup_plan
 from modelformat.buckets import buckets as bucket_lengths
 from modelformat.layout import read_model_info
+from tests.export.conftest import tf_serving_bundle
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -75,25 +76,21 @@ def test_bucket_signatures_run_through_the_tf1_session_loader_tf_serving_uses(  
     classify_v1,
 ) -> None:
     """TF Serving loads a SavedModelBundle and feeds each signature's own tensors."""
-    import tensorflow as tf
-
     predictor = PersistentPredictor(classify_v1.path)
     batches = {n: token_batch(4, n, 303, cls_id=2, sep_id=3, seed=7 + n) for n in (16, 32, 64)}
     expected = {n: predictor.predict(feeds) for n, feeds in batches.items()}
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(classify_v1.path))
+    with tf_serving_bundle(classify_v1.path) as bundle:
         feed_names = set()
         for seq_len, feeds in batches.items():
-            signature = meta.signature_def[f"seq_{seq_len}"]
-            feed_names.add(signature.inputs["input_ids"].name)
-            got = session.run(
-                {name: info.name for name, info in signature.outputs.items()},
-                {signature.inputs[name].name: value for name, value in feeds.items()},
-            )
-            for name in ("logits", "probabilities"):
-                np.testing.assert_allclose(got[name], expected[seq_len][name], atol=1e-5, rtol=0)
+            name = f"seq_{seq_len}"
+            feed_names.add(bundle.meta.signature_def[name].inputs["input_ids"].name)
+            got = bundle.run(name, feeds)
+            for output in ("logits", "probabilities"):
+                np.testing.assert_allclose(
+                    got[output], expected[seq_len][output], atol=1e-5, rtol=0
+                )
         # distinct feed tensors per signature: TF Serving gives each its own batch queue
-        feed_names.add(meta.signature_def["serving_default"].inputs["input_ids"].name)
+        feed_names.add(bundle.meta.signature_def["serving_default"].inputs["input_ids"].name)
         assert len(feed_names) == 4
 
 

@@ -19,6 +19,7 @@ from export.errors import ExportError
 from export.model import BertModule, normalized_entropy, pool, run
 from export.tiny import write_hf_checkpoint
 from export.warmup import read_warmup_records, token_batch
+from tests.export.conftest import tf_serving_bundle
 
 LAYERS = 4
 ROWS = 24
@@ -189,13 +190,8 @@ def test_a_checkpoint_without_exits_reads_as_before(hf_classify: Path) -> None:
 def test_runs_through_the_tf1_session_loader_tf_serving_uses(exits_version: Any) -> None:
     """TF Serving loads a SavedModelBundle (graph + session): the exits must run that way too."""
     feeds = {**_batch(seq=16), "speed": np.linspace(0.0, 1.0, ROWS, dtype=np.float32)}
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(exits_version.path))
-        signature = meta.signature_def["seq_16"]
-        got = session.run(
-            {name: info.name for name, info in signature.outputs.items()},
-            {signature.inputs[name].name: value for name, value in feeds.items()},
-        )
+    with tf_serving_bundle(exits_version.path) as bundle:
+        got = bundle.run("seq_16", feeds)
     want = run(tf.saved_model.load(str(exits_version.path)).signatures["seq_16"], feeds)
     np.testing.assert_array_equal(got["exit_layer"], want["exit_layer"])
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-5)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from modelformat.layout import LABELS_TXT, VOCAB_TXT, list_versions, read_model_info
+from tests.export.conftest import tf_serving_bundle
 
 CONTRACT_KEYS = {
     "name", "task", "max_seq_len", "do_lower_case", "precision", "labels", "pooling", "zero_shot",
@@ -65,20 +66,13 @@ def test_loads_and_runs_through_the_tf1_session_loader_tf_serving_uses(
     precision: str, hf_classify: Path, tmp_path: Path
 ) -> None:
     """TF Serving loads versions as a SavedModelBundle (graph + session), not as TF2 objects."""
-    import tensorflow as tf
-
     from export.build import build
     from export.predictor import PersistentPredictor
     from export.warmup import token_batch
 
     result = build(hf_classify, "m", tmp_path, precision=precision, max_seq_len=32, warmup=False)
     feeds = token_batch(3, 12, 303, cls_id=2, sep_id=3, seed=11)
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(result.path))
-        signature = meta.signature_def["serving_default"]
-        got = session.run(
-            {name: info.name for name, info in signature.outputs.items()},
-            {signature.inputs[name].name: value for name, value in feeds.items()},
-        )
+    with tf_serving_bundle(result.path) as bundle:
+        got = bundle.run("serving_default", feeds)
     expected = PersistentPredictor(result.path).predict(feeds)
     np.testing.assert_allclose(got["probabilities"], expected["probabilities"], atol=1e-6)
