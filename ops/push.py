@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.settings import SettingsError, load_settings
+from backend.versions import label_staleness_bound_s
 from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
 from modelformat.publish import copy_in
@@ -171,13 +172,16 @@ def served(config: Any, name: str, on_disk: list[int]) -> set[int]:
 def default_reader_wait_s() -> float:
     """Return how long after a label change no gateway request still uses the old labels.
 
-    A gateway worker re-reads the labels at most GATEWAY_LABELS_CACHE_S after the file changes
-    (version states: GATEWAY_STATUS_CACHE_S), and a request that resolved a version just before
-    makes its last call to the model server within GATEWAY_TIMEOUT_S (past it the gateway
-    answers 504). The values come from the same GATEWAY_* variables and defaults the gateway uses.
+    A gateway worker sees a rewritten config within ``label_staleness_bound_s`` (it re-reads
+    the file's content every GATEWAY_LABELS_CACHE_S, so an NFS/EFS attribute cache cannot hide
+    the change longer; version states: GATEWAY_STATUS_CACHE_S), and a request that resolved a
+    version just before makes its last call to the model server within GATEWAY_TIMEOUT_S (past
+    it the gateway answers 504). The values come from the same GATEWAY_* variables and defaults
+    the gateway uses.
     """
     settings = load_settings()
-    return max(settings.labels_cache_s, settings.status_cache_s) + settings.request_timeout_s
+    seen_s = max(label_staleness_bound_s(settings.labels_cache_s), settings.status_cache_s)
+    return seen_s + settings.request_timeout_s
 
 
 def wait_for_readers(config_path: Path, reader_wait_s: float, versions: list[int]) -> float:
@@ -395,8 +399,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument(
         "--reader-wait", type=float, default=None,
         help="seconds after the last config change before a version may leave the policy "
-        "(default: max(GATEWAY_LABELS_CACHE_S, GATEWAY_STATUS_CACHE_S) + GATEWAY_TIMEOUT_S, "
-        "from this environment or the gateway's defaults: 1 + 10 s)",
+        "(default: max(GATEWAY_LABELS_CACHE_S + 1, GATEWAY_STATUS_CACHE_S) + GATEWAY_TIMEOUT_S, "
+        "from this environment or the gateway's defaults: 2 + 10 s; the + 1 covers a "
+        "worker's read of the file)",
     )  # fmt: skip
     parser.add_argument(
         "--lock-timeout", type=float, default=600.0,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from backend.versions import label_staleness_bound_s
 from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
 from modelformat.publish import copy_in
@@ -201,18 +202,19 @@ def test_promote_keeps_the_old_stable_version_until_the_shrink() -> None:
     assert push.served(writes.shrink, "m", [2, 3, 4]) == {4}
 
 
-def test_reader_wait_defaults_to_the_gateway_cache_ttl_plus_its_timeout(
+def test_reader_wait_defaults_to_the_gateways_label_staleness_bound_plus_its_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name in ("GATEWAY_LABELS_CACHE_S", "GATEWAY_STATUS_CACHE_S", "GATEWAY_TIMEOUT_S"):
         monkeypatch.delenv(name, raising=False)
-    assert push.default_reader_wait_s() == 1.0 + 10.0  # the gateway's own defaults
+    # The gateway's defaults: labels re-read every 1 s (+ 1 s for the read itself), 10 s timeout.
+    assert push.default_reader_wait_s() == label_staleness_bound_s(1.0) + 10.0 == 12.0
     monkeypatch.setenv("GATEWAY_LABELS_CACHE_S", "2")
     monkeypatch.setenv("GATEWAY_STATUS_CACHE_S", "0.5")
     monkeypatch.setenv("GATEWAY_TIMEOUT_S", "5")
-    assert push.default_reader_wait_s() == 7.0
+    assert push.default_reader_wait_s() == 8.0
     args, _ = push.parse_args(["--name", "m", "--promote", "canary", "stable"])
-    assert args.reader_wait == 7.0
+    assert args.reader_wait == 8.0
 
 
 def test_reader_wait_counts_from_the_configs_last_change(tmp_path: Path) -> None:
