@@ -181,14 +181,6 @@ def replace_model(config: Any, model: Any) -> Any:
     raise OpsError(f"model {model.name!r} is not in the model config")
 
 
-def previous_version(on_disk: Iterable[int], current: int) -> int:
-    """Return the newest version on disk older than ``current``; raise when there is none."""
-    older = [v for v in on_disk if v < current]
-    if not older:
-        raise OpsError(f"no version older than {current} on disk to roll back to")
-    return max(older)
-
-
 # ---------------------------------------------------------------------------------------------
 # the version directories on disk
 

@@ -3,7 +3,7 @@
   push_model.py --checkpoint ckpt/ --name minilm-intent --label canary  # export as next version
   push_model.py --from-dir exported/7 --name minilm-intent --label canary  # copy an exported dir
   push_model.py --name minilm-intent --promote canary stable  # stable := canary's version
-  push_model.py --name minilm-intent --rollback stable        # stable := the previous version
+  push_model.py --name minilm-intent --rollback stable        # stable := its previous value
   Add --dry-run to any of them to see the plan and the models.config diff, changing nothing.
   Arguments after `--` go to `python -m export build` (e.g. `-- --task embed --precision bf16`).
 
@@ -20,7 +20,8 @@ the server, its config poll and the gateway agree; a refused reload restores the
 ``latest``/``all`` policy that would unload a labelled version once the new one lands is pinned
 to ``specific`` (what is served now) before publishing. The whole read-modify-write runs under
 an exclusive lock on ``.<config>.lock`` beside the config, so concurrent pushes take turns
-instead of losing each other's labels.
+instead of losing each other's labels. Each label move is also appended, under that lock, to
+the label history beside the config (``ops.labelhistory``), which ``--rollback`` undoes.
 
 Several replicas (``--server`` repeated, comma-separated, or a name resolving to several
 addresses) read the same models.config: each gets every reload (one that refuses it undoes it
@@ -44,7 +45,7 @@ from backend.versions import label_staleness_bound_s
 from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
 from modelformat.publish import copy_in
-from ops import modelconfig
+from ops import labelhistory, modelconfig
 from ops.modelconfig import OpsError
 from ops.procs import REPO
 from ops.server import ModelServer, ReplicaSet, replica_targets, wait_available_everywhere
@@ -59,6 +60,8 @@ class Plan:
     source: str = ""
     labels: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # the label history once the labels moved (None: leave the history file as it is)
+    history: labelhistory.History | None = None
 
 
 def default_config_path() -> Path:
@@ -92,13 +95,23 @@ def plan_promote(model: Any, source_label: str, target_label: str) -> Plan:
     return plan
 
 
-def plan_rollback(model: Any, on_disk: list[int], label: str) -> Plan:
-    """Return the plan that points ``label`` at the newest version older than its current one."""
+def plan_rollback(
+    model: Any, history: labelhistory.History, label: str, to: int | None = None
+) -> Plan:
+    """Return the plan that points ``label`` back at its previous value (or at ``to``).
+
+    The previous value comes from the label history push_model keeps beside models.config, not
+    from the versions on disk: the newest older version may be a canary never promoted.
+    """
     labels = dict(model.version_labels)
     if label not in labels:
         raise OpsError(f"{model.name} has no label {label!r} to roll back")
-    target = modelconfig.previous_version(on_disk, labels[label])
-    plan = Plan(model=model.name, labels={label: target})
+    if to is not None:
+        target = to
+        after = labelhistory.record(history, model.name, labels, {label: to})
+    else:
+        target, after = labelhistory.previous(history, model.name, label, labels[label])
+    plan = Plan(model=model.name, labels={label: target}, history=after)
     plan.notes.append(f"{label}: {labels[label]} -> {target}")
     return plan
 
@@ -265,14 +278,20 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
     model = modelconfig.find_model(config, args.name)
     model_dir = modelconfig.model_dir_on_host(model, args.base_path)
     on_disk = layout.list_versions(model_dir)
+    history_path = labelhistory.history_path_for(config_path)
+    history = labelhistory.load(history_path)
 
     if args.promote:
         plan = plan_promote(model, *args.promote)
     elif args.rollback:
-        plan = plan_rollback(model, on_disk, args.rollback)
+        plan = plan_rollback(model, history, args.rollback, args.to)
     else:
         source = str(args.checkpoint or args.from_dir)
         plan = plan_push(model, model_dir, source, args.label, args.version)
+    if plan.history is None:
+        plan.history = labelhistory.record(
+            history, model.name, dict(model.version_labels), plan.labels
+        )
     future_disk = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
     writes = plan_writes(config, model, plan, on_disk, args.keep)
     unloads = sorted(
@@ -320,6 +339,8 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
                 print(f"{plan.model} v{version} AVAILABLE ({max(took.values()):.1f}s)")
             if apply_config(server, config_path, writes.load, writes.label, args.timeout):
                 outcome.labels_moved_at = time.monotonic()
+            if plan.history != history:  # under the same lock, right after the labels moved
+                labelhistory.write_atomic(history_path, plan.history)
         except OpsError:
             # Put the config back (keeping a pin: with the new version on disk, the old policy
             # would unload a labelled version); the published version stays on disk.
@@ -373,7 +394,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     what.add_argument("--checkpoint", type=Path, help="export this checkpoint as the next version")
     what.add_argument("--from-dir", type=Path, help="copy this exported version directory in")
     what.add_argument("--promote", nargs=2, metavar=("FROM", "TO"), help="TO := FROM's version")
-    what.add_argument("--rollback", metavar="LABEL", help="LABEL := the previous version")
+    what.add_argument(
+        "--rollback", metavar="LABEL",
+        help="LABEL := the version it named before its last move (from the label history kept "
+        "beside the config in .<config>.labels.json)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--to", type=int, metavar="VERSION",
+        help="with --rollback: point LABEL at VERSION instead (when the history has no earlier "
+        "value, or to go further back)",
+    )  # fmt: skip
     parser.add_argument("--label", help="point this label at the new version once it is loaded")
     parser.add_argument("--version", type=int, help="version number (default: next free)")
     parser.add_argument(
@@ -411,6 +441,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args = parser.parse_args(argv)
     if args.label and (args.promote or args.rollback):
         parser.error("--label goes with --checkpoint or --from-dir")
+    if args.to is not None and not args.rollback:
+        parser.error("--to goes with --rollback")
     if args.keep < 1:
         parser.error("--keep must be at least 1: the newest version is always served")
     args.server = args.server or ["127.0.0.1:8500"]
