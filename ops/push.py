@@ -48,7 +48,7 @@ from modelformat.publish import copy_in
 from ops import labelhistory, modelconfig
 from ops.modelconfig import OpsError
 from ops.procs import REPO
-from ops.server import ModelServer, ReplicaSet, replica_targets, wait_available_everywhere
+from ops.server import ModelServer, ReplicaSet, wait_available_everywhere
 
 
 @dataclass
@@ -158,20 +158,39 @@ class Writes:
 
 
 def plan_writes(config: Any, model: Any, plan: Plan, on_disk: list[int], keep: int) -> Writes:
-    """Return the config writes for ``plan`` (pure: raises OpsError before anything changes)."""
+    """Return the config writes for ``plan`` (pure: raises OpsError before anything changes).
+
+    A new version under a ``latest``/``all`` policy is always published pinned: with the policy
+    as it is, every replica that polls the file system would load it the moment it is on disk,
+    so a push that then fails would still have put it live. The pin lists what is served now;
+    the load write adds the new version, and the last write gives the policy back once the
+    labels moved (unless the policy would then drop a labelled version: that pin stays).
+    """
     future_disk = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
     pinned = modelconfig.pin_labelled_versions(model, on_disk, future_disk, plan.labels)
+    restore_policy = False
     if pinned is not None:
         plan.notes.append(
             f"policy {modelconfig.policy_kind(model)} -> specific: "
             "it would unload a labelled version"
+        )
+    elif plan.new_version is not None and modelconfig.policy_kind(model) != "specific":
+        pinned = modelconfig.pin_served(model, on_disk)
+        restore_policy = True
+        plan.notes.append(
+            f"policy {modelconfig.policy_kind(model)} -> specific while v{plan.new_version} "
+            "is published (a failed push leaves it unserved), back once the labels moved"
         )
     base = pinned if pinned is not None else model
     targets = {*plan.labels.values(), *([plan.new_version] if plan.new_version else [])}
     loading = modelconfig.widen_policy(base, targets)
     modelconfig.check_labels_served(loading, future_disk)
     labelled = modelconfig.move_labels(loading, future_disk, plan.labels)
-    shrunk = modelconfig.shrink_policy(labelled, future_disk, keep)
+    if restore_policy:
+        shrunk = modelconfig.with_policy_of(labelled, model)
+        modelconfig.check_labels_served(shrunk, future_disk)
+    else:
+        shrunk = modelconfig.shrink_policy(labelled, future_disk, keep)
     return Writes(
         *(modelconfig.replace_model(config, m) for m in (base, loading, labelled, shrunk))
     )
@@ -316,12 +335,15 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
         print("dry run: nothing changed")
         return outcome
 
-    server = ReplicaSet(replica_targets(args.server))
+    server = ReplicaSet(args.server)
     server.applied = config
     if len(server.servers) > 1:
         print(f"replicas: {', '.join(s.target for s in server.servers)}")
     try:
         started = time.monotonic()
+        # Before anything is written: a replica that is down now would fail the push after the
+        # version was published, and a retry would publish another number.
+        server.check_reachable(plan.model)
         apply_config(server, config_path, config, writes.pin, args.timeout)
         if plan.new_version is not None:
             # Under latest/all the new version itself makes the server unload the oldest one.
@@ -352,13 +374,15 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             raise
         if unloads:
             outcome.reader_wait_s += wait_for_readers(config_path, args.reader_wait, unloads)
-            try:
-                apply_config(server, config_path, writes.label, writes.shrink, args.timeout)
-            except OpsError as exc:
-                raise OpsError(
-                    f"the labels moved, but unloading {unloads} was refused (they stay "
-                    f"served): {exc}"
-                ) from exc
+        try:
+            apply_config(server, config_path, writes.label, writes.shrink, args.timeout)
+        except OpsError as exc:
+            what = f"unloading {unloads}" if unloads else "the policy's last write"
+            raise OpsError(
+                f"the labels moved, but {what} was refused (the config stays as it was after "
+                f"the label write): {exc}"
+            ) from exc
+        if unloads:
             outcome.unloaded = unloads
             print(f"policy: {', '.join(f'v{v}' for v in unloads)} unloading")
         labels = modelconfig.find_model(writes.label, plan.model).version_labels

@@ -235,7 +235,10 @@ def writes_for(
          [2, 3, 4], "rollback"),
         ("specific { versions: 1 versions: 2 }", {"stable": 1, "canary": 2}, [1, 2], "push"),
         ("latest { num_versions: 2 }", {"stable": 1, "canary": 2}, [1, 2], "push"),
+        # pinned only while publishing: `latest {2}` comes back in the last write, dropping 1
+        ("latest { num_versions: 2 }", {"stable": 2}, [1, 2], "push"),
         ("all { }", {"stable": 3, "canary": 4}, [1, 2, 3, 4], "rollback"),
+        ("all { }", {"stable": 3}, [1, 2, 3], "push"),
     ],
 )  # fmt: skip
 def test_only_the_last_write_drops_versions_and_it_moves_no_label(
@@ -309,3 +312,27 @@ def test_a_held_config_lock_makes_the_next_writer_wait_and_then_give_up(tmp_path
     assert said and "another push" in said[0]
     with serverconfig.config_lock(config, timeout_s=0.2):  # released: taken at once
         pass
+
+
+@pytest.mark.parametrize(
+    ("policy", "on_disk", "served_after"),
+    [
+        ("latest { num_versions: 2 }", [1, 2], {2, 3}),
+        ("latest { num_versions: 3 }", [1, 2], {1, 2, 3}),
+        ("all { }", [1, 2], {1, 2, 3}),
+    ],
+)
+def test_a_new_version_is_published_pinned_under_latest_and_all_then_the_policy_comes_back(
+    policy: str, on_disk: list[int], served_after: set[int]
+) -> None:
+    # Published unpinned, every replica's file-system poll loads it at once: a push that then
+    # fails has put it live anyway. Pinned, a failed push (restored to the pin) never serves it.
+    config, _, writes = writes_for(policy, {"stable": 2}, on_disk, "push")
+    future = [*on_disk, 3]
+    pin = modelconfig.find_model(writes.pin, "m")
+    assert modelconfig.policy_kind(pin) == "specific"
+    assert 3 not in push.served(writes.pin, "m", future)
+    assert push.served(writes.load, "m", future) == {*push.served(config, "m", on_disk), 3}
+    shrink = modelconfig.find_model(writes.shrink, "m")
+    assert shrink.model_version_policy == modelconfig.find_model(config, "m").model_version_policy
+    assert push.served(writes.shrink, "m", future) == served_after
