@@ -268,6 +268,22 @@ def apply_config(
     return True
 
 
+def restore_config(server: ReplicaSet, config_path: Path, config: Any, timeout_s: float) -> None:
+    """Write ``config`` back and send it to every replica that takes it, whatever the others do.
+
+    The file is what a replica that is down now reads when it comes back, so it is written
+    even when a replica refuses; an all-or-nothing reload would undo the restore on the live
+    replicas because of a dead one.
+    """
+    try:
+        serverconfig.write_atomic(config_path, config)
+    except OSError as exc:
+        print(f"push_model: could not restore {config_path}: {exc}", file=sys.stderr)
+        return
+    for target, error in server.reload_each(config, timeout_s).items():
+        print(f"push_model: {target} did not take the restored config: {error}", file=sys.stderr)
+
+
 @dataclass
 class Outcome:
     """What one invocation did, for callers that time it (the reload drill)."""
@@ -364,13 +380,10 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             if plan.history != history:  # under the same lock, right after the labels moved
                 labelhistory.write_atomic(history_path, plan.history)
         except OpsError:
-            # Put the config back (keeping a pin: with the new version on disk, the old policy
-            # would unload a labelled version); the published version stays on disk.
-            try:
-                current = modelconfig.load_config(config_path)
-                apply_config(server, config_path, current, writes.pin, args.timeout)
-            except OpsError as exc:
-                print(f"push_model: could not restore {config_path}: {exc}", file=sys.stderr)
+            # Put the config back to the pin: with the new version on disk, the old policy
+            # would unload a labelled version or (latest/all) serve the new one; the published
+            # version stays on disk, unserved.
+            restore_config(server, config_path, writes.pin, args.timeout)
             raise
         if unloads:
             outcome.reader_wait_s += wait_for_readers(config_path, args.reader_wait, unloads)

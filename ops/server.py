@@ -184,6 +184,24 @@ class ReplicaSet:
             self._unsynced.discard(server.target)
         self.applied = config
 
+    def reload_each(self, config: Any, timeout_s: float = 60.0) -> dict[str, str]:
+        """Send ``config`` to every replica, undoing nothing; return target -> error of refusals.
+
+        For putting a config back after a failure: a replica that is down must not keep the
+        live ones from getting it.
+        """
+        self.refresh()
+        refused = {}
+        for server in self.servers:
+            try:
+                server.reload(config, timeout_s)
+            except OpsError as exc:
+                refused[server.target] = str(exc)
+            else:
+                self._unsynced.discard(server.target)
+        self.applied = config
+        return refused
+
     def synced(self, server: ModelServer) -> bool:
         """Return whether ``server`` holds ``applied``, sending it first to one that joined.
 
