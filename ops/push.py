@@ -284,6 +284,18 @@ def restore_config(server: ReplicaSet, config_path: Path, config: Any, timeout_s
         print(f"push_model: {target} did not take the restored config: {error}", file=sys.stderr)
 
 
+def record_history(path: Path, history: labelhistory.History) -> None:
+    """Write the label history; a failure is reported, not raised (the labels did move)."""
+    try:
+        labelhistory.write_atomic(path, history)
+    except OSError as exc:
+        print(
+            f"push_model: the labels moved, but the label history {path} could not be written "
+            f"({exc}): a later --rollback may need --to VERSION",
+            file=sys.stderr,
+        )
+
+
 @dataclass
 class Outcome:
     """What one invocation did, for callers that time it (the reload drill)."""
@@ -377,14 +389,14 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
                 print(f"{plan.model} v{version} AVAILABLE ({max(took.values()):.1f}s)")
             if apply_config(server, config_path, writes.load, writes.label, args.timeout):
                 outcome.labels_moved_at = time.monotonic()
-            if plan.history != history:  # under the same lock, right after the labels moved
-                labelhistory.write_atomic(history_path, plan.history)
         except OpsError:
             # Put the config back to the pin: with the new version on disk, the old policy
             # would unload a labelled version or (latest/all) serve the new one; the published
             # version stays on disk, unserved.
             restore_config(server, config_path, writes.pin, args.timeout)
             raise
+        if plan.history is not None and plan.history != history:
+            record_history(history_path, plan.history)  # under the lock, right after the move
         if unloads:
             outcome.reader_wait_s += wait_for_readers(config_path, args.reader_wait, unloads)
         try:
