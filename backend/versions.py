@@ -4,13 +4,14 @@ The gateway decides the version *before* tokenizing, then sends exactly that ver
 - an explicit ``version`` is used as given (after checking its assets exist);
 - a ``label`` is looked up in the serving config file (GATEWAY_MODEL_CONFIG_FILE). TF Serving has
   no API that lists labels, and sending ``version_label`` would tell us the version only after
-  we had already tokenized; the config file is the source TF Serving itself reads, re-read when
-  its mtime changes (at most every GATEWAY_LABELS_CACHE_S);
+  we had already tokenized; the config file is the source TF Serving itself reads, its content
+  re-read every GATEWAY_LABELS_CACHE_S (not trusting stat(): shared volumes cache attributes);
 - otherwise the newest AVAILABLE version from GetModelStatus, cached GATEWAY_STATUS_CACHE_S.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -163,19 +164,42 @@ class AssetCache:
         return assets
 
 
+# What one look-up can add to GATEWAY_LABELS_CACHE_S before a worker serves a rewritten
+# config's labels: the read and parse of a small file, with room for a loaded volume.
+LABELS_READ_MARGIN_S = 1.0
+
+
+def label_staleness_bound_s(labels_cache_s: float) -> float:
+    """Return how long after models.config is replaced a gateway worker may still use old labels.
+
+    ``LabelTable`` reads the file's content every ``labels_cache_s`` (not only when stat() says it
+    changed), so the bound holds on NFS/EFS whatever their attribute caches hide; push_model's
+    ``--reader-wait`` is derived from it.
+    """
+    return labels_cache_s + LABELS_READ_MARGIN_S
+
+
 def parse_version_labels(text: str) -> dict[str, dict[str, int]]:
     """Return model → label → version from a text-format ModelServerConfig."""
     return serverconfig.version_labels(serverconfig.parse(text))
 
 
 class LabelTable:
-    """Version labels from the serving config file, re-read when it changes."""
+    """Version labels from the serving config file, re-read every ``recheck_s``.
+
+    The file's bytes are read on every recheck (it is a few hundred bytes) and parsed only when
+    their hash changes. ``stat()`` alone is not enough on a shared volume: NFS/EFS clients cache
+    attributes (``acregmax``, up to 60 s by default), so an mtime can look unchanged long after a
+    rewrite, while ``open()`` revalidates (close-to-open consistency). A label change is therefore
+    seen within ``recheck_s`` plus one read whatever the attribute cache; see
+    ``label_staleness_bound_s``.
+    """
 
     def __init__(self, config_file: str, recheck_s: float = 1.0) -> None:
         self.path = Path(config_file) if config_file else None
         self.recheck_s = recheck_s
         self._labels: dict[str, dict[str, int]] = {}
-        self._stamp: tuple[int, int, int] | None = None  # inode, size, mtime of the table's file
+        self._digest: bytes | None = None  # hash of the bytes the table was parsed from
         self._checked = -float("inf")
         self._failing: str | None = None  # the read error while the last good table is served
         self._lock = threading.Lock()
@@ -201,13 +225,11 @@ class LabelTable:
                 return self._labels
             self._checked = now
             try:
-                stat = self.path.stat()
-                # push_model replaces the file by rename (new inode) and may do so twice within
-                # one mtime tick: any of the three changing means a new table.
-                stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                if stamp != self._stamp:
-                    self._labels = parse_version_labels(self.path.read_text(encoding="utf-8"))
-                    self._stamp = stamp
+                data = self.path.read_bytes()
+                digest = hashlib.blake2b(data, digest_size=16).digest()
+                if digest != self._digest:
+                    self._labels = parse_version_labels(data.decode("utf-8"))
+                    self._digest = digest
             except (OSError, UnicodeDecodeError, FormatError) as exc:
                 # Keep the last good table: a config being rewritten must not drop every label.
                 self._failed(str(exc))

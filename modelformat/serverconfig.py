@@ -77,10 +77,14 @@ def leading_comments(path: Path) -> str:
 
 def write_atomic(path: Path, config: Any) -> None:
     """Replace ``path`` with ``config`` so a polling server never reads a half-written file."""
+    write_text_atomic(path, leading_comments(path) + render(config))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: temp file, fsync, rename, fsync of the directory."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    header = leading_comments(path)
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(header + render(config))
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -164,11 +164,21 @@ def pin_labelled_versions(
     targets = set(model.version_labels.values()) | set(labels.values())
     if targets <= policy_versions(model, future_disk):
         return None
+    return pin_served(model, on_disk_now)
+
+
+def pin_served(model: Any, on_disk: Iterable[int]) -> Any:
+    """Return a copy whose policy is ``specific``: the versions served from ``on_disk`` now."""
     pinned = copy.deepcopy(model)
-    pinned.model_version_policy.specific.versions.extend(
-        sorted(policy_versions(model, on_disk_now))
-    )
+    pinned.model_version_policy.specific.versions.extend(sorted(policy_versions(model, on_disk)))
     return pinned
+
+
+def with_policy_of(model: Any, source: Any) -> Any:
+    """Return a copy of ``model`` with ``source``'s version policy (labels stay ``model``'s)."""
+    new = copy.deepcopy(model)
+    new.model_version_policy.CopyFrom(source.model_version_policy)
+    return new
 
 
 def replace_model(config: Any, model: Any) -> Any:
@@ -179,14 +189,6 @@ def replace_model(config: Any, model: Any) -> Any:
             entry.CopyFrom(model)
             return new
     raise OpsError(f"model {model.name!r} is not in the model config")
-
-
-def previous_version(on_disk: Iterable[int], current: int) -> int:
-    """Return the newest version on disk older than ``current``; raise when there is none."""
-    older = [v for v in on_disk if v < current]
-    if not older:
-        raise OpsError(f"no version older than {current} on disk to roll back to")
-    return max(older)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
   push_model.py --checkpoint ckpt/ --name minilm-intent --label canary  # export as next version
   push_model.py --from-dir exported/7 --name minilm-intent --label canary  # copy an exported dir
   push_model.py --name minilm-intent --promote canary stable  # stable := canary's version
-  push_model.py --name minilm-intent --rollback stable        # stable := the previous version
+  push_model.py --name minilm-intent --rollback stable        # stable := its previous value
   Add --dry-run to any of them to see the plan and the models.config diff, changing nothing.
   Arguments after `--` go to `python -m export build` (e.g. `-- --task embed --precision bf16`).
 
@@ -20,7 +20,8 @@ the server, its config poll and the gateway agree; a refused reload restores the
 ``latest``/``all`` policy that would unload a labelled version once the new one lands is pinned
 to ``specific`` (what is served now) before publishing. The whole read-modify-write runs under
 an exclusive lock on ``.<config>.lock`` beside the config, so concurrent pushes take turns
-instead of losing each other's labels.
+instead of losing each other's labels. Each label move is also appended, under that lock, to
+the label history beside the config (``ops.labelhistory``), which ``--rollback`` undoes.
 
 Several replicas (``--server`` repeated, comma-separated, or a name resolving to several
 addresses) read the same models.config: each gets every reload (one that refuses it undoes it
@@ -40,13 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from backend.settings import SettingsError, load_settings
+from backend.versions import label_staleness_bound_s
 from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
 from modelformat.publish import copy_in
-from ops import modelconfig
+from ops import labelhistory, modelconfig
 from ops.modelconfig import OpsError
 from ops.procs import REPO
-from ops.server import ModelServer, ReplicaSet, replica_targets, wait_available_everywhere
+from ops.server import ModelServer, ReplicaSet, wait_available_everywhere
 
 
 @dataclass
@@ -58,6 +60,8 @@ class Plan:
     source: str = ""
     labels: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # the label history once the labels moved (None: leave the history file as it is)
+    history: labelhistory.History | None = None
 
 
 def default_config_path() -> Path:
@@ -91,13 +95,23 @@ def plan_promote(model: Any, source_label: str, target_label: str) -> Plan:
     return plan
 
 
-def plan_rollback(model: Any, on_disk: list[int], label: str) -> Plan:
-    """Return the plan that points ``label`` at the newest version older than its current one."""
+def plan_rollback(
+    model: Any, history: labelhistory.History, label: str, to: int | None = None
+) -> Plan:
+    """Return the plan that points ``label`` back at its previous value (or at ``to``).
+
+    The previous value comes from the label history push_model keeps beside models.config, not
+    from the versions on disk: the newest older version may be a canary never promoted.
+    """
     labels = dict(model.version_labels)
     if label not in labels:
         raise OpsError(f"{model.name} has no label {label!r} to roll back")
-    target = modelconfig.previous_version(on_disk, labels[label])
-    plan = Plan(model=model.name, labels={label: target})
+    if to is not None:
+        target = to
+        after = labelhistory.record(history, model.name, labels, {label: to})
+    else:
+        target, after = labelhistory.previous(history, model.name, label, labels[label])
+    plan = Plan(model=model.name, labels={label: target}, history=after)
     plan.notes.append(f"{label}: {labels[label]} -> {target}")
     return plan
 
@@ -144,20 +158,39 @@ class Writes:
 
 
 def plan_writes(config: Any, model: Any, plan: Plan, on_disk: list[int], keep: int) -> Writes:
-    """Return the config writes for ``plan`` (pure: raises OpsError before anything changes)."""
+    """Return the config writes for ``plan`` (pure: raises OpsError before anything changes).
+
+    A new version under a ``latest``/``all`` policy is always published pinned: with the policy
+    as it is, every replica that polls the file system would load it the moment it is on disk,
+    so a push that then fails would still have put it live. The pin lists what is served now;
+    the load write adds the new version, and the last write gives the policy back once the
+    labels moved (unless the policy would then drop a labelled version: that pin stays).
+    """
     future_disk = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
     pinned = modelconfig.pin_labelled_versions(model, on_disk, future_disk, plan.labels)
+    restore_policy = False
     if pinned is not None:
         plan.notes.append(
             f"policy {modelconfig.policy_kind(model)} -> specific: "
             "it would unload a labelled version"
+        )
+    elif plan.new_version is not None and modelconfig.policy_kind(model) != "specific":
+        pinned = modelconfig.pin_served(model, on_disk)
+        restore_policy = True
+        plan.notes.append(
+            f"policy {modelconfig.policy_kind(model)} -> specific while v{plan.new_version} "
+            "is published (a failed push leaves it unserved), back once the labels moved"
         )
     base = pinned if pinned is not None else model
     targets = {*plan.labels.values(), *([plan.new_version] if plan.new_version else [])}
     loading = modelconfig.widen_policy(base, targets)
     modelconfig.check_labels_served(loading, future_disk)
     labelled = modelconfig.move_labels(loading, future_disk, plan.labels)
-    shrunk = modelconfig.shrink_policy(labelled, future_disk, keep)
+    if restore_policy:
+        shrunk = modelconfig.with_policy_of(labelled, model)
+        modelconfig.check_labels_served(shrunk, future_disk)
+    else:
+        shrunk = modelconfig.shrink_policy(labelled, future_disk, keep)
     return Writes(
         *(modelconfig.replace_model(config, m) for m in (base, loading, labelled, shrunk))
     )
@@ -171,13 +204,16 @@ def served(config: Any, name: str, on_disk: list[int]) -> set[int]:
 def default_reader_wait_s() -> float:
     """Return how long after a label change no gateway request still uses the old labels.
 
-    A gateway worker re-reads the labels at most GATEWAY_LABELS_CACHE_S after the file changes
-    (version states: GATEWAY_STATUS_CACHE_S), and a request that resolved a version just before
-    makes its last call to the model server within GATEWAY_TIMEOUT_S (past it the gateway
-    answers 504). The values come from the same GATEWAY_* variables and defaults the gateway uses.
+    A gateway worker sees a rewritten config within ``label_staleness_bound_s`` (it re-reads
+    the file's content every GATEWAY_LABELS_CACHE_S, so an NFS/EFS attribute cache cannot hide
+    the change longer; version states: GATEWAY_STATUS_CACHE_S), and a request that resolved a
+    version just before makes its last call to the model server within GATEWAY_TIMEOUT_S (past
+    it the gateway answers 504). The values come from the same GATEWAY_* variables and defaults
+    the gateway uses.
     """
     settings = load_settings()
-    return max(settings.labels_cache_s, settings.status_cache_s) + settings.request_timeout_s
+    seen_s = max(label_staleness_bound_s(settings.labels_cache_s), settings.status_cache_s)
+    return seen_s + settings.request_timeout_s
 
 
 def wait_for_readers(config_path: Path, reader_wait_s: float, versions: list[int]) -> float:
@@ -232,6 +268,34 @@ def apply_config(
     return True
 
 
+def restore_config(server: ReplicaSet, config_path: Path, config: Any, timeout_s: float) -> None:
+    """Write ``config`` back and send it to every replica that takes it, whatever the others do.
+
+    The file is what a replica that is down now reads when it comes back, so it is written
+    even when a replica refuses; an all-or-nothing reload would undo the restore on the live
+    replicas because of a dead one.
+    """
+    try:
+        serverconfig.write_atomic(config_path, config)
+    except OSError as exc:
+        print(f"push_model: could not restore {config_path}: {exc}", file=sys.stderr)
+        return
+    for target, error in server.reload_each(config, timeout_s).items():
+        print(f"push_model: {target} did not take the restored config: {error}", file=sys.stderr)
+
+
+def record_history(path: Path, history: labelhistory.History) -> None:
+    """Write the label history; a failure is reported, not raised (the labels did move)."""
+    try:
+        labelhistory.write_atomic(path, history)
+    except OSError as exc:
+        print(
+            f"push_model: the labels moved, but the label history {path} could not be written "
+            f"({exc}): a later --rollback may need --to VERSION",
+            file=sys.stderr,
+        )
+
+
 @dataclass
 class Outcome:
     """What one invocation did, for callers that time it (the reload drill)."""
@@ -261,14 +325,20 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
     model = modelconfig.find_model(config, args.name)
     model_dir = modelconfig.model_dir_on_host(model, args.base_path)
     on_disk = layout.list_versions(model_dir)
+    history_path = labelhistory.history_path_for(config_path)
+    history = labelhistory.load(history_path)
 
     if args.promote:
         plan = plan_promote(model, *args.promote)
     elif args.rollback:
-        plan = plan_rollback(model, on_disk, args.rollback)
+        plan = plan_rollback(model, history, args.rollback, args.to)
     else:
         source = str(args.checkpoint or args.from_dir)
         plan = plan_push(model, model_dir, source, args.label, args.version)
+    if plan.history is None:
+        plan.history = labelhistory.record(
+            history, model.name, dict(model.version_labels), plan.labels
+        )
     future_disk = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
     writes = plan_writes(config, model, plan, on_disk, args.keep)
     unloads = sorted(
@@ -293,12 +363,15 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
         print("dry run: nothing changed")
         return outcome
 
-    server = ReplicaSet(replica_targets(args.server))
+    server = ReplicaSet(args.server)
     server.applied = config
     if len(server.servers) > 1:
         print(f"replicas: {', '.join(s.target for s in server.servers)}")
     try:
         started = time.monotonic()
+        # Before anything is written: a replica that is down now would fail the push after the
+        # version was published, and a retry would publish another number.
+        server.check_reachable(plan.model)
         apply_config(server, config_path, config, writes.pin, args.timeout)
         if plan.new_version is not None:
             # Under latest/all the new version itself makes the server unload the oldest one.
@@ -317,23 +390,24 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             if apply_config(server, config_path, writes.load, writes.label, args.timeout):
                 outcome.labels_moved_at = time.monotonic()
         except OpsError:
-            # Put the config back (keeping a pin: with the new version on disk, the old policy
-            # would unload a labelled version); the published version stays on disk.
-            try:
-                current = modelconfig.load_config(config_path)
-                apply_config(server, config_path, current, writes.pin, args.timeout)
-            except OpsError as exc:
-                print(f"push_model: could not restore {config_path}: {exc}", file=sys.stderr)
+            # Put the config back to the pin: with the new version on disk, the old policy
+            # would unload a labelled version or (latest/all) serve the new one; the published
+            # version stays on disk, unserved.
+            restore_config(server, config_path, writes.pin, args.timeout)
             raise
+        if plan.history is not None and plan.history != history:
+            record_history(history_path, plan.history)  # under the lock, right after the move
         if unloads:
             outcome.reader_wait_s += wait_for_readers(config_path, args.reader_wait, unloads)
-            try:
-                apply_config(server, config_path, writes.label, writes.shrink, args.timeout)
-            except OpsError as exc:
-                raise OpsError(
-                    f"the labels moved, but unloading {unloads} was refused (they stay "
-                    f"served): {exc}"
-                ) from exc
+        try:
+            apply_config(server, config_path, writes.label, writes.shrink, args.timeout)
+        except OpsError as exc:
+            what = f"unloading {unloads}" if unloads else "the policy's last write"
+            raise OpsError(
+                f"the labels moved, but {what} was refused (the config stays as it was after "
+                f"the label write): {exc}"
+            ) from exc
+        if unloads:
             outcome.unloaded = unloads
             print(f"policy: {', '.join(f'v{v}' for v in unloads)} unloading")
         labels = modelconfig.find_model(writes.label, plan.model).version_labels
@@ -369,7 +443,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     what.add_argument("--checkpoint", type=Path, help="export this checkpoint as the next version")
     what.add_argument("--from-dir", type=Path, help="copy this exported version directory in")
     what.add_argument("--promote", nargs=2, metavar=("FROM", "TO"), help="TO := FROM's version")
-    what.add_argument("--rollback", metavar="LABEL", help="LABEL := the previous version")
+    what.add_argument(
+        "--rollback", metavar="LABEL",
+        help="LABEL := the version it named before its last move (from the label history kept "
+        "beside the config in .<config>.labels.json)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--to", type=int, metavar="VERSION",
+        help="with --rollback: point LABEL at VERSION instead (when the history has no earlier "
+        "value, or to go further back)",
+    )  # fmt: skip
     parser.add_argument("--label", help="point this label at the new version once it is loaded")
     parser.add_argument("--version", type=int, help="version number (default: next free)")
     parser.add_argument(
@@ -395,8 +478,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument(
         "--reader-wait", type=float, default=None,
         help="seconds after the last config change before a version may leave the policy "
-        "(default: max(GATEWAY_LABELS_CACHE_S, GATEWAY_STATUS_CACHE_S) + GATEWAY_TIMEOUT_S, "
-        "from this environment or the gateway's defaults: 1 + 10 s)",
+        "(default: max(GATEWAY_LABELS_CACHE_S + 1, GATEWAY_STATUS_CACHE_S) + GATEWAY_TIMEOUT_S, "
+        "from this environment or the gateway's defaults: 2 + 10 s; the + 1 covers a "
+        "worker's read of the file)",
     )  # fmt: skip
     parser.add_argument(
         "--lock-timeout", type=float, default=600.0,
@@ -406,6 +490,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args = parser.parse_args(argv)
     if args.label and (args.promote or args.rollback):
         parser.error("--label goes with --checkpoint or --from-dir")
+    if args.to is not None and not args.rollback:
+        parser.error("--to goes with --rollback")
     if args.keep < 1:
         parser.error("--keep must be at least 1: the newest version is always served")
     args.server = args.server or ["127.0.0.1:8500"]

@@ -87,37 +87,134 @@ def replica_targets(specs: list[str]) -> list[str]:
 class ReplicaSet:
     """The replicas of one model server, driven together: each gets every config reload.
 
-    ``status`` merges their answers (a version is AVAILABLE only when every replica reports it);
-    ``wait_available_everywhere`` waits for and reports each replica.
+    The set is what ``specs`` resolve to (``endpoints.resolve``, the gateway's own view of the
+    replicas), resolved again before each reload and on each poll of a wait: a replica that
+    joins mid-push (the autoscaler's new pod) gets the config the others hold and is waited
+    on; one that left the DNS answer (a pod removed) is dropped, which is not a failure. One
+    that is still named but does not answer is a failure, and ``check_reachable`` finds it
+    before anything is published.
     """
 
-    def __init__(self, targets: list[str], timeout_s: float = 10.0):
-        self.servers = [ModelServer(t, timeout_s) for t in targets]
-        self.target = ",".join(targets)
+    def __init__(
+        self, specs: list[str], timeout_s: float = 10.0, progress: Callable[[str], None] = print
+    ):
+        self.specs = list(specs)
+        self.timeout_s = timeout_s
+        self.progress = progress
+        self.servers = [ModelServer(t, timeout_s) for t in replica_targets(self.specs)]
         # The config every replica holds now; a reload one replica refuses is undone on those
         # that took it. (Set by the caller to what the replicas were started with or last got.)
         self.applied: Any = None
+        self._unsynced: set[str] = set()  # joined after the start: not sent ``applied`` yet
+
+    @property
+    def target(self) -> str:
+        return ",".join(s.target for s in self.servers)
+
+    def refresh(self) -> None:
+        """Resolve the specs again: add the replicas that appeared, drop those that are gone.
+
+        A failed resolution keeps the replicas known (a DNS hiccup is not a scale-down).
+        """
+        try:
+            targets = replica_targets(self.specs)
+        except OpsError as exc:
+            self.progress(f"  could not resolve the replicas again ({exc}); keeping {self.target}")
+            return
+        known = {s.target: s for s in self.servers}
+        for target, server in known.items():
+            if target not in targets:
+                self.progress(f"  replica {target} left the set; not waiting for it")
+                server.close()
+        for target in targets:
+            if target not in known:
+                self.progress(f"  replica {target} joined the set")
+                self._unsynced.add(target)
+        self.servers = [known.get(t) or ModelServer(t, self.timeout_s) for t in targets]
+        self._unsynced &= set(targets)
+
+    def has(self, server: ModelServer) -> bool:
+        """Return whether ``server`` is still in the set after resolving again."""
+        self.refresh()
+        return any(s.target == server.target for s in self.servers)
+
+    def check_reachable(self, name: str) -> None:
+        """Raise OpsError naming every replica that does not answer GetModelStatus for ``name``.
+
+        Called before anything is written or published: a push that cannot reach a replica
+        must stop while stopping costs nothing.
+        """
+        down = []
+        for server in self.servers:
+            try:
+                server.status(name)
+            except OpsError as exc:
+                down.append(f"{server.target} ({exc})")
+        if down:
+            raise OpsError(
+                f"replica down: {'; '.join(down)}; nothing was published or changed (start it, "
+                "or let it leave the replica set, and push again)"
+            )
 
     def status(self, name: str) -> list[VersionStatus]:
         """Return the merged version states (OpsError if any replica does not answer)."""
         return model_status.merge_replicas([server.status(name) for server in self.servers])
 
     def reload(self, config: Any, timeout_s: float = 60.0) -> None:
-        """Send ``config`` to every replica; if one refuses, put the others back and raise."""
+        """Send ``config`` to every replica; if one refuses, put the others back and raise.
+
+        A replica that refuses because it has left the set is skipped.
+        """
+        self.refresh()
         took: list[ModelServer] = []
-        for server in self.servers:
+        for server in list(self.servers):
             try:
                 server.reload(config, timeout_s)
             except OpsError as exc:
+                if not self.has(server):
+                    continue
                 if self.applied is not None:
                     for done in took:
                         try:
                             done.reload(self.applied, timeout_s)
                         except OpsError as undo:
-                            print(f"  could not restore {done.target}: {undo}", flush=True)
+                            self.progress(f"  could not restore {done.target}: {undo}")
                 raise OpsError(f"{server.target}: {exc}") from exc
             took.append(server)
+            self._unsynced.discard(server.target)
         self.applied = config
+
+    def reload_each(self, config: Any, timeout_s: float = 60.0) -> dict[str, str]:
+        """Send ``config`` to every replica, undoing nothing; return target -> error of refusals.
+
+        For putting a config back after a failure: a replica that is down must not keep the
+        live ones from getting it.
+        """
+        self.refresh()
+        refused = {}
+        for server in self.servers:
+            try:
+                server.reload(config, timeout_s)
+            except OpsError as exc:
+                refused[server.target] = str(exc)
+            else:
+                self._unsynced.discard(server.target)
+        self.applied = config
+        return refused
+
+    def synced(self, server: ModelServer) -> bool:
+        """Return whether ``server`` holds ``applied``, sending it first to one that joined.
+
+        A replica that has just joined may not listen yet: False, and the next poll tries again.
+        """
+        if server.target not in self._unsynced or self.applied is None:
+            return True
+        try:
+            server.reload(self.applied, self.timeout_s)
+        except OpsError:
+            return False
+        self._unsynced.discard(server.target)
+        return True
 
     def close(self) -> None:
         """Close every channel."""
@@ -131,61 +228,63 @@ def wait_available_everywhere(
     version: int,
     timeout_s: float,
     progress: Callable[[str], None] = print,
+    poll_s: float = 0.2,
 ) -> dict[str, float]:
-    """Wait until every replica reports ``version`` AVAILABLE; return seconds per replica.
+    """Wait until every replica in the set reports ``version`` AVAILABLE; return seconds per one.
 
-    One deadline bounds the whole wait; each replica's time is reported as it arrives, and the
-    error names the replica that did not get there.
+    The set is resolved again on every poll: a replica that joins is sent the config and waited
+    on, one that leaves is not waited for. A replica that does not answer is asked again until
+    the one deadline; the error names each replica that did not get there and its last state.
     """
     started = time.monotonic()
     took: dict[str, float] = {}
-    for server in replicas.servers:
-        left = max(0.0, timeout_s - (time.monotonic() - started))
-        wait_available(server, name, version, left, progress)
-        took[server.target] = time.monotonic() - started
-        if len(replicas.servers) > 1:
-            progress(
-                f"  {name} v{version} AVAILABLE on {server.target} ({took[server.target]:.1f}s)"
+    last: dict[str, str] = {}
+    while True:
+        replicas.refresh()
+        if not replicas.servers:
+            raise OpsError(f"no replica of {name} is left to wait for")
+        for server in replicas.servers:
+            if server.target in took:
+                continue
+            state = _version_state(replicas, server, name, version)
+            if state == model_status.AVAILABLE:
+                took[server.target] = time.monotonic() - started
+                if len(replicas.servers) > 1:
+                    progress(
+                        f"  {name} v{version} AVAILABLE on {server.target} "
+                        f"({took[server.target]:.1f}s)"
+                    )
+            elif state != last.get(server.target):
+                progress(f"  {name} v{version} on {server.target}: {state}")
+            last[server.target] = state
+        current = [s.target for s in replicas.servers]
+        if all(t in took for t in current):
+            return {t: took[t] for t in current}
+        if time.monotonic() - started > timeout_s:
+            behind = [t for t in current if t not in took]
+            waiting = "; ".join(f"{t}: {last.get(t, 'no answer')}" for t in behind)
+            raise OpsError(
+                f"{name} version {version} not AVAILABLE after {timeout_s:.0f}s at {waiting}; "
+                f"is the server polling {name}'s base path?"
             )
-    return took
+        time.sleep(poll_s)
+
+
+def _version_state(replicas: ReplicaSet, server: ModelServer, name: str, version: int) -> str:
+    """Return ``version``'s state on ``server`` (or why it has none); raise if its load failed."""
+    if not replicas.synced(server):
+        return "joined, not answering yet"
+    try:
+        states = {s.version: s for s in server.status(name)}
+    except OpsError as exc:
+        return f"not answering ({exc})"
+    entry = states.get(version)
+    if entry is None:
+        return "not reported yet"
+    if entry.state == "END" and entry.error_message:
+        raise OpsError(f"{name} version {version} failed to load: {entry.error_message}")
+    return entry.state + (f" ({entry.error_message})" if entry.error_message else "")
 
 
 def _rpc_text(exc: Any) -> str:
     return f"{exc.code().name}: {exc.details()}"
-
-
-def wait_available(
-    server: ModelServer,
-    name: str,
-    version: int,
-    timeout_s: float,
-    progress: Callable[[str], None] = print,
-    poll_s: float = 0.2,
-) -> float:
-    """Wait until ``version`` of ``name`` is AVAILABLE; return the seconds it took.
-
-    Fails fast when the server reports the load ended with an error, and with a clear timeout
-    error naming the last state seen otherwise.
-    """
-    started = time.monotonic()
-    last = "not reported yet"
-    shown = ""
-    while True:
-        states = {s.version: s for s in server.status(name)}
-        entry = states.get(version)
-        if entry is not None:
-            error = entry.error_message
-            last = entry.state + (f" ({error})" if error else "")
-            if entry.state == model_status.AVAILABLE:
-                return time.monotonic() - started
-            if entry.state == "END" and error:
-                raise OpsError(f"{name} version {version} failed to load: {error}")
-        if last != shown:
-            progress(f"  {name} v{version}: {last}")
-            shown = last
-        if time.monotonic() - started > timeout_s:
-            raise OpsError(
-                f"{name} version {version} not AVAILABLE after {timeout_s:.0f}s at "
-                f"{server.target} (last state: {last}); is the server polling {name}'s base path?"
-            )
-        time.sleep(poll_s)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from backend.versions import label_staleness_bound_s
 from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
 from modelformat.publish import copy_in
-from ops import modelconfig, push
+from ops import labelhistory, modelconfig, push
 from ops.modelconfig import OpsError
 
 
@@ -79,14 +81,78 @@ def test_promote_from_unknown_label_names_the_labels() -> None:
         push.plan_promote(model_config("all { }", {"stable": 1}), "beta", "stable")
 
 
-def test_rollback_goes_to_the_newest_older_version() -> None:
-    model = model_config("all { }", {"stable": 5})
-    assert push.plan_rollback(model, [1, 3, 5, 6], "stable").labels == {"stable": 3}
+def test_rollback_goes_to_the_labels_previous_value_not_the_newest_older_version() -> None:
+    # v1 stable, v2 a canary never promoted, v3 promoted: stable's previous value is 1, not 2.
+    history = labelhistory.record({}, "m", {"stable": 1}, {"canary": 2})
+    history = labelhistory.record(history, "m", {"stable": 1, "canary": 2}, {"stable": 3})
+    model = model_config("all { }", {"stable": 3, "canary": 2})
+    plan = push.plan_rollback(model, history, "stable")
+    assert plan.labels == {"stable": 1}
+    assert plan.history == {"m": {"canary": [2], "stable": [1]}}
 
 
-def test_rollback_of_the_oldest_version_is_a_clear_error() -> None:
-    with pytest.raises(OpsError, match="no version older than 1"):
-        push.plan_rollback(model_config("all { }", {"stable": 1}), [1, 2], "stable")
+def test_repeated_rollbacks_walk_the_history_back_then_stop_clearly() -> None:
+    history: labelhistory.History = {}
+    for before, after in ((1, 2), (2, 3), (3, 4)):  # three promotions of stable
+        history = labelhistory.record(history, "m", {"stable": before}, {"stable": after})
+    assert history == {"m": {"stable": [1, 2, 3, 4]}}
+    current, seen = 4, []
+    for _ in range(3):
+        plan = push.plan_rollback(model_config("all { }", {"stable": current}), history, "stable")
+        current, history = plan.labels["stable"], plan.history or {}
+        seen.append(current)
+    assert seen == [3, 2, 1]
+    with pytest.raises(OpsError, match=r"no value of m's 'stable' before 1.*--to VERSION"):
+        push.plan_rollback(model_config("all { }", {"stable": 1}), history, "stable")
+
+
+def test_rollback_of_a_label_moved_by_hand_goes_to_its_value_before_that_move() -> None:
+    history = {"m": {"stable": [1, 2]}}
+    plan = push.plan_rollback(model_config("all { }", {"stable": 5}), history, "stable")
+    assert plan.labels == {"stable": 2}
+
+
+def test_rollback_without_a_history_is_a_clear_error_and_to_is_the_explicit_way() -> None:
+    model = model_config("all { }", {"stable": 3})
+    with pytest.raises(OpsError, match="--rollback LABEL --to VERSION"):
+        push.plan_rollback(model, {}, "stable")
+    plan = push.plan_rollback(model, {}, "stable", to=1)
+    assert plan.labels == {"stable": 1}
+    assert plan.history == {"m": {"stable": [3, 1]}}
+
+
+def test_to_goes_only_with_rollback(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        push.parse_args(["--name", "m", "--promote", "canary", "stable", "--to", "1"])
+    assert "--to goes with --rollback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[]",
+        '{"format": 2, "models": {}}',
+        '{"format": 1, "models": []}',
+        '{"format": 1, "models": {"m": {"stable": [1, "2"]}}}',
+        '{"format": 1, "models": {"m": {"stable": [0]}}}',
+    ],
+)
+def test_a_corrupt_label_history_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    path = labelhistory.history_path_for(tmp_path / "models.config")
+    path.write_text(text)
+    with pytest.raises(OpsError, match=re.escape(f"label history {path} is unreadable")):
+        labelhistory.load(path)
+
+
+def test_a_missing_label_history_is_empty_and_writes_round_trip(tmp_path: Path) -> None:
+    path = labelhistory.history_path_for(tmp_path / "models.config")
+    assert path.name == ".models.config.labels.json"
+    assert labelhistory.load(path) == {}
+    history = {"m": {"stable": [1, 3], "canary": [2]}}
+    labelhistory.write_atomic(path, history)
+    assert labelhistory.load(path) == history
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temp file left
 
 
 def test_publish_copy_is_atomic_and_never_overwrites(tmp_path: Path) -> None:
@@ -149,8 +215,9 @@ def writes_for(
     model = modelconfig.find_model(config, "m")
     if how == "promote":
         plan = push.plan_promote(model, "canary", "stable")
-    elif how == "rollback":
-        plan = push.plan_rollback(model, on_disk, "stable")
+    elif how == "rollback":  # stable's previous value: the version below it
+        history = {"m": {"stable": [labels["stable"] - 1, labels["stable"]]}}
+        plan = push.plan_rollback(model, history, "stable")
     else:  # push the next version to canary
         new = max(on_disk) + 1
         plan = push.Plan(model="m", new_version=new, labels={"canary": new})
@@ -168,7 +235,10 @@ def writes_for(
          [2, 3, 4], "rollback"),
         ("specific { versions: 1 versions: 2 }", {"stable": 1, "canary": 2}, [1, 2], "push"),
         ("latest { num_versions: 2 }", {"stable": 1, "canary": 2}, [1, 2], "push"),
+        # pinned only while publishing: `latest {2}` comes back in the last write, dropping 1
+        ("latest { num_versions: 2 }", {"stable": 2}, [1, 2], "push"),
         ("all { }", {"stable": 3, "canary": 4}, [1, 2, 3, 4], "rollback"),
+        ("all { }", {"stable": 3}, [1, 2, 3], "push"),
     ],
 )  # fmt: skip
 def test_only_the_last_write_drops_versions_and_it_moves_no_label(
@@ -201,18 +271,19 @@ def test_promote_keeps_the_old_stable_version_until_the_shrink() -> None:
     assert push.served(writes.shrink, "m", [2, 3, 4]) == {4}
 
 
-def test_reader_wait_defaults_to_the_gateway_cache_ttl_plus_its_timeout(
+def test_reader_wait_defaults_to_the_gateways_label_staleness_bound_plus_its_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name in ("GATEWAY_LABELS_CACHE_S", "GATEWAY_STATUS_CACHE_S", "GATEWAY_TIMEOUT_S"):
         monkeypatch.delenv(name, raising=False)
-    assert push.default_reader_wait_s() == 1.0 + 10.0  # the gateway's own defaults
+    # The gateway's defaults: labels re-read every 1 s (+ 1 s for the read itself), 10 s timeout.
+    assert push.default_reader_wait_s() == label_staleness_bound_s(1.0) + 10.0 == 12.0
     monkeypatch.setenv("GATEWAY_LABELS_CACHE_S", "2")
     monkeypatch.setenv("GATEWAY_STATUS_CACHE_S", "0.5")
     monkeypatch.setenv("GATEWAY_TIMEOUT_S", "5")
-    assert push.default_reader_wait_s() == 7.0
+    assert push.default_reader_wait_s() == 8.0
     args, _ = push.parse_args(["--name", "m", "--promote", "canary", "stable"])
-    assert args.reader_wait == 7.0
+    assert args.reader_wait == 8.0
 
 
 def test_reader_wait_counts_from_the_configs_last_change(tmp_path: Path) -> None:
@@ -241,3 +312,27 @@ def test_a_held_config_lock_makes_the_next_writer_wait_and_then_give_up(tmp_path
     assert said and "another push" in said[0]
     with serverconfig.config_lock(config, timeout_s=0.2):  # released: taken at once
         pass
+
+
+@pytest.mark.parametrize(
+    ("policy", "on_disk", "served_after"),
+    [
+        ("latest { num_versions: 2 }", [1, 2], {2, 3}),
+        ("latest { num_versions: 3 }", [1, 2], {1, 2, 3}),
+        ("all { }", [1, 2], {1, 2, 3}),
+    ],
+)
+def test_a_new_version_is_published_pinned_under_latest_and_all_then_the_policy_comes_back(
+    policy: str, on_disk: list[int], served_after: set[int]
+) -> None:
+    # Published unpinned, every replica's file-system poll loads it at once: a push that then
+    # fails has put it live anyway. Pinned, a failed push (restored to the pin) never serves it.
+    config, _, writes = writes_for(policy, {"stable": 2}, on_disk, "push")
+    future = [*on_disk, 3]
+    pin = modelconfig.find_model(writes.pin, "m")
+    assert modelconfig.policy_kind(pin) == "specific"
+    assert 3 not in push.served(writes.pin, "m", future)
+    assert push.served(writes.load, "m", future) == {*push.served(config, "m", on_disk), 3}
+    shrink = modelconfig.find_model(writes.shrink, "m")
+    assert shrink.model_version_policy == modelconfig.find_model(config, "m").model_version_policy
+    assert push.served(writes.shrink, "m", future) == served_after

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import shutil
 import signal
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+import backend.clients.endpoints as endpoints
 from ops import modelconfig, push
-from ops.modelconfig import OpsError
 from ops.procs import ServerProcess, free_port, port_open, python_cmd
 from ops.server import ModelServer, replica_targets
 from tests.ops.conftest import MODEL
@@ -44,13 +46,13 @@ def test_server_flag_is_repeatable_and_defaults_to_one_local_server() -> None:
 
 
 class Replicas:
-    """Two modelservers reading one models.config."""
+    """Model servers reading one models.config (no config poll: only reloads change them)."""
 
-    def __init__(self, work: Path, base: Path) -> None:
+    def __init__(self, work: Path, base: Path, count: int) -> None:
         self.config = work / "models.config"
         self.base = base
         self.procs: list[tuple[ServerProcess, int]] = []
-        for index in range(2):
+        for index in range(count):
             port = free_port()
             cmd = python_cmd(
                 "-m", "modelserver", f"--port={port}", f"--model_config_file={self.config}",
@@ -65,15 +67,16 @@ class Replicas:
     def targets(self) -> list[str]:
         return [f"127.0.0.1:{port}" for _, port in self.procs]
 
-    def push_args(self, *args: str) -> list[str]:
+    def push_args(self, *args: str, server: str = "") -> list[str]:
         return [
             "--name", MODEL, "--config", str(self.config), "--base-path", str(self.base),
-            "--timeout", "60", "--server", ",".join(self.targets), *args,
+            "--timeout", "60", "--reader-wait", "0", "--server", server or ",".join(self.targets),
+            *args,
         ]  # fmt: skip
 
-    def available(self) -> list[set[int]]:
+    def available(self, targets: list[str] | None = None) -> list[set[int]]:
         out = []
-        for target in self.targets:
+        for target in targets or self.targets:
             server = ModelServer(target)
             try:
                 out.append({s.version for s in server.status(MODEL) if s.state == "AVAILABLE"})
@@ -86,23 +89,79 @@ class Replicas:
             modelconfig.find_model(modelconfig.load_config(self.config), MODEL).version_labels
         )
 
+    def published(self) -> list[str]:
+        return sorted(p.name for p in (self.base / MODEL).iterdir())
 
-@pytest.fixture
-def replicas(tiny_exports: Path, tmp_path: Path) -> Iterator[Replicas]:
-    """Return two replicas serving tiny v1 (stable=1, ``specific``) from one config."""
-    base = tmp_path / "models"
+
+def start_replicas(
+    tiny_exports: Path, work: Path, count: int, policy: str = "specific { versions: 1 }"
+) -> Iterator[Replicas]:
+    """Start ``count`` replicas serving tiny v1 (stable=1) under ``policy`` from one config."""
+    base = work / "models"
     shutil.copytree(tiny_exports / MODEL / "1", base / MODEL / "1")
-    (tmp_path / "models.config").write_text(
+    (work / "models.config").write_text(
         f'model_config_list {{ config {{ name: "{MODEL}" base_path: "{base / MODEL}" '
-        'model_platform: "tensorflow" model_version_policy { specific { versions: 1 } } '
+        f'model_platform: "tensorflow" model_version_policy {{ {policy} }} '
         'version_labels { key: "stable" value: 1 } } }\n'
     )
-    running = Replicas(tmp_path, base)
+    running = Replicas(work, base, count)
     try:
         yield running
     finally:
         for proc, _ in running.procs:
             proc.stop()
+
+
+@pytest.fixture
+def replicas(tiny_exports: Path, tmp_path: Path) -> Iterator[Replicas]:
+    """Return two replicas serving tiny v1 (stable=1, ``specific``) from one config."""
+    yield from start_replicas(tiny_exports, tmp_path, 2)
+
+
+@pytest.fixture
+def three_replicas(tiny_exports: Path, tmp_path: Path) -> Iterator[Replicas]:
+    """Return three replicas serving tiny v1 (stable=1, ``specific``) from one config."""
+    yield from start_replicas(tiny_exports, tmp_path, 3)
+
+
+@pytest.fixture
+def latest_replicas(tiny_exports: Path, tmp_path: Path) -> Iterator[Replicas]:
+    """Return two replicas serving tiny v1 (stable=1) under ``latest { num_versions: 2 }``."""
+    yield from start_replicas(tiny_exports, tmp_path, 2, "latest { num_versions: 2 }")
+
+
+# What a headless Service's DNS answer does while the autoscaler works: a name whose addresses
+# change between two look-ups. It cannot be made for real here (every replica is 127.0.0.1 on
+# its own port), so the one resolver call push_model makes answers from a list the test changes.
+DNS_NAME = "dns:///tf-serving-headless.test:8500"
+
+
+class ChangingDns:
+    """``endpoints.resolve`` for DNS_NAME: ``before`` until the new version is on disk, then
+    ``after`` from the ``on_call``-th look-up after that (calling ``then`` once, at the switch)."""
+
+    def __init__(
+        self,
+        replicas: Replicas,
+        before: list[str],
+        after: list[str],
+        on_call: int,
+        then: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.replicas, self.before, self.after = replicas, before, after
+        self.on_call, self.then = on_call, then
+        self.calls_after_publish = 0
+        self.real = endpoints.resolve
+
+    def __call__(self, target: str) -> list[str]:
+        if target != DNS_NAME:
+            return self.real(target)
+        if not (self.replicas.base / MODEL / "2").exists():
+            return self.before
+        self.calls_after_publish += 1
+        if self.calls_after_publish == self.on_call:
+            self.then()
+        return self.after if self.calls_after_publish >= self.on_call else self.before
 
 
 @pytest.mark.slow
@@ -120,21 +179,110 @@ def test_push_reloads_every_replica_and_labels_once_all_report_available(
 
 
 @pytest.mark.slow
-def test_push_with_a_replica_down_moves_no_label_and_names_the_replica(
-    replicas: Replicas, tiny_exports: Path
+def test_a_replica_down_at_start_stops_the_push_before_anything_is_published(
+    replicas: Replicas, tiny_exports: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = replicas.labels()
+    before = replicas.config.read_bytes()
     down, port = replicas.procs[1]
     down.kill(signal.SIGKILL)
     source = str(tiny_exports / MODEL / "2")
 
-    with pytest.raises(OpsError, match=f"127.0.0.1:{port}"):
-        push.run(*push.parse_args(replicas.push_args("--from-dir", source, "--label", "canary")))
+    assert push.main(replicas.push_args("--from-dir", source, "--label", "canary")) == 1
 
-    assert replicas.labels() == before
-    # The live replica was put back to the config it had.
-    first = ModelServer(replicas.targets[0])
-    try:
-        assert {s.version for s in first.status(MODEL) if s.state == "AVAILABLE"} == {1}
-    finally:
-        first.close()
+    err = capsys.readouterr().err
+    assert f"replica down: 127.0.0.1:{port}" in err and "nothing was published" in err
+    assert replicas.published() == ["1"]  # no new version directory
+    assert replicas.config.read_bytes() == before  # config unchanged
+    assert replicas.available(replicas.targets[:1]) == [{1}]
+
+
+@pytest.mark.slow
+def test_a_replica_that_joins_mid_wait_gets_the_config_and_is_waited_on(
+    three_replicas: Replicas,
+    tiny_exports: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first_two, joiner = three_replicas.targets[:2], three_replicas.targets[2]
+    # The third look-up after publishing is the wait's first poll (1: the load write's reload).
+    dns = ChangingDns(three_replicas, first_two, three_replicas.targets, on_call=2)
+    monkeypatch.setattr(endpoints, "resolve", dns)
+    source = str(tiny_exports / MODEL / "2")
+
+    assert push.main(three_replicas.push_args("--from-dir", source, "--label", "canary",
+                                              server=DNS_NAME)) == 0  # fmt: skip
+
+    out = capsys.readouterr().out
+    assert f"replica {joiner} joined the set" in out
+    assert f"{MODEL} v2 AVAILABLE on {joiner}" in out
+    # It was started with v1 only and polls no config: only the push's reload loads v2 there.
+    assert three_replicas.available() == [{1, 2}, {1, 2}, {1, 2}]
+    assert three_replicas.labels() == {"stable": 1, "canary": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("on_call", [1, 2], ids=["before-the-load-reload", "mid-wait"])
+def test_a_replica_removed_mid_push_is_not_waited_for_and_the_push_succeeds(
+    replicas: Replicas,
+    tiny_exports: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    on_call: int,
+) -> None:
+    stays, (removed, removed_port) = replicas.targets[0], replicas.procs[1]
+    dns = ChangingDns(
+        replicas, replicas.targets, [stays], on_call, then=lambda: removed.kill(signal.SIGKILL)
+    )
+    monkeypatch.setattr(endpoints, "resolve", dns)
+    source = str(tiny_exports / MODEL / "2")
+
+    assert push.main(replicas.push_args("--from-dir", source, "--label", "canary",
+                                        server=DNS_NAME)) == 0  # fmt: skip
+
+    assert f"replica 127.0.0.1:{removed_port} left the set" in capsys.readouterr().out
+    assert replicas.published() == ["1", "2"]  # one version published, no retry's second
+    assert replicas.labels() == {"stable": 1, "canary": 2}
+    assert replicas.available([stays]) == [{1, 2}]
+
+
+@pytest.mark.slow
+def test_a_push_that_fails_under_latest_never_puts_the_new_version_live(
+    latest_replicas: Replicas, tiny_exports: Path
+) -> None:
+    # `latest {2}` with v1 on disk serves v2 as soon as a replica's file-system poll sees it.
+    # A replica dies right after the version is published (still named: it is not gone), so
+    # the push fails; the live replica must not serve v2, now or on a later poll.
+    live, (dying, _) = latest_replicas.targets[0], latest_replicas.procs[1]
+    published = latest_replicas.base / MODEL / "2"
+
+    def kill_once_published() -> None:
+        deadline = time.monotonic() + 120
+        while not published.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        dying.kill(signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once_published, daemon=True)
+    killer.start()
+    args = latest_replicas.push_args("--from-dir", str(tiny_exports / MODEL / "2"))
+    args[args.index("--timeout") + 1] = "8"
+
+    assert push.main(args) == 1
+
+    killer.join(10)
+    model = modelconfig.find_model(modelconfig.load_config(latest_replicas.config), MODEL)
+    assert modelconfig.policy_versions(model, [1, 2]) == {1}
+    time.sleep(3)  # three file-system polls of the live replica
+    assert latest_replicas.available([live]) == [{1}]
+
+
+@pytest.mark.slow
+def test_a_push_under_latest_gives_the_policy_back_once_it_succeeds(
+    latest_replicas: Replicas, tiny_exports: Path
+) -> None:
+    source = str(tiny_exports / MODEL / "2")
+
+    assert push.main(latest_replicas.push_args("--from-dir", source, "--label", "canary")) == 0
+
+    model = modelconfig.find_model(modelconfig.load_config(latest_replicas.config), MODEL)
+    assert modelconfig.policy_kind(model) == "latest"
+    assert latest_replicas.available() == [{1, 2}, {1, 2}]
