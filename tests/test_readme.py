@@ -101,7 +101,7 @@ def matches(shown: Any, actual: Any, where: str = "$") -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[run_stack.Ports]:
     if not (MODELS / "minilm").is_dir() or not (MODELS / "minilm-intent").is_dir():
-        pytest.skip("demo models not built: run `make models` (make test does)")
+        pytest.fail("demo models not built: run `make models` (make test does)")
     ports = run_stack.Ports(grpc=free_port(), rest=free_port(), gateway=free_port())
     state = tmp_path_factory.mktemp("stack")
     try:

@@ -6,16 +6,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tensorflow.core.framework import tensor_pb2 as tf_tensor_pb2
+from tensorflow_serving.apis import get_model_status_pb2 as tf_status_pb2
+from tensorflow_serving.apis import predict_pb2 as tf_predict_pb2
 
 from backend.clients.grpc_client import build_predict_request
 from backend.tensors import from_tensor_proto, to_tensor_proto
 from modelformat.protos import serving_pb2
 from modelformat.status import from_grpc as parse_status_response
-
-tf_apis = pytest.importorskip("tensorflow_serving.apis.predict_pb2")
-from tensorflow.core.framework import tensor_pb2 as tf_tensor_pb2  # noqa: E402
-from tensorflow_serving.apis import get_model_status_pb2 as tf_status_pb2  # noqa: E402
-from tensorflow_serving.apis import predict_pb2 as tf_predict_pb2  # noqa: E402
 
 INPUTS = {
     "input_ids": np.array([[2, 57, 90, 3], [2, 41, 3, 0]], dtype=np.int32),

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch  # the test-time numerical reference (requirements-dev.txt)
+import transformers
 
 from export.build import build
 from export.predictor import PersistentPredictor
 from export.warmup import token_batch
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 VOCAB = 303  # len(tiny_vocab())
 

@@ -147,10 +147,6 @@ def test_students_are_in_safetensors_under_the_contract_names(distilled: dict[st
     assert f"exits.{LAYERS - 1}.dense.weight" not in tensors
 
 
-@pytest.mark.skipif(
-    "exits" not in __import__("export.checkpoint").checkpoint.Checkpoint.__dataclass_fields__,
-    reason="export.checkpoint.Checkpoint.exits is not there yet (issue 11 contract)",
-)
 def test_read_checkpoint_returns_the_students_and_the_early_exits_entry(
     distilled: dict[str, Any],
 ) -> None:
