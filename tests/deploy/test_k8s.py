@@ -200,7 +200,11 @@ def test_tfserving_image_is_composes_pinned_tag(
     gpu_tag = re.sub(r"\$\{[A-Z_]+:-([^}]+)\}", r"\1", gpu["services"]["tfserving"]["image"])
     for overlay, want in (("cpu", compose_tag), ("gpu", gpu_tag)):
         spec = pod_spec(find(rendered[overlay], "Deployment", "tf-serving"))
-        images = {c["image"] for c in spec["containers"] + spec.get("initContainers", [])}
+        images = {
+            c["image"]
+            for c in spec["containers"] + spec.get("initContainers", [])
+            if c["name"] != "ready-check"  # the ops image, with the project's Python
+        }
         assert images == {want}, overlay
 
 
@@ -262,21 +266,24 @@ def test_tfserving_ports_are_composes_on_both_services(objs: list[Obj], compose:
     assert find(objs, "Service", "tf-serving-headless")["spec"]["clusterIP"] == "None"
 
 
-def probe_script(probe: Obj) -> str:
-    return " ".join(probe["exec"]["command"])
-
-
 @pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe"])
-def test_tfserving_is_ready_when_every_model_reports_available(
-    objs: list[Obj], compose: Obj, model_names: set[str], probe: str
+def test_tfserving_readiness_is_every_named_version_and_names_no_model(
+    objs: list[Obj], model_names: set[str], probe: str
 ) -> None:
-    script = probe_script(container(find(objs, "Deployment", "tf-serving"), "tf-serving")[probe])
-    compose_check = " ".join(compose["services"]["tfserving"]["healthcheck"]["test"])
-    # The same HTTP/1.0-over-/dev/tcp request as compose's healthcheck, on the REST port.
-    assert "/dev/tcp/127.0.0.1/8501" in script and "/dev/tcp/127.0.0.1/8501" in compose_check
-    assert "GET /v1/models/%s HTTP/1.0" in script and "grep -q AVAILABLE" in script
-    loop = re.search(r"for model in ([\w .-]+); do", script)
-    assert loop and set(loop.group(1).split()) == model_names
+    deployment = find(objs, "Deployment", "tf-serving")
+    check = container(deployment, "ready-check")
+    # ops/tfs_ready.py on the config TF Serving reads and its REST port, served for the probe.
+    assert check["command"][:3] == ["python", "-m", "ops.tfs_ready"]
+    args = flags(check["command"][3:])
+    assert args["config"] == tfs_flags(objs)["model_config_file"]
+    assert args["rest"] == "http://127.0.0.1:8501"
+    port = {p["name"]: p["containerPort"] for p in check["ports"]}
+    assert check[probe]["httpGet"] == {"path": "/ready", "port": "ready"}
+    assert port["ready"] == int(args["serve"])
+    assert models_mount(check)["mountPath"] == "/models"
+    # No probe of the pod names a model: the check reads them from models.config.
+    text = yaml.safe_dump(pod_spec(deployment))
+    assert not [name for name in model_names if name in text]
 
 
 def test_tfserving_liveness_is_the_grpc_port(objs: list[Obj]) -> None:
@@ -579,3 +586,136 @@ def test_readme_push_examples_use_push_model_flags() -> None:
     assert len(examples) >= 3, "push, promote and roll back"
     used = {arg for example in examples for arg in example.split() if arg.startswith("--")}
     assert used <= push_model_flags(), f"push_model has no {used - push_model_flags()}"
+
+
+# --- access: NetworkPolicies and service-account tokens -----------------------------------------
+
+
+def test_no_pod_mounts_a_service_account_token(objs: list[Obj]) -> None:
+    """Nothing here calls the Kubernetes API (replicas are found through DNS)."""
+    for obj in workloads(objs):
+        assert pod_spec(obj)["automountServiceAccountToken"] is False, obj["metadata"]["name"]
+
+
+NAMESPACE = "bert-gateway"
+
+
+def pod_labels(objs: list[Obj]) -> dict[str, dict[str, str]]:
+    """Return workload name -> the labels of the pods it makes."""
+    out = {}
+    for obj in workloads(objs):
+        spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+        out[obj["metadata"]["name"]] = spec["template"]["metadata"]["labels"]
+    return out
+
+
+def matches(selector: Obj, labels: dict[str, str]) -> bool:
+    """Return True if a label selector (matchLabels / matchExpressions) selects ``labels``."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        present = key in labels
+        if (op == "In" and labels.get(key) not in values) or (
+            op == "NotIn" and labels.get(key) in values
+        ):
+            return False
+        if (op == "Exists" and not present) or (op == "DoesNotExist" and present):
+            return False
+    return True
+
+
+def port_numbers(objs: list[Obj], workload: str) -> dict[str, int]:
+    """Return port name -> number of every container port of a workload's pods."""
+    spec = pod_spec(next(o for o in workloads(objs) if o["metadata"]["name"] == workload))
+    return {p["name"]: p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])}
+
+
+def allowed(objs: list[Obj], src_ns: str, src_labels: dict[str, str], dst: str, port: int) -> bool:
+    """Evaluate the rendered NetworkPolicies: may a pod reach workload ``dst``'s pods on ``port``?
+
+    Ingress semantics of networking.k8s.io/v1: a pod selected by no Ingress policy accepts all;
+    otherwise a connection is allowed if any rule of any selecting policy allows it.
+    """
+    dst_labels = pod_labels(objs)[dst]
+    names = port_numbers(objs, dst)
+    policies = [
+        o for o in objs
+        if o["kind"] == "NetworkPolicy" and "Ingress" in o["spec"].get("policyTypes", ["Ingress"])
+        and matches(o["spec"]["podSelector"], dst_labels)
+    ]  # fmt: skip
+    if not policies:
+        return True
+    src_ns_labels = {"kubernetes.io/metadata.name": src_ns}
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            ports = [p["port"] for p in rule.get("ports", [])]
+            if ports and port not in [names.get(p, p) if isinstance(p, str) else p for p in ports]:
+                continue
+            peers = rule.get("from")
+            if not peers:
+                return True
+            for peer in peers:
+                ns_ok = (
+                    matches(peer["namespaceSelector"], src_ns_labels)
+                    if "namespaceSelector" in peer
+                    else src_ns == NAMESPACE
+                )
+                pod_ok = matches(peer["podSelector"], src_labels) if "podSelector" in peer else True
+                if ns_ok and pod_ok:
+                    return True
+    return False
+
+
+def test_the_namespace_denies_ingress_by_default(objs: list[Obj]) -> None:
+    deny = find(objs, "NetworkPolicy", "default-deny-ingress")["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}
+
+
+def test_policy_selectors_select_the_pods_they_mean(objs: list[Obj]) -> None:
+    labels = pod_labels(objs)
+    for name in ("tf-serving", "gateway"):
+        policy = find(objs, "NetworkPolicy", name)["spec"]
+        assert [w for w, lab in labels.items() if matches(policy["podSelector"], lab)] == [name]
+    peers = [
+        peer["podSelector"]
+        for rule in find(objs, "NetworkPolicy", "tf-serving")["spec"]["ingress"]
+        for peer in rule["from"]
+        if "podSelector" in peer
+    ]
+    selected = {w for sel in peers for w, lab in labels.items() if matches(sel, lab)}
+    assert selected == {"gateway", "push-model"}
+
+
+def test_only_the_gateway_and_the_push_job_reach_tf_serving(objs: list[Obj]) -> None:
+    labels = pod_labels(objs)
+    ports = port_numbers(objs, "tf-serving")
+    grpc, rest = ports["grpc"], ports["http"]
+    sources = {name: (NAMESPACE, lab) for name, lab in labels.items()}
+    sources["a pod of another namespace"] = ("default", {"app.kubernetes.io/name": "gateway"})
+    sources["an unlabelled pod of the namespace"] = (NAMESPACE, {})
+    reach = {
+        port: {n for n, (ns, lab) in sources.items() if allowed(objs, ns, lab, "tf-serving", port)}
+        for port in (grpc, rest, ports["ready"])
+    }
+    assert reach[grpc] == {"gateway", "push-model"}  # the admin API
+    assert reach[rest] == {"gateway"}
+    assert reach[ports["ready"]] == set()  # kubelet probes only
+
+
+def test_clients_reach_the_gateway_and_monitoring_reaches_only_metrics(objs: list[Obj]) -> None:
+    port = port_numbers(objs, "gateway")["http"]
+    assert allowed(objs, "default", {}, "gateway", port)
+    assert allowed(objs, "ingress-nginx", {"app": "x"}, "gateway", port)
+    tfs = port_numbers(objs, "tf-serving")
+    policy = find(objs, "NetworkPolicy", "tf-serving")["spec"]
+    (monitoring,) = [
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for rule in policy["ingress"] for peer in rule["from"] if "namespaceSelector" in peer
+    ]  # fmt: skip
+    assert monitoring == "monitoring"  # the overlay names it (the base holds a placeholder)
+    assert allowed(objs, monitoring, {}, "tf-serving", tfs["http"])
+    assert not allowed(objs, monitoring, {}, "tf-serving", tfs["grpc"])
+    for job in ("push-model", "models-seed"):
+        for number in port_numbers(objs, job).values() or [8000]:
+            assert not allowed(objs, "default", {}, job, number)

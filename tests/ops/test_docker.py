@@ -161,8 +161,11 @@ def test_monitoring_config_enables_prometheus(tfs: dict[str, Any]) -> None:
     assert config.prometheus_config.enable
 
 
-def test_both_tf_serving_ports_are_published(tfs: dict[str, Any]) -> None:
-    assert {p.strip('"') for p in tfs["ports"]} == {"8500:8500", "8501:8501"}
+def test_both_tf_serving_ports_are_published_on_the_hosts_loopback_only(
+    tfs: dict[str, Any],
+) -> None:
+    """The gRPC port carries the unauthenticated admin API: no other machine may reach it."""
+    assert {p.strip('"') for p in tfs["ports"]} == {"127.0.0.1:8500:8500", "127.0.0.1:8501:8501"}
 
 
 def test_tfserving_healthcheck_needs_no_curl_and_names_a_configured_model(
