@@ -124,20 +124,26 @@ def test_compaction_and_the_masked_baseline_give_the_same_answers(exits_ckpt: Pa
 
 
 @pytest.mark.parametrize(
-    ("speed", "message"),
-    [
-        (np.full(ROWS, np.nan, np.float32), "speed must be in [0, 1]"),
-        (np.full(ROWS, -0.1, np.float32), "speed must be in [0, 1]"),
-        (np.full(ROWS, 1.5, np.float32), "speed must be in [0, 1]"),
-        (np.zeros(3, np.float32), "speed must have one value per row"),
-    ],
+    ("bad", "read_as"), [(np.nan, 0.0), (-0.1, 0.0), (1.5, 1.0), (-np.inf, 0.0)]
 )
-def test_bad_speed_is_the_graphs_invalid_argument(
-    exits_version: Any, speed: np.ndarray, message: str
+def test_one_bad_speed_is_clamped_in_its_row_and_the_others_answer_as_alone(
+    exits_version: Any, bad: float, read_as: float
 ) -> None:
+    """A merged batch (TF Serving's batching) must not fail every caller for one row."""
+    serve = tf.saved_model.load(str(exits_version.path)).signatures["serving_default"]
+    feeds = _batch(seed=4)
+    speeds = np.linspace(0.0, 1.0, ROWS).astype(np.float32)
+    speeds[1] = bad
+    got = run(serve, {**feeds, "speed": speeds})
+    want = run(serve, {**feeds, "speed": np.where(np.arange(ROWS) == 1, read_as, speeds)})
+    np.testing.assert_array_equal(got["exit_layer"], want["exit_layer"])
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-6)
+
+
+def test_a_speed_of_the_wrong_length_is_the_graphs_invalid_argument(exits_version: Any) -> None:
     ee = tf.saved_model.load(str(exits_version.path))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message.replace("[", r"\[")):
-        run(ee.signatures["serving_default"], {**_batch(), "speed": speed})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="speed must have one value per row"):
+        run(ee.signatures["serving_default"], {**_batch(), "speed": np.zeros(3, np.float32)})
 
 
 def test_model_json_signatures_and_warmup_describe_the_exits(exits_version: Any) -> None:
