@@ -15,12 +15,15 @@ import time
 
 
 class DelayProxy:
-    """Listen on 127.0.0.1:<port> and pipe to ``upstream_host:upstream_port``."""
+    """Listen on 127.0.0.1:<port> and pipe to ``upstream_host:upstream_port``.
 
-    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1"):
+    ``port`` 0 (default) picks a free port; ``start()`` sets ``self.port`` to the one it listens on.
+    """
+
+    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1", port: int = 0):
         self.upstream = (upstream_host, upstream_port)
         self.delay_s = 0.0
-        self.port = 0
+        self.port = port
         # Bytes piped each way (client -> upstream, upstream -> client): wire bytes incl. framing.
         self.bytes_up = 0
         self.bytes_down = 0
@@ -55,7 +58,7 @@ class DelayProxy:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0)
+            asyncio.start_server(self._handle, "127.0.0.1", self.port)
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()

@@ -25,7 +25,7 @@ class Answer:
     """One gateway request as a client saw it (times are ``time.monotonic()``)."""
 
     client: int
-    label: str  # '' = no label (the gateway's default version)
+    label: str  # '' = no label (the gateway's default version); '@N' = explicit version N
     started: float
     finished: float
     status: int  # HTTP status, 0 when no HTTP answer came back at all
@@ -41,7 +41,11 @@ class Answer:
 
 @dataclass
 class Load:
-    """Closed-loop clients sending ``:verb`` requests to a gateway until stopped."""
+    """Closed-loop clients sending ``:verb`` requests to a gateway until stopped.
+
+    Client ``i`` asks for ``labels[i % len(labels)]``: a label, ``''`` (the default version) or
+    ``'@N'`` (version N explicitly).
+    """
 
     url: str
     model: str
@@ -76,7 +80,9 @@ class Load:
         label = self.labels[index % len(self.labels)]
         session = requests.Session()
         body: dict[str, object] = {"texts": [f"drill client {index} says hello"]}
-        if label:
+        if label.startswith("@"):
+            body["version"] = int(label[1:])
+        elif label:
             body["label"] = label
         data = orjson.dumps(body)
         endpoint = f"{self.url}/v1/models/{self.model}:{self.verb}"

@@ -36,9 +36,10 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 
@@ -233,7 +234,16 @@ def snapshot(replicas: list[Replica], model: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def upstream_settings(replicas: list[Replica], upstream: str, workers: int) -> dict[str, str]:
+class Address(Protocol):
+    """Where the gateway reaches one replica: its gRPC target and REST port."""
+
+    @property
+    def target(self) -> str: ...
+
+    rest_port: int
+
+
+def upstream_settings(replicas: Sequence[Address], upstream: str, workers: int) -> dict[str, str]:
     """Return the gateway's GATEWAY_* settings naming every replica."""
     return {
         "GATEWAY_TFS_GRPC": "ipv4:" + ",".join(r.target for r in replicas),
