@@ -122,6 +122,11 @@ class UpstreamUnavailable(GatewayError):
         super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
 
 
+class Saturated(UpstreamUnavailable):
+    """HTTP 503 too: the model server answered that it is overloaded (its batch queue is full);
+    the same code for clients, a class of its own so that nobody fails over or retries on it."""
+
+
 class NotReady(UpstreamUnavailable):
     """HTTP 503: /readyz when the default model is not AVAILABLE."""
 

@@ -49,6 +49,22 @@ UPSTREAM_ERRORS = Counter(
     "Failed calls to the model server by transport and gateway error code.",
     ["transport", "code"],
 )
+REPLICA_FAILOVERS = Counter(
+    "gateway_replica_failovers_total",
+    "Calls retried on another model-server replica, by transport and the first replica's error.",
+    ["transport", "code"],
+)
+REPLICA_HUNG = Counter(
+    "gateway_replica_hung_total",
+    "Replicas found accepting connections but not answering (no calls until they answer again).",
+    ["transport"],
+)
+STATUS_REFRESHES = Counter(
+    "gateway_status_refreshes_total",
+    "Version-state fan-outs to the model server, by outcome: fresh, stale (the last merged answer "
+    "served while a refresh runs) and negative (an unknown model answered from the cache).",
+    ["outcome"],
+)
 TEXTS_PER_REQUEST = Histogram(
     "gateway_texts_per_request",
     "Texts per inference request.",

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from backend.early_exit import (
 from backend.errors import (
     GatewayError,
     ModelAssetsError,
+    ModelNotFound,
     NotFound,
     NotReady,
     TaskMismatch,
@@ -69,7 +71,9 @@ class Gateway:
         self.pid = os.getpid()
         self.client = client if client is not None else make_client(settings)
         self.assets = AssetCache(settings.model_base_path, recheck_s=settings.status_cache_s)
-        self.statuses = StatusCache(self._fetch_status, ttl_s=settings.status_cache_s)
+        self.statuses = StatusCache(
+            self._fetch_status, ttl_s=settings.status_cache_s, wait_s=settings.request_timeout_s
+        )
         self.labels = LabelTable(settings.model_config_file, recheck_s=settings.labels_cache_s)
         self.resolver = VersionResolver(self.statuses, self.labels)
         self._pool = ThreadPoolExecutor(
@@ -168,9 +172,14 @@ class Gateway:
         """Return the ready answer, or raise 503 when the default model is not AVAILABLE."""
         model = self.settings.default_model
         try:
-            statuses = self.client.model_status(
-                model or "readiness-probe", timeout_s=min(2.0, self._timeout())
-            )
+            if model:
+                # The cached, merged states: a refresh slowed by a hung replica serves the last
+                # answer, so the probe never waits on it.
+                statuses = self.statuses.get(model)
+            else:
+                statuses = self.client.model_status(
+                    "readiness-probe", timeout_s=min(2.0, self._timeout())
+                )
         except (NotFound, UpstreamError) as exc:
             if model:
                 raise NotReady(f"model {model!r} is not ready: {exc.message}") from None
@@ -349,6 +358,10 @@ class Gateway:
             raise
 
     def _fetch_status(self, model: str) -> list[Any]:
+        # A model the gateway has no directory for can't be served (its assets are read from
+        # there): a 404 without asking every replica (and StatusCache remembers it briefly).
+        if not (Path(self.settings.model_base_path) / model).is_dir():
+            raise ModelNotFound(f"model {model!r} is not served")
         return self.client.model_status(model, timeout_s=min(2.0, self._timeout()))
 
     def _timeout(self) -> float:

@@ -31,6 +31,8 @@ class Settings:
     default_model: str = ""
     request_timeout_s: float = 10.0
     status_cache_s: float = 1.0
+    # one deadline for asking every replica its version states (a hung replica adds nothing)
+    status_deadline_s: float = 1.0
     labels_cache_s: float = 1.0
     max_batch_size: int = 32
     max_concurrent_chunks: int = 4
@@ -54,8 +56,8 @@ class Settings:
                 raise SettingsError(f"{name} must be at least 1")
         if self.max_texts_per_request < 1 or self.max_text_chars < 1:
             raise SettingsError("max_texts_per_request and max_text_chars must be at least 1")
-        if self.request_timeout_s <= 0:
-            raise SettingsError("request_timeout_s must be positive")
+        if self.request_timeout_s <= 0 or self.status_deadline_s <= 0:
+            raise SettingsError("request_timeout_s and status_deadline_s must be positive")
         if self.default_speed is not None and not 0 <= self.default_speed <= 1:  # NaN too
             raise SettingsError(
                 f"GATEWAY_DEFAULT_SPEED must be in [0, 1] or unset, not {self.default_speed}"
@@ -76,6 +78,7 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_DEFAULT_MODEL": "default_model",
     "GATEWAY_TIMEOUT_S": "request_timeout_s",
     "GATEWAY_STATUS_CACHE_S": "status_cache_s",
+    "GATEWAY_STATUS_DEADLINE_S": "status_deadline_s",
     "GATEWAY_LABELS_CACHE_S": "labels_cache_s",
     "GATEWAY_MAX_BATCH": "max_batch_size",
     "GATEWAY_MAX_CONCURRENT_CHUNKS": "max_concurrent_chunks",

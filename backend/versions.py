@@ -29,6 +29,8 @@ from backend.errors import (
     LabelNotFound,
     ModelAssetsError,
     ModelNotFound,
+    NotFound,
+    UpstreamTimeout,
     UpstreamUnavailable,
     VersionNotFound,
 )
@@ -272,47 +274,89 @@ class _Fetch:
 class StatusCache:
     """The model server's version states per model, cached for ``ttl_s``.
 
-    Single flight: when the entry is missing or expired, one thread fetches and the others wait
-    for its answer (or its error) instead of each calling the model server. ``invalidate`` bumps
-    the model's generation, so a fetch that started before it can't store its older answer.
+    Single flight: when the entry is missing, one thread fetches and the others wait for its
+    answer (or its error), at most ``wait_s``, instead of each calling the model server. When the
+    entry has expired, the last answer is served while one background fetch refreshes it, so a
+    slow refresh (a hung replica) never holds a request. An unknown model's 404 is cached for
+    ``ttl_s`` too, so requests for it don't fan out to every replica each time.
+    ``invalidate`` bumps the model's generation, so a fetch that started before it can't store
+    its older answer.
     """
 
-    def __init__(self, fetch: Callable[[str], list[VersionStatus]], ttl_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        fetch: Callable[[str], list[VersionStatus]],
+        ttl_s: float = 1.0,
+        wait_s: float = 10.0,
+    ) -> None:
         self._fetch = fetch
         self.ttl_s = ttl_s
+        self.wait_s = wait_s
         self._items: dict[str, tuple[float, list[VersionStatus]]] = {}
+        self._missing: dict[str, tuple[float, NotFound]] = {}  # model -> (when, its 404)
         self._generations: dict[str, int] = {}
         self._flights: dict[str, _Fetch] = {}
         self._lock = threading.Lock()
 
     def get(self, model: str) -> list[VersionStatus]:
         """Return ``model``'s version states (fetched at most once per ttl, by one thread)."""
+        now = time.monotonic()
         with self._lock:
             hit = self._items.get(model)
-            if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            if hit is not None and now - hit[0] < self.ttl_s:
                 return hit[1]
+            missing = self._missing.get(model)
+            if missing is not None and now - missing[0] < self.ttl_s:
+                metrics.child(metrics.STATUS_REFRESHES, "negative").inc()
+                raise missing[1]
             flight = self._flights.get(model)
             leader = flight is None
             if flight is None:
                 flight = self._flights[model] = _Fetch(self._generations.get(model, 0))
+        if hit is not None:
+            # Expired: serve the last answer; one background fetch brings the next.
+            if leader:
+                threading.Thread(
+                    target=self._lead, args=(model, flight), name="status", daemon=True
+                ).start()
+            metrics.child(metrics.STATUS_REFRESHES, "stale").inc()
+            return hit[1]
         if not leader:
-            flight.done.wait()  # the leader's call carries the client's deadline
+            if not flight.done.wait(self.wait_s):
+                raise UpstreamTimeout(
+                    f"the model server's version states for {model!r} did not come in "
+                    f"{self.wait_s:g}s"
+                )
             if flight.error is not None:
                 raise flight.error
             return flight.statuses
+        self._lead(model, flight)
+        if flight.error is not None:
+            raise flight.error
+        return flight.statuses
+
+    def _lead(self, model: str, flight: _Fetch) -> None:
         try:
             flight.statuses = self._fetch(model)
-        except BaseException as exc:
+            metrics.child(metrics.STATUS_REFRESHES, "fresh").inc()
+        except BaseException as exc:  # handed to the waiters (and raised by a foreground leader)
             flight.error = exc
-            raise
         finally:
             with self._lock:
                 if self._flights.get(model) is flight:
                     del self._flights[model]
-                if flight.error is None and self._generations.get(model, 0) == flight.generation:
+                current = self._generations.get(model, 0) == flight.generation
+                if flight.error is None and current:
                     self._items[model] = (time.monotonic(), flight.statuses)
+                    self._missing.pop(model, None)
+                elif isinstance(flight.error, NotFound) and current:
+                    self._missing[model] = (time.monotonic(), flight.error)
+                    self._items.pop(model, None)
+                elif current:
+                    # No replica answered: stop serving the old answer, so the next look-up
+                    # (a request, /readyz) asks again and reports the outage.
+                    self._items.pop(model, None)
             flight.done.set()
-        return flight.statuses
 
     def newest_available(self, model: str) -> int:
         """Return the newest AVAILABLE version of ``model``; 503 if none is loaded yet."""
@@ -325,6 +369,7 @@ class StatusCache:
         """Forget ``model``'s cached states, and any answer a fetch in flight would store."""
         with self._lock:
             self._items.pop(model, None)
+            self._missing.pop(model, None)
             self._generations[model] = self._generations.get(model, 0) + 1
             self._flights.pop(model, None)
 

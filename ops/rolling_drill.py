@@ -292,7 +292,11 @@ class Drill:
         load = None
         try:
             first = [self.start_replica(slot) for slot in self.slots[: args.replicas]]
-            settings = upstream_settings(self.slots, args.upstream, args.workers)
+            # As deployed (deploy/k8s): /readyz checks the default model.
+            settings = {
+                **upstream_settings(self.slots, args.upstream, args.workers),
+                "GATEWAY_DEFAULT_MODEL": args.model,
+            }
             for replica in first:
                 self.wait_listening(replica)
             gateway, url = stack.start_gateway(

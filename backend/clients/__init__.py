@@ -18,11 +18,16 @@ def make_client(settings: Settings) -> PredictClient:
             settings.tfs_grpc_target,
             retries=settings.grpc_retries,
             retry_after_s=settings.retry_after_s,
+            status_deadline_s=settings.status_deadline_s,
         )
     if settings.upstream == "rest":
         from backend.clients.rest_client import RestClient
 
-        return RestClient(settings.tfs_rest_url, retry_after_s=settings.retry_after_s)
+        return RestClient(
+            settings.tfs_rest_url,
+            retry_after_s=settings.retry_after_s,
+            status_deadline_s=settings.status_deadline_s,
+        )
     from backend.clients.local_client import LocalClient
 
     return LocalClient(settings.model_base_path)

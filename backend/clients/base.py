@@ -11,6 +11,7 @@ from backend.errors import (
     GatewayError,
     LabelNotFound,
     ModelNotFound,
+    Saturated,
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -50,6 +51,12 @@ class PredictClient(Protocol):
         ...
 
 
+def saturated(message: str) -> bool:
+    """Return True for TF Serving's "batch queue full" answer (UNAVAILABLE / HTTP 503)."""
+    text = message.lower()
+    return "queue" in text and "full" in text
+
+
 # TF Serving's status codes (by name) → the gateway error a caller should see.
 def error_for_status(
     code: str, message: str, *, model: str, retry_after_s: int = 1
@@ -64,7 +71,11 @@ def error_for_status(
         return LabelNotFound(f"model {model!r} has no such version label ({detail})")
     if code == "DEADLINE_EXCEEDED":
         return UpstreamTimeout(f"the model server did not answer in time ({detail})")
-    if code in ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED", "ABORTED"):
+    if code == "RESOURCE_EXHAUSTED" or (code == "UNAVAILABLE" and saturated(message)):
+        # TF Serving's full batch queue: every replica carries the same load, so nobody fails
+        # over or retries at once on this answer; the client backs off (Retry-After).
+        return Saturated(f"the model server is overloaded ({detail})", retry_after_s=retry_after_s)
+    if code in ("UNAVAILABLE", "CANCELLED", "ABORTED"):
         return UpstreamUnavailable(
             f"the model server is unavailable ({detail})", retry_after_s=retry_after_s
         )

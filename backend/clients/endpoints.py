@@ -1,20 +1,14 @@
 """Upstream targets that name several model-server replicas: which addresses, and one status.
 
-gRPC targets follow gRPC's own naming (``dns:///host:port``, ``ipv4:a:p,b:p``, ``ipv6:[a]:p``);
-the channel balances over them itself (round_robin). What gRPC does not offer is a call to one
-chosen replica through that channel, so the gateway asks each resolved address for its version
-states on its own channel and merges the answers (``modelformat.status.merge_replicas``).
+gRPC targets follow gRPC's own naming (``dns:///host:port``, ``ipv4:a:p,b:p``, ``ipv6:[a]:p``).
+``backend.clients.replicas.ReplicaSet`` resolves them (in the background) and keeps one channel
+per address, so that each call goes to one chosen replica.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
-
-from backend.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
-from modelformat.status import VersionStatus, merge_replicas
 
 # gRPC name-resolver schemes that may name several endpoints.
 SCHEMES = ("dns:", "ipv4:", "ipv6:")
@@ -79,33 +73,3 @@ def resolve(target: str) -> list[str]:
     if not addresses:
         raise EndpointError(f"{target!r} names no address")
     return list(dict.fromkeys(a for address in addresses for a in lookup(address)))
-
-
-def merged_status(
-    fetchers: Sequence[Callable[[], list[VersionStatus]]], pool: Executor | None = None
-) -> list[VersionStatus]:
-    """Return the merged version states of the replicas that answer.
-
-    A replica that is unreachable or too slow is left out, as the balancer leaves it out of the
-    requests; when none answers, the first replica's error is raised, and any other error (an
-    unknown model, say) is raised as it is.
-    """
-    if pool is None or len(fetchers) == 1:
-        outcomes = [_attempt(fetch) for fetch in fetchers]
-    else:
-        outcomes = list(pool.map(_attempt, fetchers))
-    answers = [o for o in outcomes if isinstance(o, list)]
-    errors = [o for o in outcomes if isinstance(o, GatewayError)]
-    for error in errors:
-        if not isinstance(error, UpstreamUnavailable | UpstreamTimeout):
-            raise error
-    if not answers:
-        raise errors[0] if errors else UpstreamUnavailable("no model server replica is known")
-    return merge_replicas(answers)
-
-
-def _attempt(fetch: Callable[[], list[VersionStatus]]) -> list[VersionStatus] | GatewayError:
-    try:
-        return fetch()
-    except GatewayError as exc:
-        return exc

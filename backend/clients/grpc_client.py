@@ -1,20 +1,19 @@
-"""gRPC transport: TF Serving's PredictionService / ModelService over one channel per worker.
+"""gRPC transport: TF Serving's PredictionService / ModelService over one channel per replica.
 
 A target with a resolver scheme (``dns:///tf-serving-headless:8500``, ``ipv4:a:p,b:p``) names
-several replicas: the channel spreads calls over them with gRPC's own ``round_robin`` policy and
-skips a replica whose connection is down. Version states come from every replica (one status
-channel per resolved address), merged so a version counts as AVAILABLE only where all report it.
+several replicas: ``backend.clients.replicas.ReplicaSet`` resolves it (in the background), keeps a
+channel per replica and what each reported, and sends each call to one replica that has the
+version, round robin, failing over where it is safe. A call waiting long on one replica makes the
+set probe that replica's status; if it has hung (TCP open, no answers) the call is cancelled and
+retried on another. A plain ``host:port`` is one channel, as before.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -22,7 +21,8 @@ import numpy as np
 
 import backend.clients.endpoints as endpoints
 from backend.clients.base import Outputs, error_for_status
-from backend.errors import UpstreamTimeout, UpstreamUnavailable
+from backend.clients.replicas import Replica, ReplicaHung, ReplicaSet
+from backend.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from backend.tensors import fill_tensor_proto, from_tensor_proto
 from modelformat.protos import serving_pb2
 from modelformat.status import VersionStatus, from_grpc
@@ -45,13 +45,47 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
-# Several replicas: a subchannel per resolved address, each call to the next READY one. (The
-# default, pick_first, would pin every call of a worker to one replica.)
-ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
-# How often the status channels follow the resolver's answer (replicas added or replaced).
-RESOLVE_EVERY_S = 5.0
+# A call that has waited this long on one replica makes the set probe that replica's status.
+SUSPECT_AFTER_S = 0.5
+# How often each replica is asked for the states of a model requests name by version or label.
+STATUS_EVERY_S = 1.0
 
 Reply = TypeVar("Reply")
+
+
+@dataclass(frozen=True)
+class Stubs:
+    """One channel and the three calls the gateway makes on it."""
+
+    channel: grpc.Channel
+    predict: Any
+    status: Any
+    metadata: Any
+
+    @classmethod
+    def open(cls, target: str) -> Stubs:
+        channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return cls(
+            channel,
+            channel.unary_unary(
+                PREDICT,
+                request_serializer=serving_pb2.PredictRequest.SerializeToString,
+                response_deserializer=serving_pb2.PredictResponse.FromString,
+            ),
+            channel.unary_unary(
+                GET_MODEL_STATUS,
+                request_serializer=serving_pb2.GetModelStatusRequest.SerializeToString,
+                response_deserializer=serving_pb2.GetModelStatusResponse.FromString,
+            ),
+            channel.unary_unary(
+                GET_MODEL_METADATA,
+                request_serializer=serving_pb2.GetModelMetadataRequest.SerializeToString,
+                response_deserializer=serving_pb2.GetModelMetadataResponse.FromString,
+            ),
+        )
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 class GrpcClient:
@@ -67,34 +101,28 @@ class GrpcClient:
         retries: int = 2,
         backoff_s: float = 0.05,
         retry_after_s: int = 1,
+        status_deadline_s: float = 1.0,
     ) -> None:
         self.target = target
         self.retries = retries
         self.backoff_s = backoff_s
         self.retry_after_s = retry_after_s
         self.multi = endpoints.is_multi(target)
-        options = [*CHANNEL_OPTIONS, ("grpc.service_config", ROUND_ROBIN)] if self.multi else None
-        self._channel = grpc.insecure_channel(target, options=options or CHANNEL_OPTIONS)
-        self._predict = self._channel.unary_unary(
-            PREDICT,
-            request_serializer=serving_pb2.PredictRequest.SerializeToString,
-            response_deserializer=serving_pb2.PredictResponse.FromString,
-        )
-        self._status = self._channel.unary_unary(
-            GET_MODEL_STATUS,
-            request_serializer=serving_pb2.GetModelStatusRequest.SerializeToString,
-            response_deserializer=serving_pb2.GetModelStatusResponse.FromString,
-        )
-        self._metadata = self._channel.unary_unary(
-            GET_MODEL_METADATA,
-            request_serializer=serving_pb2.GetModelMetadataRequest.SerializeToString,
-            response_deserializer=serving_pb2.GetModelMetadataResponse.FromString,
-        )
-        # Multi-replica targets: address -> (channel, GetModelStatus) for the per-replica status.
-        self._replicas: dict[str, tuple[grpc.Channel, Callable[..., Any]]] = {}
-        self._resolved_at = -float("inf")
-        self._replica_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self.replicas: ReplicaSet[Stubs] | None = None
+        self._single: Stubs | None = None
+        if self.multi:
+            self.replicas = ReplicaSet(
+                target,
+                resolve=lambda: endpoints.resolve(target),
+                connect=Stubs.open,
+                disconnect=Stubs.close,
+                status=self._replica_status,
+                transport=self.transport,
+                status_deadline_s=status_deadline_s,
+                retry_after_s=retry_after_s,
+            )
+        else:
+            self._single = Stubs.open(target)
 
     def predict(
         self,
@@ -110,68 +138,86 @@ class GrpcClient:
         request = build_predict_request(
             model, inputs, version=version, label=label, signature_name=signature_name
         )
-        reply = self._call(self._predict, request, model, timeout_s)
+        if self.replicas is None:
+            assert self._single is not None
+            return parse_predict_response(
+                self._call(self._single.predict, request, model, timeout_s)
+            )
+        self.replicas.refresh_in_background(model, STATUS_EVERY_S)
+
+        def on(replica: Replica[Stubs], remaining: float) -> Any:
+            return self._watched(replica, request, model, remaining)
+
+        reply = self.replicas.call(model, version, on, time.monotonic() + timeout_s)
         return parse_predict_response(reply)
 
     def model_status(self, model: str, *, timeout_s: float) -> list[VersionStatus]:
         """Return every version's state, newest first (merged over a multi target's replicas)."""
+        if self.replicas is not None:
+            return self.replicas.status(model)
+        assert self._single is not None
+        return self._status_on(self._single, model, timeout_s, self.retries)
+
+    def replica_addresses(self) -> list[str]:
+        """Return the replicas' addresses (multi targets; else the target)."""
+        return self.replicas.addresses() if self.replicas is not None else [self.target]
+
+    def _replica_status(self, stubs: Stubs, model: str, timeout_s: float) -> list[VersionStatus]:
+        # No retry: a replica that is down is left out of this answer, not waited for.
+        return self._status_on(stubs, model, timeout_s, 0)
+
+    def _status_on(
+        self, stubs: Stubs, model: str, timeout_s: float, retries: int
+    ) -> list[VersionStatus]:
         request = serving_pb2.GetModelStatusRequest()
         request.model_spec.name = model
-        if not self.multi:
-            return from_grpc(self._call(self._status, request, model, timeout_s))
-        fetchers = [
-            partial(self._replica_status, status, request, model, timeout_s)
-            for status in self._replica_stubs()
-        ]
-        return endpoints.merged_status(fetchers, self._pool)
+        return from_grpc(self._call(stubs.status, request, model, timeout_s, retries=retries))
 
-    def replicas(self) -> list[str]:
-        """Return the addresses the status calls go to (multi targets; else the target)."""
-        if not self.multi:
-            return [self.target]
-        self._replica_stubs()
-        with self._replica_lock:
-            return list(self._replicas)
-
-    def _replica_status(
-        self, status: Callable[..., Any], request: Any, model: str, timeout_s: float
-    ) -> list[VersionStatus]:
-        # No retry: a replica that is down is left out of this answer, not waited for.
-        return from_grpc(self._call(status, request, model, timeout_s, retries=0))
-
-    def _replica_stubs(self) -> list[Callable[..., Any]]:
-        """Return a GetModelStatus callable per resolved address, re-resolving now and then."""
-        with self._replica_lock:
-            if time.monotonic() - self._resolved_at >= RESOLVE_EVERY_S:
+    def _watched(self, replica: Replica[Stubs], request: Any, model: str, timeout_s: float) -> Any:
+        """Predict on one replica as a cancellable call: the set cancels it if the replica hangs."""
+        assert self.replicas is not None
+        deadline = time.monotonic() + timeout_s
+        try:
+            future = replica.handle.predict.future(request, timeout=timeout_s)
+        except ValueError as exc:  # the channel was closed under us (the replica went away)
+            raise UpstreamUnavailable(f"model server replica {replica.address}: {exc}") from exc
+        self.replicas.watch(replica, future)
+        try:
+            while True:
                 try:
-                    addresses = endpoints.resolve(self.target)
-                except endpoints.EndpointError as exc:
-                    if not self._replicas:
-                        raise UpstreamUnavailable(
-                            f"model server {self.target}: {exc}", retry_after_s=self.retry_after_s
-                        ) from exc
-                    addresses = list(self._replicas)  # keep the last answer
-                self._resolved_at = time.monotonic()
-                for gone in set(self._replicas) - set(addresses):
-                    self._replicas.pop(gone)[0].close()
-                for address in addresses:
-                    if address not in self._replicas:
-                        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-                        status = channel.unary_unary(
-                            GET_MODEL_STATUS,
-                            request_serializer=serving_pb2.GetModelStatusRequest.SerializeToString,
-                            response_deserializer=serving_pb2.GetModelStatusResponse.FromString,
-                        )
-                        self._replicas[address] = (channel, status)
-                if self._pool is None and len(self._replicas) > 1:
-                    self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="status")
-            return [status for _, status in self._replicas.values()]
+                    return future.result(
+                        timeout=max(0.0, min(SUSPECT_AFTER_S, deadline - time.monotonic()))
+                    )
+                except grpc.FutureTimeoutError:
+                    if time.monotonic() >= deadline:
+                        future.cancel()
+                        raise UpstreamTimeout(
+                            f"the model server did not answer within {timeout_s:.3g}s"
+                        ) from None
+                    self.replicas.suspect(replica, model)
+                except grpc.FutureCancelledError:
+                    raise ReplicaHung(
+                        f"model server replica {replica.address} stopped answering",
+                        retry_after_s=self.retry_after_s,
+                    ) from None
+                except grpc.RpcError as exc:
+                    raise self._mapped(exc, model) from exc
+        finally:
+            self.replicas.unwatch(replica, future)
 
     def signature(self, model: str, *, timeout_s: float) -> dict[str, Any]:
         """Return serving_default's input and output names from GetModelMetadata."""
         request = serving_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         request.model_spec.name = model
-        reply = self._call(self._metadata, request, model, timeout_s)
+        if self.replicas is None:
+            assert self._single is not None
+            reply = self._call(self._single.metadata, request, model, timeout_s)
+        else:
+            reply = self.replicas.call(
+                model, None,
+                lambda r, left: self._call(r.handle.metadata, request, model, left, retries=0),
+                time.monotonic() + timeout_s,
+            )  # fmt: skip
         # The Any's type URL names TF Serving's package, so decode the bytes directly.
         sigs = serving_pb2.SignatureDefMap.FromString(reply.metadata["signature_def"].value)
         sig = sigs.signature_def[SIGNATURE]
@@ -185,10 +231,8 @@ class GrpcClient:
         timeout_s: float,
         retries: int | None = None,
     ) -> Reply:
-        """Call ``method`` with a deadline, retrying UNAVAILABLE a bounded number of times.
-
-        With several replicas round_robin sends a retry to the next READY one.
-        """
+        """Call ``method`` with a deadline, retrying UNAVAILABLE a bounded number of times with a
+        jittered exponential backoff (one server: a full batch queue may drain meanwhile)."""
         retries = self.retries if retries is None else retries
         deadline = time.monotonic() + timeout_s
         attempt = 0
@@ -198,32 +242,36 @@ class GrpcClient:
                 raise UpstreamTimeout(f"the model server did not answer within {timeout_s:.3g}s")
             try:
                 return method(request, timeout=remaining)
+            except ValueError as exc:  # "Cannot invoke RPC on closed channel!"
+                raise UpstreamUnavailable(
+                    f"model server channel closed: {exc}", retry_after_s=self.retry_after_s
+                ) from exc
             except grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-                message = exc.details() if hasattr(exc, "details") else str(exc)
-                # Only UNAVAILABLE is safe and worth retrying (server restarting, queue full).
+                error = self._mapped(exc, model)
                 pause = self.backoff_s * (2**attempt) * random.uniform(0.5, 1.5)
                 if (
-                    code == grpc.StatusCode.UNAVAILABLE
+                    isinstance(error, UpstreamUnavailable)
                     and attempt < retries
                     and deadline - time.monotonic() > pause
                 ):
                     attempt += 1
                     time.sleep(pause)
                     continue
-                raise error_for_status(
-                    code.name, message or "", model=model, retry_after_s=self.retry_after_s
-                ) from exc
+                raise error from exc
+
+    def _mapped(self, exc: grpc.RpcError, model: str) -> GatewayError:
+        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+        message = exc.details() if hasattr(exc, "details") else str(exc)
+        return error_for_status(
+            code.name, message or "", model=model, retry_after_s=self.retry_after_s
+        )
 
     def close(self) -> None:
         """Close the channels."""
-        self._channel.close()
-        with self._replica_lock:
-            for channel, _ in self._replicas.values():
-                channel.close()
-            self._replicas.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._single is not None:
+            self._single.close()
+        if self.replicas is not None:
+            self.replicas.close()
 
 
 def build_predict_request(

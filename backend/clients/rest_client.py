@@ -1,13 +1,14 @@
 """REST transport: TF Serving's HTTP API with one keep-alive session per worker.
 
-``base_url`` may list several replicas, comma-separated: requests take turns over them, one that
-cannot be reached (or answers 503) is skipped for ``DOWN_S`` and the request goes to the next,
-and version states are merged over the replicas that answer (AVAILABLE only where all say so).
+``base_url`` may list several replicas, comma-separated: ``backend.clients.replicas.ReplicaSet``
+sends each call to one replica that reported the version, round robin; one that cannot be reached
+is skipped for a second and the call goes to another; a saturated answer (HTTP 429, or 503 "batch
+queue full") is not failed over; version states are asked of every replica at once under one
+deadline and merged (AVAILABLE only where all that answer say so).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Mapping
@@ -19,8 +20,8 @@ import orjson
 import requests
 from requests.adapters import HTTPAdapter
 
-import backend.clients.endpoints as endpoints
 from backend.clients.base import Outputs, error_for_status
+from backend.clients.replicas import ReplicaSet
 from backend.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from modelformat.status import VersionStatus, from_rest
 
@@ -37,8 +38,6 @@ _HTTP_TO_CODE = {
 _TF_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32}
 CONNECT_TIMEOUT_S = 1.0
 SIGNATURE = "serving_default"
-# A replica that could not be reached gets no new request for this long (then it is tried again).
-DOWN_S = 1.0
 
 
 class RestClient:
@@ -47,12 +46,29 @@ class RestClient:
     transport = "rest"
     enforces_deadline = True
 
-    def __init__(self, base_url: str, *, pool_size: int = 16, retry_after_s: int = 1) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        pool_size: int = 16,
+        retry_after_s: int = 1,
+        status_deadline_s: float = 1.0,
+    ) -> None:
         self.base_urls = [u.strip().rstrip("/") for u in base_url.split(",") if u.strip()]
         self.base_url = self.base_urls[0] if self.base_urls else base_url.rstrip("/")
-        self._turn = itertools.count()
-        self._down_until: dict[str, float] = {}
         self.retry_after_s = retry_after_s
+        self.replicas: ReplicaSet[str] | None = None
+        if len(self.base_urls) > 1:
+            self.replicas = ReplicaSet(
+                base_url,
+                resolve=lambda: list(self.base_urls),
+                connect=str,
+                disconnect=lambda url: None,
+                status=self._status_at,
+                transport=self.transport,
+                status_deadline_s=status_deadline_s,
+                retry_after_s=retry_after_s,
+            )
         self._session = requests.Session()
         # One connection pool per replica (a pool per host; fewer would evict them in turn).
         adapter = HTTPAdapter(
@@ -81,11 +97,25 @@ class RestClient:
             {"signature_name": signature, "inputs": dict(inputs)},
             option=orjson.OPT_SERIALIZE_NUMPY,
         )
-        reply = self._request("POST", f"{path}:predict", model, timeout_s, body)
+
+        def at(url: str, left: float) -> tuple[Any, dict[str, Any]]:
+            reply = self._request_at(url, "POST", f"{path}:predict", model, left, body)
+            specs = self._output_specs(url, model, path, version, label, signature, left)
+            return reply, specs
+
+        if self.replicas is None:
+            reply, specs = at(self.base_url, timeout_s)
+        else:
+            self.replicas.refresh_in_background(model, 1.0)
+            reply, specs = self.replicas.call(
+                model,
+                version,
+                lambda replica, left: at(replica.handle, left),
+                time.monotonic() + timeout_s,
+            )
         outputs = reply.get("outputs") if isinstance(reply, dict) else None
         if outputs is None:
             raise UpstreamError("the model server's predict reply has no 'outputs'")
-        specs = self._output_specs(model, path, version, label, signature, timeout_s)
         if not isinstance(outputs, dict):
             # One output: TF Serving drops its name, so take it from the signature.
             if len(specs) != 1:
@@ -100,17 +130,18 @@ class RestClient:
     def model_status(self, model: str, *, timeout_s: float) -> list[VersionStatus]:
         """Return every version's state from GET /v1/models/{model}, newest first (merged over
         the replicas when there are several)."""
+        if self.replicas is not None:
+            return self.replicas.status(model)
+        return self._status_at(self.base_url, model, timeout_s)
+
+    def _status_at(self, url: str, model: str, timeout_s: float) -> list[VersionStatus]:
         path = f"/v1/models/{quote(model, safe='')}"
-        if len(self.base_urls) <= 1:
-            return from_rest(self._request("GET", path, model, timeout_s))
-        fetchers = [
-            lambda url=url: from_rest(self._request_at(url, "GET", path, model, timeout_s))
-            for url in self.base_urls
-        ]
-        return endpoints.merged_status(fetchers)
+        return from_rest(self._request_at(url, "GET", path, model, timeout_s))
 
     def close(self) -> None:
         """Close the session's connections."""
+        if self.replicas is not None:
+            self.replicas.close()
         self._session.close()
 
     @staticmethod
@@ -124,6 +155,7 @@ class RestClient:
 
     def _output_specs(
         self,
+        url: str,
         model: str,
         path: str,
         version: int | None,
@@ -137,7 +169,7 @@ class RestClient:
             cached = self._outputs.get(key)
         if cached is not None:
             return cached
-        reply = self._request("GET", f"{path}/metadata", model, timeout_s)
+        reply = self._request_at(url, "GET", f"{path}/metadata", model, timeout_s)
         try:
             sig = reply["metadata"]["signature_def"]["signature_def"][signature]
             specs = {
@@ -150,35 +182,6 @@ class RestClient:
             with self._lock:
                 self._outputs[key] = specs
         return specs
-
-    def _request(
-        self, method: str, path: str, model: str, timeout_s: float, body: bytes | None = None
-    ) -> Any:
-        """Send one request to the next replica; on UNAVAILABLE, to the others in turn."""
-        if len(self.base_urls) <= 1:
-            return self._request_at(self.base_url, method, path, model, timeout_s, body)
-        deadline = time.monotonic() + timeout_s
-        last: UpstreamUnavailable | None = None
-        for url in self._order():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                return self._request_at(url, method, path, model, remaining, body)
-            except UpstreamUnavailable as exc:
-                self._down_until[url] = time.monotonic() + DOWN_S
-                last = exc
-        if last is not None:
-            raise last
-        raise UpstreamTimeout(f"the model server did not answer within {timeout_s:.3g}s")
-
-    def _order(self) -> list[str]:
-        """Return the replicas starting at the next one's turn, those marked down last."""
-        start = next(self._turn) % len(self.base_urls)
-        turn = self.base_urls[start:] + self.base_urls[:start]
-        now = time.monotonic()
-        up = [u for u in turn if self._down_until.get(u, 0.0) <= now]
-        return up + [u for u in turn if u not in up]
 
     def _request_at(
         self,

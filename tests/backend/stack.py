@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import requests
@@ -131,3 +134,32 @@ def gateway_env(
         "GATEWAY_MAX_BODY_BYTES": "65536",
         "GATEWAY_DEBUG_ENDPOINTS": "1",
     }
+
+
+@contextlib.contextmanager
+def hung_port() -> Iterator[int]:
+    """Yield a port that accepts TCP connections and never answers (a hung model server)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        for conn in held:
+            conn.close()
+        server.close()

@@ -395,14 +395,16 @@ def test_rest_sends_speeds_as_json_numbers() -> None:
     sent: list[bytes] = []
     client = RestClient("http://127.0.0.1:1")
 
-    def fake_request(method: str, path: str, model: str, timeout_s: float, body: Any = None) -> Any:
+    def fake_request(
+        url: str, method: str, path: str, model: str, timeout_s: float, body: Any = None
+    ) -> Any:
         if body is not None:
             sent.append(body)
             return {"outputs": {"exit_layer": [1, 2]}}
         sig = {"outputs": {"exit_layer": {"dtype": "DT_INT32"}}}
         return {"metadata": {"signature_def": {"signature_def": {"serving_default": sig}}}}
 
-    client._request = fake_request  # type: ignore[method-assign]
+    client._request_at = fake_request  # type: ignore[method-assign]
     speed = np.asarray([0.25, 1.0], dtype=np.float32)
 
     outputs, _ = client.predict("ee", {"speed": speed}, version=1, timeout_s=1)

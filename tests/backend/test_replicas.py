@@ -6,14 +6,16 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from backend.clients import endpoints
 from backend.clients.grpc_client import GrpcClient
+from backend.clients.replicas import ReplicaSet
 from backend.clients.rest_client import RestClient
-from backend.errors import ModelNotFound, UpstreamUnavailable
+from backend.errors import ModelNotFound, Saturated, UpstreamUnavailable
 from modelformat.status import VersionStatus, merge_replicas, newest_available
 from ops.procs import REPO, port_open
 from ops.replica_drill import scrape
@@ -76,32 +78,61 @@ def test_a_version_missing_on_one_replica_is_not_available() -> None:
     assert newest_available(merged) is None
 
 
-def test_merged_status_leaves_out_unreachable_replicas() -> None:
-    def down() -> list[VersionStatus]:
-        raise UpstreamUnavailable("replica down")
+def replica_set(answers: dict[str, Any], **kwargs: Any) -> ReplicaSet[str]:
+    """A ReplicaSet over fake replicas: address -> states, or an exception its status raises."""
 
-    merged = endpoints.merged_status([down, lambda: status((1, "AVAILABLE"))])
+    def ask(address: str, model: str, timeout_s: float) -> list[VersionStatus]:
+        answer = answers[address]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    return ReplicaSet(
+        ",".join(answers), resolve=lambda: list(answers), connect=str,
+        disconnect=lambda _: None, status=ask, transport="test", **kwargs,
+    )  # fmt: skip
+
+
+def test_merged_status_leaves_out_unreachable_replicas() -> None:
+    down = UpstreamUnavailable("replica down")
+    merged = replica_set({"a": down, "b": status((1, "AVAILABLE"))}).status(INTENT)
     assert newest_available(merged) == 1
     with pytest.raises(UpstreamUnavailable):
-        endpoints.merged_status([down, down])
+        replica_set({"a": down, "b": down}).status(INTENT)
 
 
 def test_merged_status_raises_other_errors_as_they_are() -> None:
-    def unknown() -> list[VersionStatus]:
-        raise ModelNotFound("no such model")
-
+    unknown = ModelNotFound("no such model")
     with pytest.raises(ModelNotFound):
-        endpoints.merged_status([unknown, lambda: status((1, "AVAILABLE"))])
+        replica_set({"a": unknown, "b": status((1, "AVAILABLE"))}).status(INTENT)
 
 
-def test_rest_client_takes_turns_and_tries_replicas_marked_down_last() -> None:
-    client = RestClient("http://a:1, http://b:2/,http://c:3")
-    assert client.base_urls == ["http://a:1", "http://b:2", "http://c:3"]
-    firsts = [client._order()[0] for _ in range(3)]
-    assert firsts == client.base_urls
-    client._down_until["http://b:2"] = time.monotonic() + 60
-    assert client._order()[-1] == "http://b:2"
-    client.close()
+def test_calls_take_turns_and_skip_a_replica_that_could_not_be_reached() -> None:
+    replicas = replica_set({a: status((1, "AVAILABLE")) for a in "abc"})
+    deadline = time.monotonic() + 5
+    firsts = [replicas.call(INTENT, None, lambda r, _: r.address, deadline) for _ in range(3)]
+    assert sorted(firsts) == ["a", "b", "c"]
+
+    def flaky(replica: Any, _: float) -> str:
+        if replica.address == "b":
+            raise UpstreamUnavailable("connection refused")
+        return str(replica.address)
+
+    answers = [replicas.call(INTENT, None, flaky, deadline) for _ in range(6)]
+    assert "b" not in answers and len(answers) == 6  # failed over, then skipped while down
+
+
+def test_a_saturated_answer_is_not_failed_over() -> None:
+    replicas = replica_set({a: status((1, "AVAILABLE")) for a in "ab"})
+    asked: list[str] = []
+
+    def full(replica: Any, _: float) -> str:
+        asked.append(replica.address)
+        raise Saturated("The batch scheduling queue to which this task was submitted is full")
+
+    with pytest.raises(Saturated):
+        replicas.call(INTENT, 1, full, time.monotonic() + 5)
+    assert len(asked) == 1  # every replica carries the same load: trying the others adds to it
 
 
 # -- real replicas ---------------------------------------------------------------------------

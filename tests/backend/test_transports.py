@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from backend.app import create_app
 from tests.backend.conftest import EMBED, EXITS, INTENT
-from tests.backend.stack import Gateway, ModelServer
+from tests.backend.stack import Gateway, ModelServer, hung_port
 
 TEXTS = ["my card was charged twice", "我的订单还没到", "hello", " ".join(["refund"] * 80)]
 REQUESTS: list[tuple[str, dict[str, Any]]] = [
@@ -93,28 +93,8 @@ def test_grpc_rest_and_local_give_identical_answers(
 @pytest.fixture(scope="module")
 def black_hole() -> Iterator[int]:
     """Return a port that accepts TCP connections and never answers (a hung model server)."""
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    thread.join(timeout=2)
-    for conn in held:
-        conn.close()
-    server.close()
+    with hung_port() as port:
+        yield port
 
 
 def _app(model_base: Path, upstream: str, port: int, timeout_s: float = 10.0) -> FlaskClient:

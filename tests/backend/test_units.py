@@ -167,8 +167,13 @@ def test_access_log_record_is_json_ready() -> None:
 
 
 @pytest.fixture(scope="module")
-def client() -> FlaskClient:
-    return create_app({"upstream": "rest", "tfs_rest_url": "http://127.0.0.1:1"}).test_client()
+def client(tmp_path_factory: pytest.TempPathFactory) -> FlaskClient:
+    """A gateway whose model server is unreachable; its model tree has one (empty) model, m."""
+    base = tmp_path_factory.mktemp("units-models")
+    (base / "m").mkdir()
+    return create_app(
+        {"upstream": "rest", "tfs_rest_url": "http://127.0.0.1:1", "model_base_path": str(base)}
+    ).test_client()
 
 
 def test_openapi_is_3_1_and_lists_every_public_route(client: FlaskClient) -> None:

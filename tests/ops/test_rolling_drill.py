@@ -1,0 +1,40 @@
+"""The rolling drill, run short on tiny exports (real processes): replicas come and go, one hangs,
+one answers slowly, a push and a rollback run, and no client request fails (issue 20's drill)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ops import rolling_drill
+from tests.ops.conftest import MODEL
+from tests.ops.test_drills import run_drill
+
+
+def test_the_probe_timeout_default_is_the_gateways_readiness_probe() -> None:
+    import yaml
+
+    gateway = yaml.safe_load(
+        (rolling_drill.REPO / "deploy" / "k8s" / "base" / "gateway.yaml")
+        .read_text()
+        .split("---")[0]
+    )
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["timeoutSeconds"] == rolling_drill.PROBE_TIMEOUT_S
+
+
+@pytest.mark.slow
+def test_rolling_drill_has_no_failed_request(tiny_exports: Path, tmp_path: Path) -> None:
+    code, result, output = run_drill(
+        "rolling_drill.py", tmp_path / "rolling.json", "--spawn", str(tiny_exports),
+        "--model", MODEL, "--clients", "6", "--gap", "2", "--hang", "6", "--slow-for", "5",
+        "--slow-delay", "2",
+    )  # fmt: skip
+    failed = [name for name, ok in result["checks"].items() if not ok]
+    assert not failed, f"{failed}\n{output[-5000:]}"
+    assert code == 0
+    assert result["counts"]["requests"] > 0 and "failed" not in result["counts"]
+    assert all(result["by_kind"].values()), result["by_kind"]  # every kind of request answered
+    assert {"version 1", "version 2"} <= set(result["counts"])
+    assert "hang r" in output and "rollback canary" in output
