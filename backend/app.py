@@ -16,7 +16,7 @@ from typing import Any
 from flask import Flask, Response, current_app, g, request
 
 from backend import metrics
-from backend.api import BODY_READ, current_settings, health, meta, models
+from backend.api import BODY_READ, current_settings, health, meta, models, openai, rerank
 from backend.errors import register_error_handlers
 from backend.settings import load_settings
 from modelformat.names import valid_model_name
@@ -32,7 +32,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["gateway_settings"] = settings
     app.extensions["gateway_lock"] = threading.Lock()
     register_error_handlers(app)
-    for blueprint in (models.bp, health.bp, meta.bp):
+    for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp):
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
     app.after_request(_record_request)

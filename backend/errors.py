@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Response, jsonify
+from flask import Flask, Response, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -140,9 +141,15 @@ class UpstreamTimeout(GatewayError):
     code = "upstream_timeout"
 
 
+# Blueprint name -> the error body of its route family (DESIGN.md: other request shapes answer
+# errors the way their clients parse them); routes of any other blueprint answer ``to_dict()``.
+ERROR_SHAPES: dict[str, Callable[[GatewayError], dict[str, Any]]] = {}
+
+
 def error_response(error: GatewayError) -> Response:
-    """Return the Flask response for ``error``."""
-    response = jsonify(error.to_dict())
+    """Return the Flask response for ``error``, in the shape of the request's route family."""
+    shape = ERROR_SHAPES.get(request.blueprint or "") if has_request_context() else None
+    response = jsonify(shape(error) if shape is not None else error.to_dict())
     response.status_code = error.status_code
     for name, value in error.headers.items():
         response.headers[name] = value

@@ -9,11 +9,24 @@ from pydantic import BaseModel
 from backend.schemas import (
     ClassifyRequest,
     ClassifyResponse,
+    CohereErrorResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
     EmbedRequest,
     EmbedResponse,
     ErrorResponse,
     Health,
+    ModelList,
+    ModelRerankRequest,
+    ModelRerankResponse,
     ModelStatusResponse,
+    OpenAIErrorResponse,
+    RerankRequest,
+    RerankResponse,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from backend.settings import Settings
 
@@ -37,6 +50,19 @@ def _schemas() -> dict[str, Any]:
     kinds: list[tuple[type[BaseModel], str]] = [
         (ClassifyRequest, "validation"),
         (EmbedRequest, "validation"),
+        (EmbeddingsRequest, "validation"),
+        (RerankRequest, "validation"),
+        (ModelRerankRequest, "validation"),
+        (TokenizeRequest, "validation"),
+        (DetokenizeRequest, "validation"),
+        (EmbeddingsResponse, "serialization"),
+        (ModelList, "serialization"),
+        (RerankResponse, "serialization"),
+        (ModelRerankResponse, "serialization"),
+        (TokenizeResponse, "serialization"),
+        (DetokenizeResponse, "serialization"),
+        (OpenAIErrorResponse, "serialization"),
+        (CohereErrorResponse, "serialization"),
         (ClassifyResponse, "serialization"),
         (EmbedResponse, "serialization"),
         (ModelStatusResponse, "serialization"),
@@ -54,26 +80,34 @@ def _json(name: str) -> dict[str, Any]:
     return {"application/json": {"schema": {"$ref": REF.format(model=name)}}}
 
 
-def _responses(ok: str, ok_schema: str, errors: list[str]) -> dict[str, Any]:
+def _responses(
+    ok: str, ok_schema: str, errors: list[str], error_schema: str = "ErrorResponse"
+) -> dict[str, Any]:
     out: dict[str, Any] = {"200": {"description": ok, "content": _json(ok_schema)}}
     for code in errors:
-        out[code] = {"description": _ERRORS[code], "content": _json("ErrorResponse")}
+        out[code] = {"description": _ERRORS[code], "content": _json(error_schema)}
     return out
 
 
-def _inference(summary: str, body: str, answer: str) -> dict[str, Any]:
-    return {
-        "post": {
-            "summary": summary,
-            "parameters": [_MODEL_PARAM],
-            "requestBody": {"required": True, "content": _json(body)},
-            "responses": _responses(
-                "The answer, in the order of the request's texts, naming the serving version.",
-                answer,
-                ["400", "404", "413", "422", "502", "503", "504"],
-            ),
-        }
+_ALL_ERRORS = ["400", "404", "413", "422", "502", "503", "504"]
+
+
+def _inference(
+    summary: str, body: str, answer: str, *, in_path: bool = True, errors: str = "ErrorResponse"
+) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "requestBody": {"required": True, "content": _json(body)},
+        "responses": _responses(
+            "The answer, in the order of the request's inputs, naming the serving version.",
+            answer,
+            _ALL_ERRORS,
+            errors,
+        ),
     }
+    if in_path:
+        operation["parameters"] = [_MODEL_PARAM]
+    return {"post": operation}
 
 
 _MODEL_PARAM = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -95,6 +129,46 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                 "Classify texts", "ClassifyRequest", "ClassifyResponse"
             ),
             "/v1/models/{model}:embed": _inference("Embed texts", "EmbedRequest", "EmbedResponse"),
+            "/v1/models/{model}:rerank": _inference(
+                "Rank documents against a query (embedding models: cosine)",
+                "ModelRerankRequest",
+                "ModelRerankResponse",
+            ),
+            "/v1/models/{model}:tokenize": _inference(
+                "Tokens, ids and character offsets of texts",
+                "TokenizeRequest",
+                "TokenizeResponse",
+            ),
+            "/v1/models/{model}:detokenize": _inference(
+                "Texts of token ids", "DetokenizeRequest", "DetokenizeResponse"
+            ),
+            "/v1/embeddings": _inference(
+                "Create embeddings (OpenAI's API)",
+                "EmbeddingsRequest",
+                "EmbeddingsResponse",
+                in_path=False,
+                errors="OpenAIErrorResponse",
+            ),
+            "/v1/models": {
+                "get": {
+                    "summary": "Served models (OpenAI's API)",
+                    "responses": _responses("The served models", "ModelList", []),
+                }
+            },
+            "/v1/rerank": _inference(
+                "Rerank (Cohere v1 / Jina API)",
+                "RerankRequest",
+                "RerankResponse",
+                in_path=False,
+                errors="CohereErrorResponse",
+            ),
+            "/v2/rerank": _inference(
+                "Rerank (Cohere v2 API)",
+                "RerankRequest",
+                "RerankResponse",
+                in_path=False,
+                errors="CohereErrorResponse",
+            ),
             "/v1/models/{model}": {
                 "get": {
                     "summary": "Versions, states and labels of a model",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -58,6 +58,82 @@ class EmbedRequest(_Request):
     """Body of POST /v1/models/{model}:embed."""
 
     normalize: bool = Field(default=True, description="L2-normalize each embedding.")
+
+
+class TokenizeRequest(BaseModel):
+    """Body of POST /v1/models/{model}:tokenize."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    texts: list[str] = Field(min_length=1, description="Texts to tokenize.")
+    version: int | None = Field(default=None, ge=0, description="Tokenize as this version.")
+    label: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class DetokenizeRequest(BaseModel):
+    """Body of POST /v1/models/{model}:detokenize."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    ids: list[list[int]] = Field(min_length=1, description="Token id lists, one per text.")
+    version: int | None = Field(default=None, ge=0)
+    label: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class EmbeddingsRequest(BaseModel):
+    """Body of POST /v1/embeddings (OpenAI's request)."""
+
+    # Other fields are ignored, as clients of other providers send their own.
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str] | list[list[int]] | list[int] = Field(
+        description="A text, a list of texts, a list of token ids (one input), or a list of "
+        "lists of token ids. Token ids are WordPiece ids of the model's vocabulary, without "
+        "[CLS]/[SEP] (the gateway adds them)."
+    )
+    model: str = Field(
+        min_length=1,
+        description="A served model: 'name', 'name@version' or 'name:label' (e.g. minilm, "
+        "minilm@2, minilm:stable).",
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float", description="'base64': little-endian float32 bytes, base64-encoded."
+    )
+    dimensions: int | None = Field(
+        default=None, ge=1, description="Keep the first N dimensions, then L2-normalize again."
+    )
+    user: str | None = Field(default=None, description="Accepted and ignored.")
+
+
+class Document(BaseModel):
+    """A document given as an object (Cohere v1, Jina): its ``text`` is ranked."""
+
+    model_config = ConfigDict(extra="ignore")
+    text: str
+
+
+class RerankFields(BaseModel):
+    """What every rerank request carries."""
+
+    query: str = Field(min_length=1, description="The query the documents are ranked against.")
+    documents: list[str | Document] = Field(
+        min_length=1, description="Texts, or objects with a 'text', to rank."
+    )
+    top_n: int | None = Field(default=None, ge=1, description="Return only the best N.")
+    return_documents: bool = Field(default=False, description="Echo each document's text.")
+
+
+class RerankRequest(RerankFields):
+    """Body of POST /v1/rerank and /v2/rerank (Cohere's and Jina's request)."""
+
+    model_config = ConfigDict(extra="ignore")  # rank_fields, max_tokens_per_doc, ...: ignored
+    model: str = Field(min_length=1, description="'name', 'name@version' or 'name:label'.")
+
+
+class ModelRerankRequest(RerankFields):
+    """Body of POST /v1/models/{model}:rerank."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    version: int | None = Field(default=None, ge=0)
+    label: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class ModelRef(BaseModel):
@@ -120,6 +196,127 @@ class VersionState(BaseModel):
     error_message: str
 
 
+class EmbeddingData(BaseModel):
+    """One input's embedding (OpenAI's shape)."""
+
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="Floats, or base64 of float32 LE bytes.")
+
+
+class Usage(BaseModel):
+    """Tokens the model read ([CLS] and [SEP] included)."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    """Answer of POST /v1/embeddings (OpenAI's shape); ``model`` is name@served-version."""
+
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    """One served model (OpenAI's shape)."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    """Answer of GET /v1/models."""
+
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class RankedDocument(BaseModel):
+    """One document's place: its index in the request, its score, its text if asked."""
+
+    index: int
+    relevance_score: float = Field(ge=0.0, le=1.0, description="(1 + cosine) / 2.")
+    document: Document | None = None
+
+
+class RerankResponse(BaseModel):
+    """Answer of POST /v1/rerank and /v2/rerank (Cohere's and Jina's shape), best first."""
+
+    id: str
+    results: list[RankedDocument]
+    model: str
+    usage: dict[str, int]
+    meta: dict[str, Any]
+
+
+class ModelRerankResponse(BaseModel):
+    """Answer of POST /v1/models/{model}:rerank, best first."""
+
+    model: ModelRef
+    results: list[RankedDocument]
+    tokens: int
+
+
+class TextTokens(BaseModel):
+    """One text's tokens as the model gets them."""
+
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[list[int]] = Field(description="[start, end) character offsets in the text.")
+    special: list[bool]
+    truncated: bool
+    length: int
+
+
+class TokenizeResponse(BaseModel):
+    """Answer of POST /v1/models/{model}:tokenize."""
+
+    model: ModelRef
+    max_seq_len: int
+    tokens: list[TextTokens]
+
+
+class DetokenizedText(BaseModel):
+    """The text of one id list and its word pieces."""
+
+    text: str
+    tokens: list[str]
+
+
+class DetokenizeResponse(BaseModel):
+    """Answer of POST /v1/models/{model}:detokenize."""
+
+    model: ModelRef
+    texts: list[DetokenizedText]
+
+
+class OpenAIErrorDetail(BaseModel):
+    """OpenAI's error fields."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class OpenAIErrorResponse(BaseModel):
+    """Errors of /v1/embeddings and /v1/models (OpenAI's shape)."""
+
+    error: OpenAIErrorDetail
+
+
+class CohereErrorResponse(BaseModel):
+    """Errors of /v1/rerank and /v2/rerank (Cohere's shape)."""
+
+    message: str
+    code: str
+
+
 class ModelStatusResponse(BaseModel):
     """Answer of GET /v1/models/{model}."""
 
@@ -155,45 +352,52 @@ RequestModel = TypeVar("RequestModel", bound=_Request)
 
 def parse_request(kind: type[RequestModel], raw: bytes, settings: Settings) -> RequestModel:
     """Return the validated request in ``raw``; 400 / 413 / 422 errors name the field and limit."""
-    try:
-        body: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object with a 'texts' list")
+    body = load_json_object(raw, "body must be a JSON object with a 'texts' list")
     check_texts(body.get("texts"), settings)
     if "speed" in kind.model_fields and body.get("speed") is not None:
         check_speed(body["speed"], len(body["texts"]))
     try:
         request = kind.model_validate(body)
     except ValidationError as exc:
-        raise BadRequest(_first_error(exc)) from None
+        raise BadRequest(first_error(exc)) from None
     if request.version is not None and request.label is not None:
         raise BadRequest("give 'version' or 'label', not both")
     return request
 
 
-def check_texts(texts: Any, settings: Settings) -> None:
-    """Raise the right error for a missing, oversized, empty or non-string ``texts``."""
+def load_json_object(raw: bytes, what: str = "body must be a JSON object") -> dict[str, Any]:
+    """Return the JSON object in ``raw``; 400 naming the problem otherwise."""
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(what)
+    return body
+
+
+def check_texts(texts: Any, settings: Settings, field: str = "texts") -> None:
+    """Raise the right error for a missing, oversized, empty or non-string list of texts (the
+    same limits on every route; ``field`` names it in the messages)."""
     if texts is None:
-        raise BadRequest("field 'texts' is required: a list of strings")
+        raise BadRequest(f"field '{field}' is required: a list of strings")
     if not isinstance(texts, list):
-        raise BadRequest("field 'texts' must be a list of strings")
+        raise BadRequest(f"field '{field}' must be a list of strings")
     if len(texts) > settings.max_texts_per_request:
         raise PayloadTooLarge(
             f"{len(texts)} texts is over the limit of {settings.max_texts_per_request} "
             "(GATEWAY_MAX_TEXTS)"
         )
     if not texts:
-        raise UnprocessableInput("field 'texts' is empty: send at least one text")
+        raise UnprocessableInput(f"field '{field}' is empty: send at least one text")
     for index, text in enumerate(texts):
         if not isinstance(text, str):
-            raise UnprocessableInput(f"texts[{index}] is not a string")
+            raise UnprocessableInput(f"{field}[{index}] is not a string")
         if not text.strip():
-            raise UnprocessableInput(f"texts[{index}] is empty")
+            raise UnprocessableInput(f"{field}[{index}] is empty")
         if len(text) > settings.max_text_chars:
             raise UnprocessableInput(
-                f"texts[{index}] has {len(text)} characters, over the limit of "
+                f"{field}[{index}] has {len(text)} characters, over the limit of "
                 f"{settings.max_text_chars} (GATEWAY_MAX_TEXT_CHARS)"
             )
 
@@ -228,7 +432,7 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
     """Return the first validation error as 'field: message'."""
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"]) or "body"

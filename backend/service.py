@@ -61,6 +61,7 @@ class Inference:
     assets: ModelAssets
     outputs: Outputs
     truncated: list[bool]
+    token_counts: list[int]  # tokens each input went in with ([CLS] and [SEP] included)
 
 
 class Gateway:
@@ -131,22 +132,61 @@ class Gateway:
 
     def embed(self, model: str, request: EmbedRequest) -> dict[str, Any]:
         """Return the :embed answer for ``request`` (embeddings as a float32 array)."""
-        done = self._infer(
-            model, request.texts, request.version, request.label, request.truncate, task="embed"
-        )
-        with metrics.stage("postprocess"):
-            embeddings = done.outputs.get("embedding")
-            if embeddings is None:
-                raise UpstreamError("the model returned no 'embedding' output")
-            if request.normalize:
-                embeddings = l2_normalize(embeddings)
-            embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        done, embeddings = self.embeddings(
+            model, request.texts, request.version, request.label, request.truncate,
+            normalize=request.normalize,
+        )  # fmt: skip
         return {
             "model": self._model_ref(done),
             "embeddings": embeddings,
             "dim": int(embeddings.shape[-1]),
             "truncated": done.truncated,
         }
+
+    def embeddings(
+        self,
+        model: str,
+        texts: Sequence[str],
+        version: int | None,
+        label: str | None,
+        truncate: bool = True,
+        *,
+        normalize: bool = True,
+        token_ids: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[Inference, np.ndarray]:
+        """Return the inference and its embeddings, float32 ``[texts, dim]``: the one path every
+        embedding route takes (:embed, /v1/embeddings, rerank). ``token_ids`` (instead of texts)
+        are the tokens of each input without [CLS]/[SEP], which the gateway adds."""
+        encode = None
+        if token_ids is not None:
+            encode = lambda assets: assets.tokenizer.encode_ids(token_ids)  # noqa: E731
+        done = self._infer(model, texts, version, label, truncate, task="embed", encode=encode)
+        with metrics.stage("postprocess"):
+            embeddings = done.outputs.get("embedding")
+            if embeddings is None:
+                raise UpstreamError("the model returned no 'embedding' output")
+            if normalize:
+                embeddings = l2_normalize(embeddings)
+            return done, np.ascontiguousarray(embeddings, dtype=np.float32)
+
+    def tokenize(
+        self, model: str, texts: Sequence[str], version: int | None, label: str | None
+    ) -> tuple[ModelAssets, list[dict[str, Any]]]:
+        """Return the assets of the version that would serve, and each text's tokens with their
+        character offsets in the text (no call to the model server beyond version resolution)."""
+        assets = self._assets_for(model, version, label)
+        return assets, assets.tokenizer.describe(texts)
+
+    def detokenize(
+        self, model: str, ids: Sequence[Sequence[int]], version: int | None, label: str | None
+    ) -> tuple[ModelAssets, list[dict[str, Any]]]:
+        """Return the assets of the version that would serve, and each id list's text."""
+        assets = self._assets_for(model, version, label)
+        return assets, assets.tokenizer.decode(ids)
+
+    def _assets_for(self, model: str, version: int | None, label: str | None) -> ModelAssets:
+        resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
+        return self.assets.get(model, resolved)
 
     def model_status(self, model: str) -> dict[str, Any]:
         """Return the model's versions and states (from the model server) and its labels."""
@@ -208,10 +248,12 @@ class Gateway:
         task: str,
         check: Callable[[ModelAssets], None] | None = None,
         speed: float | Sequence[float] | None = None,
+        encode: Callable[[ModelAssets], list[Encoded]] | None = None,
     ) -> Inference:
-        """Return the model's outputs for ``texts`` from one resolved version."""
+        """Return the model's outputs for ``texts`` from one resolved version (``encode``, when
+        given, turns the inputs into token ids instead of the version's tokenizer)."""
         deadline = time.monotonic() + self._timeout()
-        args = (model, texts, truncate, task, check, speed, deadline)
+        args = (model, texts, truncate, task, check, speed, deadline, encode)
         try:
             return self._infer_once(version, label, *args)
         except VersionNotFound:
@@ -235,6 +277,7 @@ class Gateway:
         check: Callable[[ModelAssets], None] | None,
         speed: float | Sequence[float] | None,
         deadline: float,
+        encode: Callable[[ModelAssets], list[Encoded]] | None = None,
     ) -> Inference:
         resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
         try:
@@ -252,16 +295,16 @@ class Gateway:
             raise TaskMismatch(f"model {model!r} is a {assets.task!r} model, not {task!r}")
         if check is not None:
             check(assets)
+        with metrics.stage("tokenize"):
+            encoded = encode(assets) if encode is not None else assets.tokenizer.encode(texts)
         speeds = None
         if assets.early_exit is not None:
             try:
                 speeds = text_speeds(
-                    speed, self.settings.default_speed, assets.early_exit, len(texts)
+                    speed, self.settings.default_speed, assets.early_exit, len(encoded)
                 )
             except ValueError as exc:
                 raise UnprocessableInput(f"field 'speed': {exc}") from None
-        with metrics.stage("tokenize"):
-            encoded = assets.tokenizer.encode(texts)
         cut = [e.truncated for e in encoded]
         if not truncate and any(cut):
             first = cut.index(True)
@@ -270,7 +313,7 @@ class Gateway:
                 f"{assets.max_seq_len} of model {model!r}; send truncate=true to cut it"
             )
         lengths = [e.ids.shape[0] for e in encoded]
-        metrics.TEXTS_PER_REQUEST.observe(len(texts))
+        metrics.TEXTS_PER_REQUEST.observe(len(encoded))
         metrics.TOKENS_PER_REQUEST.observe(sum(lengths))
         chunks = plan_chunks(
             lengths,
@@ -281,8 +324,8 @@ class Gateway:
         )
         with metrics.stage("upstream"):
             results = self._run_chunks(model, resolved, chunks, encoded, assets, deadline, speeds)
-        outputs = reassemble(chunks, results, len(texts))
-        return Inference(assets=assets, outputs=outputs, truncated=cut)
+        outputs = reassemble(chunks, results, len(encoded))
+        return Inference(assets=assets, outputs=outputs, truncated=cut, token_counts=lengths)
 
     def _run_chunks(
         self,

@@ -110,6 +110,62 @@ class BertTokenizer:
             out.append(Encoded(ids=ids, truncated=full > self.max_seq_len, full_length=full))
         return out
 
+    def encode_ids(self, token_ids: Sequence[Sequence[int]]) -> list[Encoded]:
+        """Return inputs given as token ids (no [CLS]/[SEP]) wrapped and cut as ``encode`` does.
+
+        Raises ValueError naming the first id outside the vocabulary.
+        """
+        out = []
+        for index, ids in enumerate(token_ids):
+            for value in ids:
+                if not 0 <= value < self.vocab_size:
+                    raise ValueError(
+                        f"input[{index}] has token id {value}, outside this model's vocabulary "
+                        f"of {self.vocab_size} ids"
+                    )
+            full = len(ids) + 2
+            body = list(ids[: self.max_seq_len - 2])
+            wrapped = np.asarray([self.cls_id, *body, self.sep_id], dtype=np.int32)
+            out.append(Encoded(ids=wrapped, truncated=full > self.max_seq_len, full_length=full))
+        return out
+
+    def describe(self, texts: Sequence[str]) -> list[dict[str, object]]:
+        """Return, per text, the tokens the model would get: ids, word pieces, (start, end)
+        character offsets into the text as given, which are special tokens, and whether the
+        text is cut (only the kept tokens are listed, [SEP] last, as ``encode`` sends them)."""
+        out: list[dict[str, object]] = []
+        for text in texts:
+            encoding = self._tokenizer.encode(text, add_special_tokens=True)
+            ids, tokens = list(encoding.ids), list(encoding.tokens)
+            offsets = [list(pair) for pair in encoding.offsets]
+            special = [bool(flag) for flag in encoding.special_tokens_mask]
+            truncated = len(ids) > self.max_seq_len
+            if truncated:
+                keep = self.max_seq_len - 1
+                ids, tokens = [*ids[:keep], ids[-1]], [*tokens[:keep], tokens[-1]]
+                offsets, special = [*offsets[:keep], offsets[-1]], [*special[:keep], special[-1]]
+            out.append({
+                "ids": ids, "tokens": tokens, "offsets": offsets, "special": special,
+                "truncated": truncated, "length": len(ids),
+            })  # fmt: skip
+        return out
+
+    def decode(self, token_ids: Sequence[Sequence[int]]) -> list[dict[str, object]]:
+        """Return each id list's text (special tokens dropped) and its word pieces."""
+        out: list[dict[str, object]] = []
+        for index, ids in enumerate(token_ids):
+            bad = [i for i in ids if not 0 <= i < self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"ids[{index}] has token id {bad[0]}, outside this model's vocabulary of "
+                    f"{self.vocab_size} ids"
+                )
+            out.append({
+                "text": self._tokenizer.decode(list(ids), skip_special_tokens=True),
+                "tokens": [self._tokenizer.id_to_token(i) for i in ids],
+            })  # fmt: skip
+        return out
+
     def tokens(self, text: str) -> list[str]:
         """Return the word pieces of one text (for debugging and tests)."""
         return list(self._tokenizer.encode(text, add_special_tokens=False).tokens)

@@ -254,6 +254,35 @@ def _overhead(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[
     return rows
 
 
+def _client_shapes(ctx: BenchContext, stack: _Stack, model: str) -> list[Row]:
+    """Return the cost of /v1/embeddings against :embed for the same texts, and rerank texts/s."""
+    gateway = _Http(stack.gateways["grpc"])
+    texts = _corpus(8, seed=11)
+    n = 30 if ctx.quick else 150
+    ours = orjson.dumps({"texts": texts})
+    theirs = orjson.dumps({"input": texts, "model": model})
+    packed = orjson.dumps({"input": texts, "model": model, "encoding_format": "base64"})
+    embed_t, openai_t, base64_t = _interleaved(
+        [partial(gateway.call, "POST", f"/v1/models/{model}:embed", ours),
+         partial(gateway.call, "POST", "/v1/embeddings", theirs),
+         partial(gateway.call, "POST", "/v1/embeddings", packed)], n,
+    )  # fmt: skip
+    e, o, b = median(embed_t) * 1000, median(openai_t) * 1000, median(base64_t) * 1000
+    how = (f"{n} interleaved triples, 8 texts ({model}, grpc gateway, 1 worker): p50 :embed "
+           f"{e:.2f} ms, /v1/embeddings {o:.2f} ms (float), {b:.2f} ms (base64)")  # fmt: skip
+    docs = _corpus(32, seed=12)
+    rerank = orjson.dumps({"model": model, "query": TEXT, "documents": docs})
+    (rerank_t,) = _interleaved([partial(gateway.call, "POST", "/v2/rerank", rerank)], n // 3)
+    per_s = 33 / median(rerank_t)
+    return [
+        Row("/v1/embeddings ÷ :embed, same 8 texts (p50)", f"{o / e:.2f}×",
+            f"base64 {b / e:.2f}×", "≈ 1×: one path", how),
+        Row("rerank 1 query × 32 documents (/v2/rerank)", f"{per_s:.0f} texts/s",
+            f"{median(rerank_t) * 1000:.1f} ms per request", "",
+            f"{n // 3} sequential requests, {model} (cosine; query and documents in one call)"),
+    ]  # fmt: skip
+
+
 class _Http:
     """One keep-alive HTTP/1.1 connection (http.client: far less client time than requests)."""
 
@@ -404,6 +433,8 @@ def run(ctx: BenchContext) -> list[Row]:
         rows = _overhead(ctx, stack, base, classify_model)
         print("gateway_bench: bucketing vs padding ...", flush=True)
         rows += _bucketing(ctx, stack, base, embed_model)
+        print("gateway_bench: /v1/embeddings and rerank ...", flush=True)
+        rows += _client_shapes(ctx, stack, embed_model)
         print("gateway_bench: footprint ...", flush=True)
         rows += _footprint(ctx, stack)
     finally:

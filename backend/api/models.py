@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, Response
+from pydantic import ValidationError
 
 from backend.api import (
     current_gateway,
@@ -11,7 +14,19 @@ from backend.api import (
     note_served,
     request_body,
 )
-from backend.schemas import ClassifyRequest, EmbedRequest, parse_request
+from backend.api.rerank import rank
+from backend.errors import BadRequest, UnprocessableInput
+from backend.schemas import (
+    ClassifyRequest,
+    DetokenizeRequest,
+    EmbedRequest,
+    ModelRerankRequest,
+    TokenizeRequest,
+    check_texts,
+    first_error,
+    load_json_object,
+    parse_request,
+)
 
 bp = Blueprint("models", __name__)
 
@@ -38,3 +53,47 @@ def embed(model: str) -> Response:
 def model_status(model: str) -> Response:
     """Return the model's versions and states on the model server, and its labels."""
     return json_response(current_gateway().model_status(model))
+
+
+@bp.post("/v1/models/<model>:rerank")
+def rerank(model: str) -> Response:
+    """Rank documents against a query with an embedding model (cosine similarity)."""
+    body = _validated(ModelRerankRequest, "documents")
+    served, results, tokens = rank(model, body, body.version, body.label)
+    return json_response(
+        {"model": {"name": model, "version": served}, "results": results, "tokens": tokens}
+    )
+
+
+@bp.post("/v1/models/<model>:tokenize")
+def tokenize(model: str) -> Response:
+    """Tokens of each text as the serving version's vocabulary cuts them, with character offsets."""
+    body = _validated(TokenizeRequest, "texts")
+    check_texts(body.texts, current_settings())
+    assets, tokens = current_gateway().tokenize(model, body.texts, body.version, body.label)
+    return json_response(
+        {"model": {"name": model, "version": assets.version}, "max_seq_len": assets.max_seq_len,
+         "tokens": tokens}
+    )  # fmt: skip
+
+
+@bp.post("/v1/models/<model>:detokenize")
+def detokenize(model: str) -> Response:
+    """The text of token ids, with the serving version's vocabulary."""
+    body = _validated(DetokenizeRequest, "ids")
+    try:
+        assets, texts = current_gateway().detokenize(model, body.ids, body.version, body.label)
+    except ValueError as exc:
+        raise UnprocessableInput(str(exc)) from None
+    return json_response({"model": {"name": model, "version": assets.version}, "texts": texts})
+
+
+def _validated(kind: Any, what: str) -> Any:
+    body = load_json_object(request_body(), f"body must be a JSON object with '{what}'")
+    try:
+        request = kind.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(first_error(exc)) from None
+    if getattr(request, "version", None) is not None and getattr(request, "label", None):
+        raise BadRequest("give 'version' or 'label', not both")
+    return request

@@ -1,0 +1,94 @@
+"""Rerank: Cohere's and Jina's API (``POST /v1/rerank``, ``POST /v2/rerank``: the paths the
+``cohere`` SDK's ``Client`` and ``ClientV2`` post to) and ours (``POST /v1/models/<m>:rerank``).
+
+One translator onto the same ``Gateway.embeddings`` call :embed makes: the query and the
+documents go in one request (the gateway buckets and chunks them), ranked by cosine similarity.
+``relevance_score`` = (1 + cosine) / 2, in [0, 1] like Cohere's scores, in the same order as the
+cosine. A model that isn't an embedding model can't rerank yet (cross-encoders, sentence-pair
+classifiers, come with the pair head): a 422 naming its task.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+from flask import Blueprint, Response
+from pydantic import ValidationError
+
+from backend.api import current_gateway, current_settings, json_response, note_served, request_body
+from backend.api.openai import parse_model
+from backend.errors import ERROR_SHAPES, BadRequest, GatewayError, TaskMismatch, UnprocessableInput
+from backend.schemas import (
+    RerankFields,
+    RerankRequest,
+    check_texts,
+    first_error,
+    load_json_object,
+)
+
+bp = Blueprint("rerank", __name__)
+
+
+def cohere_error(error: GatewayError) -> dict[str, Any]:
+    """Return ``error`` as Cohere's error body (the SDK raises by status; it reads ``message``)."""
+    return {"message": error.message, "code": error.code}
+
+
+ERROR_SHAPES[bp.name] = cohere_error
+
+
+def rank(
+    model: str, body: RerankFields, version: int | None, label: str | None
+) -> tuple[int, list[dict[str, Any]], int]:
+    """Return (version, results best first, tokens) for a rerank request."""
+    texts = [d if isinstance(d, str) else d.text for d in body.documents]
+    check_texts([body.query, *texts], current_settings(), field="documents")
+    try:
+        done, vectors = current_gateway().embeddings(model, [body.query, *texts], version, label)
+    except TaskMismatch:
+        raise UnprocessableInput(
+            f"model {model!r} can't rerank: rerank takes an embedding model (ranked by cosine "
+            "similarity); cross-encoders (sentence-pair models) are not served yet"
+        ) from None
+    cosine = vectors[1:] @ vectors[0]
+    order = np.argsort(-cosine, kind="stable")[: body.top_n]
+    results = []
+    for index in order.tolist():
+        item: dict[str, Any] = {
+            "index": index,
+            "relevance_score": float((1.0 + cosine[index]) / 2.0),
+        }
+        if body.return_documents:
+            item["document"] = {"text": texts[index]}
+        results.append(item)
+    note_served(model, done.assets.version)
+    return done.assets.version, results, int(sum(done.token_counts))
+
+
+def _standard(api_version: str) -> Response:
+    raw = load_json_object(request_body())
+    try:
+        body = RerankRequest.model_validate(raw)
+    except ValidationError as exc:
+        raise BadRequest(first_error(exc)) from None
+    name, version, label = parse_model(body.model)
+    served, results, tokens = rank(name, body, version, label)
+    return json_response({
+        "id": str(uuid.uuid4()), "results": results, "model": f"{name}@{served}",
+        "usage": {"total_tokens": tokens},
+        "meta": {"api_version": {"version": api_version}, "billed_units": {"search_units": 1}},
+    })  # fmt: skip
+
+
+@bp.post("/v1/rerank")
+def rerank_v1() -> Response:
+    """Rerank documents against a query (Cohere v1 / Jina request and answer)."""
+    return _standard("1")
+
+
+@bp.post("/v2/rerank")
+def rerank_v2() -> Response:
+    """Rerank documents against a query (Cohere v2 request and answer)."""
+    return _standard("2")
