@@ -54,6 +54,7 @@ class JsonAccessLogger(Logger):
                 remote=environ.get("REMOTE_ADDR"),
                 user_agent=environ.get("HTTP_USER_AGENT"),
                 request_id=environ.get("HTTP_X_REQUEST_ID"),
+                key=environ.get("gateway.api_key"),  # the key's name, never the key
                 pid=os.getpid(),
             )
             self.access_log.info(orjson.dumps(record).decode())

@@ -7,6 +7,8 @@ Nothing here opens a connection: each worker creates its Gateway (client, pools)
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -15,9 +17,18 @@ from typing import Any
 
 from flask import Flask, Response, current_app, g, request
 
-from backend import metrics
-from backend.api import BODY_READ, current_settings, health, meta, models, openai, rerank
-from backend.errors import register_error_handlers
+from backend import auth, metrics
+from backend.api import (
+    BODY_READ,
+    authorize_model,
+    current_settings,
+    health,
+    meta,
+    models,
+    openai,
+    rerank,
+)
+from backend.errors import RateLimited, Unauthorized, register_error_handlers
 from backend.settings import load_settings
 from modelformat.names import valid_model_name
 
@@ -35,6 +46,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp):
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
+    app.before_request(_authenticate)
     app.after_request(_record_request)
     app.after_request(_finish_body)
     _use_gunicorn_logging()
@@ -77,6 +89,58 @@ def _start_timer() -> None:
     g.started = time.perf_counter()
 
 
+# Routes that stay open when API keys are on (probes); /metrics too unless asked otherwise.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def _authenticate() -> None:
+    """With GATEWAY_API_KEYS_FILE: 401 without a known key, 403 for a model the key may not use,
+    429 over its rate (each in the route family's error shape)."""
+    settings = current_settings()
+    if not settings.api_keys_file or request.path in OPEN_PATHS:
+        return
+    if request.path == "/metrics" and not settings.metrics_require_key:
+        return
+    keys, limiter = _key_state(settings)
+    header = request.headers.get("Authorization", "")
+    presented = (
+        header[len(auth.HEADER_PREFIX) :].strip()
+        if header.lower().startswith(auth.HEADER_PREFIX)
+        else request.headers.get("X-API-Key", "").strip()
+    )
+    if not presented:
+        raise Unauthorized(
+            "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key'"
+        )
+    key = keys.find(presented)
+    if key is None:
+        raise Unauthorized("unknown API key")
+    g.api_key = key
+    request.environ["gateway.api_key"] = key.name
+    model = (request.view_args or {}).get("model")
+    if isinstance(model, str):
+        authorize_model(model)
+    wait = limiter.take(key)
+    if wait > 0:
+        raise RateLimited(
+            f"API key {key.name!r} is over its limit of {key.rate:g} requests/s",
+            retry_after_s=math.ceil(wait),
+        )
+
+
+def _key_state(settings: Any) -> tuple[auth.KeyTable, auth.RateLimiter]:
+    """Return this process's key table and rate limiter (made after fork, on first use)."""
+    state = current_app.extensions.get("gateway_keys")
+    if state is None or state[0] != os.getpid():
+        state = (
+            os.getpid(),
+            auth.KeyTable(settings.api_keys_file, recheck_s=settings.labels_cache_s),
+            auth.RateLimiter(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
+        )
+        current_app.extensions["gateway_keys"] = state
+    return state[1], state[2]
+
+
 def _record_request(response: Response) -> Response:
     """Count the request and observe its latency (labels bounded: unknown models are 'other')."""
     rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
@@ -84,6 +148,9 @@ def _record_request(response: Response) -> Response:
     version = getattr(g, "served_version", None)
     served = "" if version is None else str(version)
     metrics.child(metrics.REQUESTS, rule, model, served, str(response.status_code)).inc()
+    key = getattr(g, "api_key", None)
+    if key is not None:
+        metrics.child(metrics.KEY_REQUESTS, key.name, str(response.status_code)).inc()
     started = getattr(g, "started", None)
     if started is not None:
         metrics.child(metrics.REQUEST_SECONDS, rule).observe(time.perf_counter() - started)

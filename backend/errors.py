@@ -60,6 +60,33 @@ class LabelNotFound(NotFound):
     code = "label_not_found"
 
 
+class Unauthorized(GatewayError):
+    """HTTP 401: no API key, or one the gateway does not know (API keys are on)."""
+
+    status_code = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="bert-gateway"'})
+
+
+class Forbidden(GatewayError):
+    """HTTP 403: the API key may not use this model."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class RateLimited(GatewayError):
+    """HTTP 429: the API key is over its requests-per-second limit; sent with Retry-After."""
+
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
+
+
 class MethodNotAllowed(GatewayError):
     """HTTP 405: the route exists but not for this method."""
 

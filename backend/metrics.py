@@ -65,6 +65,20 @@ STATUS_REFRESHES = Counter(
     "served while a refresh runs) and negative (an unknown model answered from the cache).",
     ["outcome"],
 )
+KEY_REQUESTS = Counter(
+    "gateway_api_key_requests_total",
+    "Requests by API key name (never the key) and HTTP status, when API keys are on.",
+    ["key", "status"],
+)
+API_KEYS_ERRORS = Counter(
+    "gateway_api_keys_errors_total",
+    "Failed reads of GATEWAY_API_KEYS_FILE; the last good keys stay.",
+)
+API_KEYS_STALE = Gauge(
+    "gateway_api_keys_stale",
+    "1 while a worker serves the last good API keys because the keys file is unusable.",
+    multiprocess_mode="livemax",
+)
 TEXTS_PER_REQUEST = Histogram(
     "gateway_texts_per_request",
     "Texts per inference request.",

@@ -43,6 +43,9 @@ class Settings:
     grpc_retries: int = 2
     retry_after_s: int = 1
     debug_endpoints: bool = False
+    # API keys (backend/auth.py): off when empty; /metrics needs a key only when asked to
+    api_keys_file: str = ""
+    metrics_require_key: bool = False
     # speed of early-exit models when a request gives none (None: the model's own default)
     default_speed: float | None = None
 
@@ -89,6 +92,8 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_GRPC_RETRIES": "grpc_retries",
     "GATEWAY_RETRY_AFTER_S": "retry_after_s",
     "GATEWAY_DEBUG_ENDPOINTS": "debug_endpoints",
+    "GATEWAY_API_KEYS_FILE": "api_keys_file",
+    "GATEWAY_METRICS_REQUIRE_KEY": "metrics_require_key",
     "GATEWAY_DEFAULT_SPEED": "default_speed",
 }
 

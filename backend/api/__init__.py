@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from flask import Response, current_app, g, request
 
-from backend.errors import PayloadTooLarge
+from backend.errors import Forbidden, PayloadTooLarge
 from backend.service import Gateway
 from backend.settings import Settings
 from backend.worker import get_gateway
@@ -54,6 +54,13 @@ def current_settings() -> Settings:
 def current_gateway() -> Gateway:
     """Return this worker's Gateway (created after fork, once per process)."""
     return get_gateway(current_app)
+
+
+def authorize_model(model: str) -> None:
+    """403 when the request's API key (if keys are on) may not use ``model``."""
+    key = g.get("api_key")
+    if key is not None and not key.allows(model):
+        raise Forbidden(f"API key {key.name!r} may not use model {model!r}")
 
 
 def note_served(model: str, version: int) -> None:

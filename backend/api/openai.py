@@ -17,7 +17,14 @@ import numpy as np
 from flask import Blueprint, Response
 from pydantic import ValidationError
 
-from backend.api import current_gateway, current_settings, json_response, note_served, request_body
+from backend.api import (
+    authorize_model,
+    current_gateway,
+    current_settings,
+    json_response,
+    note_served,
+    request_body,
+)
 from backend.errors import (
     ERROR_SHAPES,
     BadRequest,
@@ -76,6 +83,7 @@ def embeddings() -> Response:
     except ValidationError as exc:
         raise BadRequest(first_error(exc)) from None
     name, version, label = parse_model(req.model)
+    authorize_model(name)
     texts: list[str] = []
     token_ids: list[list[int]] | None = None
     if isinstance(req.input, str):

@@ -17,7 +17,14 @@ import numpy as np
 from flask import Blueprint, Response
 from pydantic import ValidationError
 
-from backend.api import current_gateway, current_settings, json_response, note_served, request_body
+from backend.api import (
+    authorize_model,
+    current_gateway,
+    current_settings,
+    json_response,
+    note_served,
+    request_body,
+)
 from backend.api.openai import parse_model
 from backend.errors import ERROR_SHAPES, BadRequest, GatewayError, TaskMismatch, UnprocessableInput
 from backend.schemas import (
@@ -74,6 +81,7 @@ def _standard(api_version: str) -> Response:
     except ValidationError as exc:
         raise BadRequest(first_error(exc)) from None
     name, version, label = parse_model(body.model)
+    authorize_model(name)
     served, results, tokens = rank(name, body, version, label)
     return json_response({
         "id": str(uuid.uuid4()), "results": results, "model": f"{name}@{served}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 
 import cohere
+import cohere.errors
 import numpy as np
 import openai
 import pytest

@@ -1,0 +1,39 @@
+"""ops.apikeys: keys are printed once and stored only as their SHA-256."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.auth import KeyTable, key_hash
+from ops import apikeys
+
+
+def test_add_list_remove_and_the_file_holds_no_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "keys.json"
+    assert apikeys.main(["--file", str(path), "add", "team-a", "--models", "m1,m2",
+                         "--rate", "5"]) == 0  # fmt: skip
+    key = capsys.readouterr().out.strip()
+    assert key.startswith("bg-") and len(key) > 40
+    assert key not in path.read_text() and key_hash(key) in path.read_text()
+    found = KeyTable(str(path)).find(key)
+    assert found is not None and found.name == "team-a" and found.allows("m1")
+    assert not found.allows("m3") and found.rate == found.burst == 5
+    assert apikeys.main(["--file", str(path), "add", "team-a"]) == 1  # names are unique
+    assert apikeys.main(["--file", str(path), "list"]) == 0
+    assert "team-a\tmodels: m1,m2\t5/s burst 5" in capsys.readouterr().out
+    assert apikeys.main(["--file", str(path), "remove", "team-a"]) == 0
+    assert KeyTable(str(path)).find(key) is None
+
+
+def test_a_broken_file_is_a_clear_error_and_is_never_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text('{"keys": [{"name": "x", "sha256": "short"}]}')
+    assert apikeys.main(["--file", str(path), "add", "y"]) == 1
+    assert "64 hex characters" in capsys.readouterr().err
+    assert "short" in path.read_text()
