@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, current_app, g, request
+from werkzeug.routing import BaseConverter
 
 from backend import auth, metrics
 from backend.api import (
@@ -43,6 +44,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["gateway_settings"] = settings
     app.extensions["gateway_lock"] = threading.Lock()
     register_error_handlers(app)
+    app.url_map.converters["name"] = ModelNameConverter
     for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp):
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
@@ -51,6 +53,13 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.after_request(_finish_body)
     _use_gunicorn_logging()
     return app
+
+
+class ModelNameConverter(BaseConverter):
+    """A model name in a URL: no '/' and no ':' (so /v1/models/x:classify is never the status
+    route of a model named 'x:classify', and OPTIONS on it does not advertise GET)."""
+
+    regex = "[^/:]+"
 
 
 def _finish_body(response: Response) -> Response:

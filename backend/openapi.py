@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from backend.schemas import (
+    NOT_BLANK,
     ClassifyRequest,
     ClassifyResponse,
     CohereErrorResponse,
@@ -215,9 +216,32 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
 
 
 def _with_limits(schemas: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """Return ``schemas`` with this deployment's text limits written into the request models."""
-    for name in ("ClassifyRequest", "EmbedRequest"):
-        texts = schemas[name]["properties"]["texts"]
-        texts["maxItems"] = settings.max_texts_per_request
-        texts["items"] = {**texts.get("items", {}), "maxLength": settings.max_text_chars}
+    """Return ``schemas`` with this deployment's limits written in: every text (the ``Text``
+    type: its non-blank pattern) at most GATEWAY_MAX_TEXT_CHARS, every list of texts at most
+    GATEWAY_MAX_TEXTS (a rerank's documents one less: the query is a text too)."""
+
+    def visit(node: Any, in_list_of_texts: str | None = None) -> None:
+        if isinstance(node, dict):
+            if node.get("pattern") == NOT_BLANK:
+                node["maxLength"] = settings.max_text_chars
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    limits = {
+        ("ClassifyRequest", "texts"): settings.max_texts_per_request,
+        ("EmbedRequest", "texts"): settings.max_texts_per_request,
+        ("TokenizeRequest", "texts"): settings.max_texts_per_request,
+        ("DetokenizeRequest", "ids"): settings.max_texts_per_request,
+        ("RerankRequest", "documents"): settings.max_texts_per_request - 1,
+        ("ModelRerankRequest", "documents"): settings.max_texts_per_request - 1,
+    }
+    for (name, field), most in limits.items():
+        schemas[name]["properties"][field]["maxItems"] = most
+    for option in schemas["EmbeddingsRequest"]["properties"]["input"].get("anyOf", []):
+        if option.get("type") == "array":
+            option["maxItems"] = settings.max_texts_per_request
+    visit(schemas)
     return schemas

@@ -2,27 +2,60 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from backend.early_exit import valid_speed
 from backend.errors import BadRequest, PayloadTooLarge, UnprocessableInput
 from backend.settings import Settings
 
+# What "empty" means, the same for the gateway's check and the schema's pattern: no character
+# outside JavaScript's \s (the class JSON Schema patterns use; Python's \s also has \x1c-\x1f).
+BLANK = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+NOT_BLANK = f"[^{BLANK}]"
+_NOT_BLANK = re.compile(NOT_BLANK)
+
+
+def _integral(value: Any) -> Any:
+    """Accept a float with no fraction as an int (JSON Schema's ``integer`` includes 1.0)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
+        return int(value)
+    return value
+
+
+# An integer as JSON Schema means it: 3 and 3.0, never "3" or true. (The bound goes before
+# the validator: after it, pydantic writes "ge" into the JSON schema instead of "minimum".)
+Int = Annotated[int, BeforeValidator(_integral)]
+MAX_INT = 2**63 - 1  # pydantic's (and TF Serving's) int64
+NonNegative = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(_integral)]
+Positive = Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(_integral)]
+# A text the gateway takes: at least one character that isn't whitespace.
+Text = Annotated[str, Field(min_length=1, pattern=NOT_BLANK)]
+
+
+# "version" and "label" both set (not null) is refused: the schema says so too.
+VERSION_OR_LABEL: dict[str, Any] = {
+    "not": {
+        "required": ["version", "label"],
+        "properties": {"version": {"type": "integer"}, "label": {"type": "string"}},
+    }
+}
+
 
 class _Request(BaseModel):
     # strict: "1" is not a number and 1 is not a bool; forbid: a misspelt field is an error.
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=VERSION_OR_LABEL)
 
-    texts: list[str] = Field(
+    texts: list[Text] = Field(
         min_length=1,
         description="Texts to process (non-empty strings); limits: GATEWAY_MAX_TEXTS texts, "
         "GATEWAY_MAX_TEXT_CHARS characters each.",
     )
-    version: int | None = Field(
-        default=None, ge=0, description="Serve with this exact model version."
+    version: NonNegative | None = Field(
+        default=None, description="Serve with this exact model version."
     )
     label: str | None = Field(
         default=None,
@@ -35,6 +68,11 @@ class _Request(BaseModel):
         description="Cut texts longer than the model's max_seq_len (reported per text); "
         "false makes such a text a 422 error.",
     )
+    truncation_direction: Literal["right", "left"] = Field(
+        default="right",
+        description="Which end a cut keeps: 'right' cuts the end (keeps the start), 'left' "
+        "cuts the start (keeps the end).",
+    )
 
 
 Speed = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -43,7 +81,7 @@ Speed = Annotated[float, Field(ge=0.0, le=1.0)]
 class ClassifyRequest(_Request):
     """Body of POST /v1/models/{model}:classify."""
 
-    top_k: int = Field(default=1, ge=1, le=1000, description="How many ranked labels to return.")
+    top_k: Int = Field(default=1, ge=1, le=1000, description="How many ranked labels to return.")
     return_logits: bool = Field(default=False, description="Also return the raw logits.")
     speed: Speed | list[Speed] | None = Field(
         default=None,
@@ -58,23 +96,34 @@ class EmbedRequest(_Request):
     """Body of POST /v1/models/{model}:embed."""
 
     normalize: bool = Field(default=True, description="L2-normalize each embedding.")
+    long_text: Literal["truncate", "chunk"] = Field(
+        default="truncate",
+        description="'chunk': a text over max_seq_len is split into windows overlapping by a "
+        "quarter, on token boundaries, all embedded in the same upstream call; the windows' "
+        "L2-normalized embeddings are averaged, weighted by their tokens, into one vector "
+        "('windows' says how many per text).",
+    )
 
 
 class TokenizeRequest(BaseModel):
     """Body of POST /v1/models/{model}:tokenize."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    texts: list[str] = Field(min_length=1, description="Texts to tokenize.")
-    version: int | None = Field(default=None, ge=0, description="Tokenize as this version.")
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=VERSION_OR_LABEL)
+    texts: list[Text] = Field(min_length=1, description="Texts to tokenize.")
+    version: NonNegative | None = Field(default=None, description="Tokenize as this version.")
     label: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class DetokenizeRequest(BaseModel):
     """Body of POST /v1/models/{model}:detokenize."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    ids: list[list[int]] = Field(min_length=1, description="Token id lists, one per text.")
-    version: int | None = Field(default=None, ge=0)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=VERSION_OR_LABEL)
+    ids: list[list[NonNegative]] = Field(
+        min_length=1, description="Token id lists, one per text (ids of the model's vocabulary)."
+    )
+    version: NonNegative | None = Field(
+        default=None,
+    )
     label: str | None = Field(default=None, min_length=1, max_length=256)
 
 
@@ -84,7 +133,15 @@ class EmbeddingsRequest(BaseModel):
     # Other fields are ignored, as clients of other providers send their own.
     model_config = ConfigDict(extra="ignore")
 
-    input: str | list[str] | list[list[int]] | list[int] = Field(
+    input: (
+        Text
+        | Annotated[list[Text], Field(min_length=1)]
+        | Annotated[
+            list[Annotated[list[NonNegative], Field(min_length=1)]],
+            Field(min_length=1),
+        ]
+        | Annotated[list[NonNegative], Field(min_length=1)]
+    ) = Field(
         description="A text, a list of texts, a list of token ids (one input), or a list of "
         "lists of token ids. Token ids are WordPiece ids of the model's vocabulary, without "
         "[CLS]/[SEP] (the gateway adds them)."
@@ -97,28 +154,34 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = Field(
         default="float", description="'base64': little-endian float32 bytes, base64-encoded."
     )
-    dimensions: int | None = Field(
-        default=None, ge=1, description="Keep the first N dimensions, then L2-normalize again."
+    dimensions: Positive | None = Field(
+        default=None, description="Keep the first N dimensions, then L2-normalize again."
     )
     user: str | None = Field(default=None, description="Accepted and ignored.")
+    truncation_direction: Literal["right", "left"] = Field(
+        default="right", description="Not OpenAI's: which end a cut keeps (as on :embed)."
+    )
 
 
 class Document(BaseModel):
     """A document given as an object (Cohere v1, Jina): its ``text`` is ranked."""
 
     model_config = ConfigDict(extra="ignore")
-    text: str
+    text: Text
 
 
 class RerankFields(BaseModel):
     """What every rerank request carries."""
 
-    query: str = Field(min_length=1, description="The query the documents are ranked against.")
-    documents: list[str | Document] = Field(
+    query: Text = Field(description="The query the documents are ranked against.")
+    documents: list[Text | Document] = Field(
         min_length=1, description="Texts, or objects with a 'text', to rank."
     )
-    top_n: int | None = Field(default=None, ge=1, description="Return only the best N.")
+    top_n: Positive | None = Field(default=None, description="Return only the best N.")
     return_documents: bool = Field(default=False, description="Echo each document's text.")
+    truncation_direction: Literal["right", "left"] = Field(
+        default="right", description="Which end of a long query or document a cut keeps."
+    )
 
 
 class RerankRequest(RerankFields):
@@ -131,8 +194,10 @@ class RerankRequest(RerankFields):
 class ModelRerankRequest(RerankFields):
     """Body of POST /v1/models/{model}:rerank."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    version: int | None = Field(default=None, ge=0)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=VERSION_OR_LABEL)
+    version: NonNegative | None = Field(
+        default=None,
+    )
     label: str | None = Field(default=None, min_length=1, max_length=256)
 
 
@@ -185,6 +250,9 @@ class EmbedResponse(BaseModel):
     embeddings: list[list[float]]
     dim: int
     truncated: list[bool]
+    windows: list[int] | None = Field(
+        default=None, description="long_text=chunk: how many windows each text was split into."
+    )
 
 
 class VersionState(BaseModel):
@@ -393,7 +461,7 @@ def check_texts(texts: Any, settings: Settings, field: str = "texts") -> None:
     for index, text in enumerate(texts):
         if not isinstance(text, str):
             raise UnprocessableInput(f"{field}[{index}] is not a string")
-        if not text.strip():
+        if not _NOT_BLANK.search(text):
             raise UnprocessableInput(f"{field}[{index}] is empty")
         if len(text) > settings.max_text_chars:
             raise UnprocessableInput(

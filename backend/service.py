@@ -100,6 +100,7 @@ class Gateway:
         done = self._infer(
             model, request.texts, request.version, request.label, request.truncate,
             task="classify", check=check_top_k, speed=request.speed,
+            encode=_directed(request.texts, request.truncation_direction),
         )  # fmt: skip
         labels = done.assets.labels
         early_exit = done.assets.early_exit
@@ -132,9 +133,11 @@ class Gateway:
 
     def embed(self, model: str, request: EmbedRequest) -> dict[str, Any]:
         """Return the :embed answer for ``request`` (embeddings as a float32 array)."""
+        if request.long_text == "chunk":
+            return self._embed_chunked(model, request)
         done, embeddings = self.embeddings(
             model, request.texts, request.version, request.label, request.truncate,
-            normalize=request.normalize,
+            normalize=request.normalize, direction=request.truncation_direction,
         )  # fmt: skip
         return {
             "model": self._model_ref(done),
@@ -153,13 +156,15 @@ class Gateway:
         *,
         normalize: bool = True,
         token_ids: Sequence[Sequence[int]] | None = None,
+        direction: str = "right",
+        encode: Callable[[ModelAssets], list[Encoded]] | None = None,
     ) -> tuple[Inference, np.ndarray]:
         """Return the inference and its embeddings, float32 ``[texts, dim]``: the one path every
         embedding route takes (:embed, /v1/embeddings, rerank). ``token_ids`` (instead of texts)
         are the tokens of each input without [CLS]/[SEP], which the gateway adds."""
-        encode = None
         if token_ids is not None:
             encode = lambda assets: assets.tokenizer.encode_ids(token_ids)  # noqa: E731
+        encode = encode or _directed(texts, direction)
         done = self._infer(model, texts, version, label, truncate, task="embed", encode=encode)
         with metrics.stage("postprocess"):
             embeddings = done.outputs.get("embedding")
@@ -168,6 +173,40 @@ class Gateway:
             if normalize:
                 embeddings = l2_normalize(embeddings)
             return done, np.ascontiguousarray(embeddings, dtype=np.float32)
+
+    def _embed_chunked(self, model: str, request: EmbedRequest) -> dict[str, Any]:
+        """:embed with long_text=chunk: every window of every text in one inference, then each
+        text's windows mean-pooled, weighted by their tokens."""
+        owners: list[int] = []
+
+        def encode(assets: ModelAssets) -> list[Encoded]:
+            owners.clear()
+            out: list[Encoded] = []
+            for index, windows in enumerate(assets.tokenizer.windows(request.texts)):
+                owners.extend([index] * len(windows))
+                out.extend(windows)
+            return out
+
+        # Each window's unit vector (what the model answers for it alone), weighted by its tokens.
+        done, vectors = self.embeddings(
+            model, request.texts, request.version, request.label, True, normalize=True,
+            encode=encode,
+        )  # fmt: skip
+        weights = np.asarray(done.token_counts, dtype=np.float32) - 2.0  # the window's tokens
+        pooled = np.zeros((len(request.texts), vectors.shape[1]), dtype=np.float32)
+        np.add.at(pooled, np.asarray(owners), vectors * weights[:, None])
+        totals = np.bincount(owners, weights=weights, minlength=len(request.texts))
+        pooled /= np.maximum(totals, 1.0)[:, None].astype(np.float32)
+        if request.normalize:
+            pooled = l2_normalize(pooled)
+        counts = np.bincount(owners, minlength=len(request.texts))
+        return {
+            "model": self._model_ref(done),
+            "embeddings": np.ascontiguousarray(pooled, dtype=np.float32),
+            "dim": int(pooled.shape[-1]),
+            "truncated": [False] * len(request.texts),
+            "windows": counts.tolist(),
+        }
 
     def tokenize(
         self, model: str, texts: Sequence[str], version: int | None, label: str | None
@@ -413,3 +452,12 @@ class Gateway:
     @staticmethod
     def _model_ref(done: Inference) -> dict[str, Any]:
         return {"name": done.assets.model, "version": done.assets.version}
+
+
+def _directed(
+    texts: Sequence[str], direction: str
+) -> Callable[[ModelAssets], list[Encoded]] | None:
+    """Return an encoder that cuts from the left, or None for the tokenizer's default (right)."""
+    if direction == "right":
+        return None
+    return lambda assets: assets.tokenizer.encode(texts, direction=direction)

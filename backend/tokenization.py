@@ -91,8 +91,9 @@ class BertTokenizer:
         """Return a tokenizer for the vocab.txt at ``vocab_path``."""
         return cls(read_vocab(vocab_path), do_lower_case=do_lower_case, max_seq_len=max_seq_len)
 
-    def encode(self, texts: Sequence[str]) -> list[Encoded]:
-        """Return each text's ids, cut to max_seq_len ([CLS] head ... [SEP]) and flagged if cut."""
+    def encode(self, texts: Sequence[str], direction: str = "right") -> list[Encoded]:
+        """Return each text's ids, cut to max_seq_len and flagged if cut: ``right`` keeps the
+        head ([CLS] head ... [SEP]), ``left`` the tail ([CLS] ... tail [SEP])."""
         # Encoding without truncation and cutting here is what BertTokenizer(truncation=True)
         # does for one sequence, and tells us exactly which texts were cut.
         if len(texts) <= SEQUENTIAL_BELOW:
@@ -106,8 +107,37 @@ class BertTokenizer:
             ids = np.asarray(encoding.ids, dtype=np.int32)
             full = int(ids.shape[0])
             if full > self.max_seq_len:
-                ids = np.concatenate([ids[: self.max_seq_len - 1], [self.sep_id]]).astype(np.int32)
+                if direction == "left":
+                    tail = ids[full - (self.max_seq_len - 1) :]
+                    ids = np.concatenate([[self.cls_id], tail]).astype(np.int32)
+                else:
+                    ids = np.concatenate([ids[: self.max_seq_len - 1], [self.sep_id]])
+                    ids = ids.astype(np.int32)
             out.append(Encoded(ids=ids, truncated=full > self.max_seq_len, full_length=full))
+        return out
+
+    def windows(self, texts: Sequence[str], overlap: float = 0.25) -> list[list[Encoded]]:
+        """Return each text as windows of at most max_seq_len tokens ([CLS] ... [SEP] each) that
+        overlap by ``overlap`` of a window, on token boundaries; a text that fits is one window.
+        The last window ends at the text's last token."""
+        size = self.max_seq_len - 2
+        step = max(1, size - int(size * overlap))
+        out = []
+        for encoded in self.encode(texts):
+            if not encoded.truncated:
+                out.append([encoded])
+                continue
+            body = self._tokenizer.encode(texts[len(out)], add_special_tokens=False).ids
+            starts = list(range(0, max(1, len(body) - size), step))
+            if starts[-1] + size < len(body):
+                starts.append(len(body) - size)
+            out.append([
+                Encoded(
+                    ids=np.asarray([self.cls_id, *body[s : s + size], self.sep_id], np.int32),
+                    truncated=False, full_length=encoded.full_length,
+                )
+                for s in starts
+            ])  # fmt: skip
         return out
 
     def encode_ids(self, token_ids: Sequence[Sequence[int]]) -> list[Encoded]:

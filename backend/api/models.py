@@ -49,7 +49,7 @@ def embed(model: str) -> Response:
     return json_response(answer)
 
 
-@bp.get("/v1/models/<model>")
+@bp.get("/v1/models/<name:model>")
 def model_status(model: str) -> Response:
     """Return the model's versions and states on the model server, and its labels."""
     return json_response(current_gateway().model_status(model))

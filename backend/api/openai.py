@@ -106,13 +106,15 @@ def embeddings() -> Response:
         check_texts(texts, settings, field="input")
     gateway = current_gateway()
     try:
-        done, vectors = gateway.embeddings(name, texts, version, label, token_ids=token_ids)
+        done, vectors = gateway.embeddings(
+            name, texts, version, label, token_ids=token_ids, direction=req.truncation_direction
+        )
     except ValueError as exc:  # a token id outside the vocabulary
         raise UnprocessableInput(str(exc)) from None
     if req.dimensions is not None:
         dim = vectors.shape[1]
-        if req.dimensions > dim:
-            raise BadRequest(
+        if req.dimensions > dim:  # a fact of this model, not of the request's shape: 422
+            raise UnprocessableInput(
                 f"field 'dimensions': {req.dimensions} is over the model's {dim} dimensions"
             )
         vectors = vectors[:, : req.dimensions]

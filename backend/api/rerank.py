@@ -53,13 +53,15 @@ def rank(
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
     check_texts([body.query, *texts], current_settings(), field="documents")
     try:
-        done, vectors = current_gateway().embeddings(model, [body.query, *texts], version, label)
+        done, vectors = current_gateway().embeddings(
+            model, [body.query, *texts], version, label, direction=body.truncation_direction
+        )
     except TaskMismatch:
         raise UnprocessableInput(
             f"model {model!r} can't rerank: rerank takes an embedding model (ranked by cosine "
             "similarity); cross-encoders (sentence-pair models) are not served yet"
         ) from None
-    cosine = vectors[1:] @ vectors[0]
+    cosine = np.clip(vectors[1:] @ vectors[0], -1.0, 1.0)  # unit vectors, up to rounding
     order = np.argsort(-cosine, kind="stable")[: body.top_n]
     results = []
     for index in order.tolist():

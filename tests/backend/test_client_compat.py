@@ -5,6 +5,7 @@ the openai SDK and LangChain's OpenAIEmbeddings (/v1/embeddings, /v1/models), th
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import cohere
 import cohere.errors
@@ -74,7 +75,7 @@ def test_dimensions_keep_the_first_n_renormalised(
     cut = client.embeddings.create(input=TEXTS[0], model=EMBED, dimensions=4).data[0].embedding
     assert len(cut) == 4
     np.testing.assert_allclose(cut, full[:4] / np.linalg.norm(full[:4]), atol=1e-6)
-    with pytest.raises(openai.BadRequestError) as info:
+    with pytest.raises(openai.UnprocessableEntityError) as info:
         client.embeddings.create(input="x", model=EMBED, dimensions=100_000)
     assert "dimensions" in info.value.message
 
@@ -200,3 +201,49 @@ def test_tokenize_gives_offsets_into_the_original_text_and_detokenize_inverts_it
         timeout=30,
     ).json()["tokens"][0]  # fmt: skip
     assert long["truncated"] and long["length"] == len(long["ids"]) == reply["max_seq_len"]
+
+
+# -- long texts --------------------------------------------------------------------------------
+
+
+def test_truncation_direction_keeps_the_end_when_left(grpc_gateway: Gateway) -> None:
+    tail = "where is my parcel " * 40  # alone over max_seq_len (64)
+    texts = ["billing invoice " * 40 + tail, "password login " * 40 + tail]
+    url = f"{grpc_gateway.url}/v1/models/{EMBED}:embed"
+
+    def embed(direction: str) -> np.ndarray:
+        body = {"texts": texts, "truncation_direction": direction}
+        reply = requests.post(url, json=body, timeout=30).json()
+        assert reply["truncated"] == [True, True]
+        return np.asarray(reply["embeddings"])
+
+    left, right = embed("left"), embed("right")
+    assert cosine(left[0], left[1]) >= 0.99999  # the same tail kept
+    assert cosine(right[0], right[1]) < 0.999  # different heads kept
+
+
+def test_a_long_text_chunked_is_the_token_weighted_mean_of_its_windows(
+    grpc_gateway: Gateway, client: openai.OpenAI, model_base: Path
+) -> None:
+    from backend.tokenization import BertTokenizer
+
+    tokenizer = BertTokenizer.from_files(model_base / EMBED / "1" / "assets" / "vocab.txt",
+                                         max_seq_len=64)  # fmt: skip
+    text = " ".join(f"ticket {i} parcel refund" for i in range(60))
+    assert len(tokenizer.encode([text])[0].ids) == 64 and tokenizer.encode([text])[0].truncated
+    windows = tokenizer.windows([text])[0]
+    chunked = requests.post(
+        f"{grpc_gateway.url}/v1/models/{EMBED}:embed",
+        json={"texts": [text], "long_text": "chunk"}, timeout=30,
+    ).json()  # fmt: skip
+    assert chunked["windows"] == [len(windows)] and len(windows) >= 3
+    assert chunked["truncated"] == [False]
+    bodies = [w.ids[1:-1].tolist() for w in windows]
+    alone = client.embeddings.create(input=bodies, model=EMBED, encoding_format="float")
+    vectors = np.asarray([d.embedding for d in sorted(alone.data, key=lambda d: d.index)])
+    mean = (vectors * np.asarray([len(b) for b in bodies])[:, None]).sum(axis=0)
+    assert cosine(np.asarray(chunked["embeddings"][0]), mean) >= 0.9999
+    # Without long_text, today's rule: cut to max_seq_len.
+    plain = requests.post(f"{grpc_gateway.url}/v1/models/{EMBED}:embed",
+                          json={"texts": [text]}, timeout=30).json()  # fmt: skip
+    assert (plain["truncated"] == [True] and "windows" not in plain) or plain["windows"] is None

@@ -179,7 +179,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> FlaskClient:
 def test_openapi_is_3_1_and_lists_every_public_route(client: FlaskClient) -> None:
     doc = client.get("/openapi.json").get_json()
     rules = {
-        r.rule.replace("<model>", "{model}")
+        r.rule.replace("<model>", "{model}").replace("<name:model>", "{model}")
         for r in client.application.url_map.iter_rules()
         if not r.rule.startswith("/debug")
     }
