@@ -21,7 +21,6 @@ import fcntl
 import hashlib
 import hmac
 import logging
-import math
 import os
 import struct
 import threading
@@ -33,6 +32,7 @@ from typing import Any
 import orjson
 
 from backend import metrics
+from backend.reloading import ReloadingFile
 
 log = logging.getLogger(__name__)
 
@@ -98,51 +98,23 @@ def parse_keys(data: bytes) -> list[ApiKey]:
 
 
 class KeyTable:
-    """The keys of GATEWAY_API_KEYS_FILE, re-read every ``recheck_s`` (last good kept)."""
+    """The keys of GATEWAY_API_KEYS_FILE, re-read every ``recheck_s`` by the labels' rule
+    (``backend.reloading.ReloadingFile``: content hashed, last good kept, a metric raised)."""
 
     def __init__(self, path: str, recheck_s: float = 1.0) -> None:
-        self.path = Path(path)
-        self.recheck_s = recheck_s
-        self._keys: list[ApiKey] = []
-        self._digest: bytes | None = None
-        self._checked = -math.inf
-        self._failing: str | None = None
-        self._lock = threading.Lock()
+        self._file: ReloadingFile[list[ApiKey]] = ReloadingFile(
+            path, parse_keys, [], recheck_s=recheck_s, what="API keys file",
+            errors=metrics.API_KEYS_ERRORS, stale=metrics.API_KEYS_STALE, logger=log,
+        )  # fmt: skip
 
     def find(self, presented: str) -> ApiKey | None:
         """Return the key whose hash matches ``presented`` (every entry compared), else None."""
         digest = key_hash(presented)
         found = None
-        for key in self._current():
+        for key in self._file.get():
             if hmac.compare_digest(key.sha256, digest):
                 found = key
         return found
-
-    def _current(self) -> list[ApiKey]:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._checked < self.recheck_s:
-                return self._keys
-            self._checked = now
-            try:
-                data = self.path.read_bytes()
-                digest = hashlib.blake2b(data, digest_size=16).digest()
-                if digest != self._digest:
-                    self._keys = parse_keys(data)
-                    self._digest = digest
-            except (OSError, ValueError) as exc:
-                metrics.API_KEYS_ERRORS.inc()
-                if str(exc) != self._failing:
-                    log.warning("API keys file %s is unusable (%s); keeping the last good %d keys",
-                                self.path, exc, len(self._keys))  # fmt: skip
-                    metrics.API_KEYS_STALE.set(1)
-                self._failing = str(exc)
-            else:
-                if self._failing is not None:
-                    log.warning("API keys file %s is readable again", self.path)
-                    metrics.API_KEYS_STALE.set(0)
-                self._failing = None
-            return self._keys
 
 
 class RateLimiter:

@@ -11,7 +11,6 @@ The gateway decides the version *before* tokenizing, then sends exactly that ver
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,9 +33,9 @@ from backend.errors import (
     UpstreamUnavailable,
     VersionNotFound,
 )
+from backend.reloading import ReloadingFile
 from backend.tokenization import BertTokenizer
 from modelformat import serverconfig
-from modelformat.errors import FormatError
 from modelformat.names import valid_model_name
 from modelformat.status import VersionStatus, newest_available
 
@@ -189,22 +188,22 @@ def parse_version_labels(text: str) -> dict[str, dict[str, int]]:
 class LabelTable:
     """Version labels from the serving config file, re-read every ``recheck_s``.
 
-    The file's bytes are read on every recheck (it is a few hundred bytes) and parsed only when
-    their hash changes. ``stat()`` alone is not enough on a shared volume: NFS/EFS clients cache
-    attributes (``acregmax``, up to 60 s by default), so an mtime can look unchanged long after a
-    rewrite, while ``open()`` revalidates (close-to-open consistency). A label change is therefore
-    seen within ``recheck_s`` plus one read whatever the attribute cache; see
-    ``label_staleness_bound_s``.
+    ``backend.reloading.ReloadingFile``: the file's content is read on every recheck and parsed
+    only when its hash changes, so a label change is seen within ``recheck_s`` plus one read
+    whatever an NFS/EFS attribute cache hides (see ``label_staleness_bound_s``); an unreadable
+    file keeps the last good labels and raises ``gateway_model_config_stale``.
     """
 
     def __init__(self, config_file: str, recheck_s: float = 1.0) -> None:
         self.path = Path(config_file) if config_file else None
         self.recheck_s = recheck_s
-        self._labels: dict[str, dict[str, int]] = {}
-        self._digest: bytes | None = None  # hash of the bytes the table was parsed from
-        self._checked = -float("inf")
-        self._failing: str | None = None  # the read error while the last good table is served
-        self._lock = threading.Lock()
+        self._file: ReloadingFile[dict[str, dict[str, int]]] | None = None
+        if self.path is not None:
+            self._file = ReloadingFile(
+                self.path, lambda data: parse_version_labels(data.decode("utf-8")), {},
+                recheck_s=recheck_s, what="serving config", errors=metrics.MODEL_CONFIG_ERRORS,
+                stale=metrics.MODEL_CONFIG_STALE, logger=log,
+            )  # fmt: skip
 
     def version_for(self, model: str, label: str) -> int:
         """Return the version ``label`` points at for ``model``; 404 if there is none."""
@@ -219,46 +218,12 @@ class LabelTable:
         return dict(self._current().get(model, {}))
 
     def _current(self) -> dict[str, dict[str, int]]:
-        if self.path is None:
-            return {}
-        with self._lock:
-            now = time.monotonic()
-            if now - self._checked < self.recheck_s:
-                return self._labels
-            self._checked = now
-            try:
-                data = self.path.read_bytes()
-                digest = hashlib.blake2b(data, digest_size=16).digest()
-                if digest != self._digest:
-                    self._labels = parse_version_labels(data.decode("utf-8"))
-                    self._digest = digest
-            except (OSError, UnicodeDecodeError, FormatError) as exc:
-                # Keep the last good table: a config being rewritten must not drop every label.
-                self._failed(str(exc))
-            else:
-                self._recovered()
-            return self._labels
+        return self._file.get() if self._file is not None else {}
 
     def refresh(self) -> None:
         """Re-check the file on the next look-up, whatever ``recheck_s`` says."""
-        with self._lock:
-            self._checked = -float("inf")
-
-    def _failed(self, error: str) -> None:
-        metrics.MODEL_CONFIG_ERRORS.inc()
-        if error != self._failing:  # once per distinct failure, not once per recheck
-            log.warning(
-                "serving config %s is unreadable (%s); serving the last good labels %s",
-                self.path, error, self._labels,
-            )  # fmt: skip
-            metrics.MODEL_CONFIG_STALE.set(1)
-        self._failing = error
-
-    def _recovered(self) -> None:
-        if self._failing is not None:
-            log.warning("serving config %s is readable again", self.path)
-            metrics.MODEL_CONFIG_STALE.set(0)
-        self._failing = None
+        if self._file is not None:
+            self._file.refresh()
 
 
 class _Fetch:

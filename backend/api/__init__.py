@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from flask import Response, current_app, g, request
 
-from backend.errors import Forbidden, PayloadTooLarge
+from backend.errors import BadRequest, Forbidden, PayloadTooLarge
+from backend.schemas import ModelT, validate_body
 from backend.service import Gateway
 from backend.settings import Settings
 from backend.worker import get_gateway
@@ -54,6 +56,31 @@ def current_settings() -> Settings:
 def current_gateway() -> Gateway:
     """Return this worker's Gateway (created after fork, once per process)."""
     return get_gateway(current_app)
+
+
+def body_as(
+    kind: type[ModelT], what: str, texts: Callable[[dict[str, Any]], Any] | None = None
+) -> ModelT:
+    """Return the request body validated as ``kind`` (400 naming the problem); ``texts`` picks
+    its texts to check first with the limits every route shares (413/422)."""
+    return validate_body(kind, request_body(), what, current_settings(), texts)
+
+
+def named_model(spec: str) -> tuple[str, int | None, str | None]:
+    """Return (name, version, label) of a body's ``model``: ``name``, ``name@version`` or
+    ``name:label`` (OpenAI's and Cohere's requests name the model in the body); 403 when the
+    API key may not use it."""
+    name, at, version = spec.partition("@")
+    if at:
+        if not version.isdigit():
+            raise BadRequest(f"model {spec!r}: give name@<version number>")
+        authorize_model(name)
+        return name, int(version), None
+    name, colon, label = spec.partition(":")
+    if colon and not label:
+        raise BadRequest(f"model {spec!r}: give name:<label>")
+    authorize_model(name)
+    return name, None, label or None
 
 
 def authorize_model(model: str) -> None:

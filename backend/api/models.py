@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, Response
-from pydantic import ValidationError
 
 from backend.api import (
+    body_as,
     current_gateway,
     current_settings,
     json_response,
     note_served,
     request_body,
 )
-from backend.api.rerank import rank
-from backend.errors import BadRequest, UnprocessableInput
+from backend.api.rerank import query_and_documents, rank
+from backend.errors import UnprocessableInput
 from backend.schemas import (
     ClassifyRequest,
     DetokenizeRequest,
     EmbedRequest,
     ModelRerankRequest,
     TokenizeRequest,
-    check_texts,
-    first_error,
-    load_json_object,
     parse_request,
 )
 
@@ -58,7 +53,7 @@ def model_status(model: str) -> Response:
 @bp.post("/v1/models/<model>:rerank")
 def rerank(model: str) -> Response:
     """Rank documents against a query with an embedding model (cosine similarity)."""
-    body = _validated(ModelRerankRequest, "documents")
+    body = body_as(ModelRerankRequest, "documents", query_and_documents)
     served, results, tokens = rank(model, body, body.version, body.label)
     return json_response(
         {"model": {"name": model, "version": served}, "results": results, "tokens": tokens}
@@ -68,8 +63,7 @@ def rerank(model: str) -> Response:
 @bp.post("/v1/models/<model>:tokenize")
 def tokenize(model: str) -> Response:
     """Tokens of each text as the serving version's vocabulary cuts them, with character offsets."""
-    body = _validated(TokenizeRequest, "texts")
-    check_texts(body.texts, current_settings())
+    body = body_as(TokenizeRequest, "texts", lambda raw: raw.get("texts"))
     assets, tokens = current_gateway().tokenize(model, body.texts, body.version, body.label)
     return json_response(
         {"model": {"name": model, "version": assets.version}, "max_seq_len": assets.max_seq_len,
@@ -80,20 +74,9 @@ def tokenize(model: str) -> Response:
 @bp.post("/v1/models/<model>:detokenize")
 def detokenize(model: str) -> Response:
     """The text of token ids, with the serving version's vocabulary."""
-    body = _validated(DetokenizeRequest, "ids")
+    body = body_as(DetokenizeRequest, "ids")
     try:
         assets, texts = current_gateway().detokenize(model, body.ids, body.version, body.label)
     except ValueError as exc:
         raise UnprocessableInput(str(exc)) from None
     return json_response({"model": {"name": model, "version": assets.version}, "texts": texts})
-
-
-def _validated(kind: Any, what: str) -> Any:
-    body = load_json_object(request_body(), f"body must be a JSON object with '{what}'")
-    try:
-        request = kind.model_validate(body)
-    except ValidationError as exc:
-        raise BadRequest(first_error(exc)) from None
-    if getattr(request, "version", None) is not None and getattr(request, "label", None):
-        raise BadRequest("give 'version' or 'label', not both")
-    return request

@@ -15,24 +15,22 @@ from typing import Any
 
 import numpy as np
 from flask import Blueprint, Response
-from pydantic import ValidationError
 
 from backend.api import (
-    authorize_model,
+    body_as,
     current_gateway,
     current_settings,
     json_response,
+    named_model,
     note_served,
-    request_body,
 )
 from backend.errors import (
     ERROR_SHAPES,
-    BadRequest,
     GatewayError,
     PayloadTooLarge,
     UnprocessableInput,
 )
-from backend.schemas import EmbeddingsRequest, check_texts, first_error, load_json_object
+from backend.schemas import EmbeddingsRequest, check_texts
 from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
 from modelformat.names import valid_model_name
@@ -60,30 +58,12 @@ def openai_error(error: GatewayError) -> dict[str, Any]:
 ERROR_SHAPES[bp.name] = openai_error
 
 
-def parse_model(spec: str) -> tuple[str, int | None, str | None]:
-    """Return (name, version, label) of ``name``, ``name@version`` or ``name:label``."""
-    name, at, version = spec.partition("@")
-    if at:
-        if not version.isdigit():
-            raise BadRequest(f"model {spec!r}: give name@<version number>")
-        return name, int(version), None
-    name, colon, label = spec.partition(":")
-    if colon and not label:
-        raise BadRequest(f"model {spec!r}: give name:<label>")
-    return name, None, label or None
-
-
 @bp.post("/v1/embeddings")
 def embeddings() -> Response:
     """Create embeddings (OpenAI's API): the same work as :embed, OpenAI's request and answer."""
     settings = current_settings()
-    body = load_json_object(request_body())
-    try:
-        req = EmbeddingsRequest.model_validate(body)
-    except ValidationError as exc:
-        raise BadRequest(first_error(exc)) from None
-    name, version, label = parse_model(req.model)
-    authorize_model(name)
+    req = body_as(EmbeddingsRequest, "input", _input_texts)
+    name, version, label = named_model(req.model)
     texts: list[str] = []
     token_ids: list[list[int]] | None = None
     if isinstance(req.input, str):
@@ -130,6 +110,11 @@ def embeddings() -> Response:
         "object": "list", "data": data, "model": f"{name}@{done.assets.version}",
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })  # fmt: skip
+
+
+def _input_texts(body: dict[str, Any]) -> Any:
+    value = body.get("input")
+    return [value] if isinstance(value, str) else value
 
 
 def _encode(vector: np.ndarray, encoding: str) -> Any:

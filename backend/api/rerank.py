@@ -15,24 +15,20 @@ from typing import Any
 
 import numpy as np
 from flask import Blueprint, Response
-from pydantic import ValidationError
 
 from backend.api import (
-    authorize_model,
+    body_as,
     current_gateway,
     current_settings,
     json_response,
+    named_model,
     note_served,
-    request_body,
 )
-from backend.api.openai import parse_model
-from backend.errors import ERROR_SHAPES, BadRequest, GatewayError, TaskMismatch, UnprocessableInput
+from backend.errors import ERROR_SHAPES, GatewayError, TaskMismatch, UnprocessableInput
 from backend.schemas import (
     RerankFields,
     RerankRequest,
     check_texts,
-    first_error,
-    load_json_object,
 )
 
 bp = Blueprint("rerank", __name__)
@@ -51,7 +47,10 @@ def rank(
 ) -> tuple[int, list[dict[str, Any]], int]:
     """Return (version, results best first, tokens) for a rerank request."""
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    check_texts([body.query, *texts], current_settings(), field="documents")
+    settings = current_settings()
+    check_texts([body.query], settings, field="query")  # its length (the schema says it too)
+    if len(texts) + 1 > settings.max_texts_per_request:
+        check_texts([body.query, *texts], settings, field="documents")  # the 413
     try:
         done, vectors = current_gateway().embeddings(
             model, [body.query, *texts], version, label, direction=body.truncation_direction
@@ -76,14 +75,18 @@ def rank(
     return done.assets.version, results, int(sum(done.token_counts))
 
 
+def query_and_documents(body: dict[str, Any]) -> Any:
+    """The documents' texts of a rerank body, checked like every route's texts (the query, one
+    more text, counts against GATEWAY_MAX_TEXTS too, and the schema checks it)."""
+    documents = body.get("documents")
+    if not isinstance(documents, list):
+        return None
+    return [d.get("text") if isinstance(d, dict) else d for d in documents]
+
+
 def _standard(api_version: str) -> Response:
-    raw = load_json_object(request_body())
-    try:
-        body = RerankRequest.model_validate(raw)
-    except ValidationError as exc:
-        raise BadRequest(first_error(exc)) from None
-    name, version, label = parse_model(body.model)
-    authorize_model(name)
+    body = body_as(RerankRequest, "documents", query_and_documents)
+    name, version, label = named_model(body.model)
     served, results, tokens = rank(name, body, version, label)
     return json_response({
         "id": str(uuid.uuid4()), "results": results, "model": f"{name}@{served}",

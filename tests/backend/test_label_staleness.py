@@ -53,6 +53,7 @@ def test_an_unchanged_config_is_not_parsed_again(tmp_path: Path) -> None:
     config.write_text(CONFIG % 1)
     table = LabelTable(str(config), recheck_s=0)
     first = table.labels("m")
-    table._labels["m"]["stable"] = 7  # a marker a re-parse would overwrite
+    assert table._file is not None
+    table._file.value["m"]["stable"] = 7  # a marker a re-parse would overwrite
 
     assert table.labels("m") == {"stable": 7} and first == {"stable": 1}
