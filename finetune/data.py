@@ -6,6 +6,7 @@ numbers in one error, never dropped: a silently shrinking data set is worse than
 
 from __future__ import annotations
 
+import codecs
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,8 +71,9 @@ def read_examples(path: str | Path, known_labels: Sequence[str] | None = None) -
 
 
 def _read_lines(path: Path) -> list[bytes]:
+    """Return the file's lines as bytes, without a UTF-8 byte-order mark (Excel writes one)."""
     try:
-        return path.read_bytes().split(b"\n")
+        return path.read_bytes().removeprefix(codecs.BOM_UTF8).split(b"\n")
     except FileNotFoundError as exc:
         raise FinetuneError(f"data file not found: {path}") from exc
     except OSError as exc:

@@ -123,8 +123,12 @@ def _read_dev(path: Path, labels: Sequence[str]) -> Texts:
     return dev
 
 
-def encode(ckpt: Checkpoint, texts: Sequence[str], max_seq_len: int) -> Features:
-    """Return every layer's pooled vectors (both poolings) and the teacher's logits, once."""
+def encode(
+    ckpt: Checkpoint, texts: Sequence[str], max_seq_len: int, poolings: Sequence[str] = POOLINGS
+) -> Features:
+    """Return every layer's pooled vectors (for ``poolings`` only) and the teacher's logits,
+    once. Each pooling costs [L-1, n, H] float32: 3.4 GB for BERT-base on 100k texts, so a run
+    with one pooling caches one."""
     import tensorflow as tf
 
     from export.model import BertModule, pool
@@ -134,7 +138,7 @@ def encode(ckpt: Checkpoint, texts: Sequence[str], max_seq_len: int) -> Features
 
     def forward(ids: tf.Tensor, mask: tf.Tensor, types: tf.Tensor) -> Any:
         hidden = module.layer_outputs(ids, mask, types)
-        pooled = {p: tf.stack([pool(h, mask, p) for h in hidden[:-1]]) for p in POOLINGS}
+        pooled = {p: tf.stack([pool(h, mask, p) for h in hidden[:-1]]) for p in poolings}
         # the served head on the last layer, exactly: the students' target
         return pooled, module.head(hidden[-1])
 
@@ -143,12 +147,12 @@ def encode(ckpt: Checkpoint, texts: Sequence[str], max_seq_len: int) -> Features
     tokenizer = make_tokenizer(ckpt.vocab, ckpt.do_lower_case, max_seq_len)
     rows = token_ids(tokenizer, texts)
     layers, hidden = ckpt.config.num_layers - 1, ckpt.config.hidden_size
-    pooled = {p: np.zeros((layers, len(rows), hidden), np.float32) for p in POOLINGS}
+    pooled = {p: np.zeros((layers, len(rows), hidden), np.float32) for p in poolings}
     teacher = np.zeros((len(rows), len(ckpt.labels)), np.float32)
     for chunk, feeds in sorted_batches(rows, ENCODE_BATCH, max_seq_len, tokenizer.pad_id):
         vectors, logits = run(feeds["input_ids"], feeds["attention_mask"],
                               feeds["token_type_ids"])  # fmt: skip
-        for p in POOLINGS:
+        for p in poolings:
             pooled[p][:, chunk] = vectors[p].numpy()
         teacher[chunk] = logits.numpy()
     return Features(pooled=pooled, teacher=teacher)
@@ -305,12 +309,12 @@ def distill_exits(
     layers = list(range(1, ckpt.config.num_layers))
     say(f"{len(texts)} texts, {len(dev)} dev texts, {len(ckpt.labels)} labels, "
         f"students after layers {layers}, max_seq_len {max_seq_len}")  # fmt: skip
-    train_features = encode(ckpt, texts.texts, max_seq_len)
-    dev_features = encode(ckpt, dev.texts, max_seq_len)
+    candidates = POOLINGS if config.pooling == "auto" else (config.pooling,)
+    train_features = encode(ckpt, texts.texts, max_seq_len, candidates)
+    dev_features = encode(ckpt, dev.texts, max_seq_len, candidates)
     encode_s = time.perf_counter() - started
     say(f"encoded {len(texts) + len(dev)} texts once ({encode_s:.1f}s)")
     truth = None if dev.labels is None else np.array([ckpt.labels.index(y) for y in dev.labels])
-    candidates = POOLINGS if config.pooling == "auto" else (config.pooling,)
     trained, mean_agreement = {}, {}
     for pooling in candidates:
         trained[pooling] = train_students(train_features, dev_features, pooling, config, say)

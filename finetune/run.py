@@ -9,6 +9,7 @@ publish ``--out`` atomically (finetune/output.py). Every refusal is a ``Finetune
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -68,11 +69,23 @@ def _claim_state(state: Path, settings: dict[str, Any]) -> None:
     try:
         if path.is_file():
             saved = json.loads(path.read_text(encoding="utf-8"))
-            changed = sorted(k for k in settings if saved.get(k) != settings[k])
+            changed = sorted(
+                k for k in settings if saved.get(k) != settings[k] and k != "data_sha256"
+            )
             if changed:
                 raise FinetuneError(
                     f"--resume with other settings than the killed run ({', '.join(changed)} "
                     f"differ; see {path}): rerun it with the same ones"
+                )
+            if saved.get("data_sha256") != settings["data_sha256"]:
+                files = sorted(
+                    name for name, digest in settings["data_sha256"].items()
+                    if saved.get("data_sha256", {}).get(name) != digest
+                )  # fmt: skip
+                raise FinetuneError(
+                    f"--resume with other data than the killed run: the {', '.join(files)} "
+                    f"file{'s' if len(files) > 1 else ''} changed since it started (see {path}); "
+                    "resume with the same files, or delete the state directory to start over"
                 )
             return
         state.mkdir(parents=True, exist_ok=True)
@@ -84,9 +97,20 @@ def _claim_state(state: Path, settings: dict[str, Any]) -> None:
 def _check_config(config: TrainConfig, max_seq_len: int) -> None:
     if config.pipeline not in PIPELINES:
         raise FinetuneError(f"pipeline must be one of {list(PIPELINES)}, got {config.pipeline!r}")
-    for name, value in (("epochs", config.epochs), ("batch size", config.batch_size)):
+    at_least_one = (
+        ("epochs", config.epochs), ("batch size", config.batch_size),
+        ("patience", config.patience), ("save_every_steps", config.save_every_steps),
+    )  # fmt: skip
+    for name, value in at_least_one:
         if value < 1:
             raise FinetuneError(f"{name} must be at least 1, got {value}")
+    if not 0 <= config.warmup_fraction < 1:
+        raise FinetuneError(f"warmup fraction must be in [0, 1), got {config.warmup_fraction}")
+    if config.weight_decay < 0 or config.clip_norm <= 0:
+        raise FinetuneError(
+            f"weight decay must be >= 0 and clip norm > 0, got {config.weight_decay} and "
+            f"{config.clip_norm}"
+        )
     if not 0 < config.learning_rate < 1:
         raise FinetuneError(f"learning rate must be in (0, 1), got {config.learning_rate}")
     if max_seq_len < 2:
@@ -160,6 +184,11 @@ def finetune(
     settings = {
         **asdict(config), "verbose": None, "max_seq_len": max_seq_len, "policy": chosen.policy,
         "labels": labels, "checkpoint_sha256": ckpt.source.get("sha256"),
+        # --resume must read the same data: a changed train.tsv would silently skip new batches
+        "data_sha256": {
+            name: file_sha256(path) for name, path in
+            (("train", train_path), ("dev", dev_path), ("test", test_path)) if path is not None
+        },
     }  # fmt: skip
     _claim_state(state, settings)
     trainer = Trainer(model, tokenizer, config, chosen, state, say)
@@ -192,3 +221,15 @@ def finetune(
                          ckpt.do_lower_case, max_seq_len, metrics)  # fmt: skip
     remove_tree(state)
     return FinetuneResult(out=out, metrics=metrics)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Return the hex SHA-256 of a data file (a missing one is reported when it is read)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return ""
+    return digest.hexdigest()

@@ -244,3 +244,17 @@ def test_the_bare_form_and_train_still_fine_tune(
 
     assert code == 2 and "checkpoint not found" in capsys.readouterr().err
     assert DistillConfig().pooling == "mean"
+
+
+def test_only_the_chosen_poolings_vectors_are_cached(teacher: Path) -> None:
+    """[L-1, n, H] float32 per pooling: BERT-base on 100k texts is 3.4 GB each; a run with one
+    pooling must not hold both."""
+    from export.checkpoint import read_checkpoint
+    from finetune.exits import encode
+
+    ckpt = read_checkpoint(teacher)
+    texts = ["a short text", "another one here"]
+    one = encode(ckpt, texts, 16, ("cls",))
+    both = encode(ckpt, texts, 16)
+    assert set(one.pooled) == {"cls"} and set(both.pooled) == {"cls", "mean"}
+    np.testing.assert_array_equal(one.pooled["cls"], both.pooled["cls"])

@@ -115,3 +115,50 @@ def test_leftover_state_needs_resume_and_resume_needs_the_same_settings(
     code, err = _run(capsys, *args, "--resume")
     assert code == 2 and "other settings than the killed run" in err and "epochs" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [("--patience", "0", "patience must be at least 1"), ("--epochs", "0", "epochs"),
+     ("--batch-size", "-1", "batch size"), ("--lr", "0", "learning rate")],
+)  # fmt: skip
+def test_a_bad_number_is_refused_before_anything_is_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_bert: Path, data: dict[str, Path],
+    flag: str, value: str, says: str,
+) -> None:  # fmt: skip
+    from finetune.output import state_dir
+
+    out = tmp_path / "out"
+    code, err = _run(capsys, *_args(tiny_bert, data["train"], data["dev"], out, flag, value))
+    assert code == 2 and says in err
+    assert not out.exists() and not state_dir(out).exists()  # nothing blocks the next run
+
+
+def test_resume_refuses_data_files_that_changed_since_the_killed_run(
+    tmp_path: Path, tiny_bert: Path, data: dict[str, Path]
+) -> None:
+    import shutil
+
+    from finetune.errors import FinetuneError
+    from finetune.run import finetune
+    from finetune.training import TrainConfig
+
+    train = tmp_path / "train.tsv"
+    shutil.copy(data["train"], train)
+    out = tmp_path / "out"
+    config = TrainConfig(epochs=1, batch_size=8, save_every_steps=1, verbose=False)
+
+    class Killed(Exception):
+        pass
+
+    def kill(step: int) -> None:
+        if step == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        finetune(tiny_bert, train, data["dev"], out, config=config, precision="fp32",
+                 max_seq_len=32, on_step=kill)  # fmt: skip
+    train.write_text(train.read_text() + "one more ticket\tpos\n")
+    with pytest.raises(FinetuneError, match="other data than the killed run: the train file"):
+        finetune(tiny_bert, train, data["dev"], out, config=config, precision="fp32",
+                 max_seq_len=32, resume=True)  # fmt: skip

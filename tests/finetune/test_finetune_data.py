@@ -10,6 +10,16 @@ from finetune.data import check_train_set, read_examples
 from finetune.errors import FinetuneError
 
 
+def test_a_byte_order_mark_does_not_make_the_header_a_row(tmp_path: Path) -> None:
+    """Excel's "CSV UTF-8" export starts with a BOM: the header must still be skipped."""
+    path = tmp_path / "train.tsv"
+    path.write_text("\ufefftext\tlabel\nmy card was charged twice\tbilling\n", encoding="utf-8")
+
+    examples = read_examples(path)
+
+    assert examples.labels == ["billing"] and examples.texts == ["my card was charged twice"]
+
+
 def test_reads_text_and_label_and_skips_the_header(tmp_path: Path) -> None:
     path = tmp_path / "train.tsv"
     path.write_text("text\tlabel\nmy card was charged twice\tbilling\n\nwhere is it\tdelivery\n")
