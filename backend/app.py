@@ -18,7 +18,7 @@ from typing import Any
 from flask import Flask, Response, current_app, g, request
 from werkzeug.routing import BaseConverter
 
-from backend import auth, metrics
+from backend import auth, metrics, routing
 from backend.api import (
     BODY_READ,
     authorize_model,
@@ -31,6 +31,7 @@ from backend.api import (
 )
 from backend.errors import RateLimited, Unauthorized, register_error_handlers
 from backend.settings import load_settings
+from backend.worker import get_gateway
 from modelformat.names import valid_model_name
 
 log = logging.getLogger("backend")
@@ -49,7 +50,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
     app.before_request(_authenticate)
+    app.before_request(_start_routing)
     app.after_request(_record_request)
+    app.after_request(_queue_shadow)
     app.after_request(_finish_body)
     _use_gunicorn_logging()
     return app
@@ -137,6 +140,25 @@ def _authenticate() -> None:
         )
 
 
+def _start_routing() -> None:
+    """Give this request its routing key: X-Route-Key, else the API key's name (sticky split)."""
+    key = request.headers.get(routing.ROUTE_KEY_HEADER)
+    if not key:
+        api_key = g.get("api_key")
+        key = api_key.name if api_key is not None else None
+    routing.start_request(key or None)
+
+
+def _queue_shadow(response: Response) -> Response:
+    """Queue the request's shadow (if routing chose one) now that its answer is built."""
+    job = routing.pending_shadow.get()
+    if job is not None:
+        routing.pending_shadow.set(None)
+        if response.status_code < 400:
+            get_gateway(current_app).shadows.submit(job)
+    return response
+
+
 def _key_state(settings: Any) -> tuple[auth.KeyTable, auth.RateLimiter]:
     """Return this process's key table and rate limiter (made after fork, on first use)."""
     state = current_app.extensions.get("gateway_keys")
@@ -155,6 +177,9 @@ def _record_request(response: Response) -> Response:
     rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
     model = getattr(g, "served_model", None) or _known_model(request.view_args or {})
     version = getattr(g, "served_version", None)
+    resolved = routing.resolved_version.get()
+    if version is None and resolved is not None and resolved[0] == model:
+        version = resolved[1]  # it failed after resolution: the error counts against that version
     served = "" if version is None else str(version)
     metrics.child(metrics.REQUESTS, rule, model, served, str(response.status_code)).inc()
     key = getattr(g, "api_key", None)
@@ -162,7 +187,10 @@ def _record_request(response: Response) -> Response:
         metrics.child(metrics.KEY_REQUESTS, key.name, str(response.status_code)).inc()
     started = getattr(g, "started", None)
     if started is not None:
-        metrics.child(metrics.REQUEST_SECONDS, rule).observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        metrics.child(metrics.REQUEST_SECONDS, rule).observe(elapsed)
+        if served:
+            metrics.child(metrics.VERSION_SECONDS, model, served).observe(elapsed)
     return response
 
 

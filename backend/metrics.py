@@ -7,6 +7,7 @@ each worker writes its samples to files there and /metrics aggregates all worker
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -108,6 +109,53 @@ MODEL_CONFIG_STALE = Gauge(
     multiprocess_mode="livemax",
 )
 
+ROUTING_ERRORS = Counter(
+    "gateway_routing_errors_total",
+    "Failed reads of the routing file (GATEWAY_ROUTING_FILE); the last good routing stays.",
+)
+ROUTING_STALE = Gauge(
+    "gateway_routing_stale",
+    "1 while a worker routes by the last good routing because the routing file is unusable.",
+    multiprocess_mode="livemax",
+)
+
+# Rollouts (ops/rollout.py) read these: per-version latency and errors, the split, the shadow.
+VERSION_SECONDS = Histogram(
+    "gateway_version_request_seconds",
+    "Whole-request latency of inference requests by model and the version that served them.",
+    ["model", "version"],
+    buckets=LATENCY_BUCKETS,
+)
+ROUTED = Counter(
+    "gateway_routed_total",
+    "Default requests the routing file's weights sent to a version, by how: key (sticky), random.",
+    ["model", "version", "how"],
+)
+SHADOW_REQUESTS = Counter(
+    "gateway_shadow_requests_total",
+    "Shadow requests by outcome: compared, error (the shadow failed) or dropped (queue full).",
+    ["model", "served_version", "shadow_version", "outcome"],
+)
+AGREEMENT_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
+SHADOW_AGREEMENT = Histogram(
+    "gateway_shadow_agreement",
+    "Agreement of the shadow's answer with the served one, per text: top1 (0 or 1), topk_overlap, "
+    "cosine (embeddings), entities (taggers). Mean = _sum / _count.",
+    ["model", "served_version", "shadow_version", "measure"],
+    buckets=AGREEMENT_BUCKETS,
+)
+SHADOW_SCORE_DELTA = Histogram(
+    "gateway_shadow_score_delta",
+    "|served score - shadow score| of the served top label, per text (classifiers).",
+    ["model", "served_version", "shadow_version"],
+    buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+)
+SHADOW_SECONDS = Histogram(
+    "gateway_shadow_seconds",
+    "Latency of the shadow call (resolve, tokenize, upstream), off the client's path.",
+    ["model", "served_version", "shadow_version"],
+    buckets=LATENCY_BUCKETS,
+)
 
 # (metric, label values) -> the labelled child. ``labels()`` validates and looks the values up
 # under a lock on every call; the hot path asks for the same few children every request.
@@ -123,6 +171,15 @@ def child(metric: Any, *values: str) -> Any:
     return found
 
 
+# Threads whose work is not a client's request (the shadow) keep out of the stage histograms.
+_quiet = threading.local()
+
+
+def quiet_stages() -> None:
+    """Leave this thread's stages out of ``gateway_stage_duration_seconds`` from now on."""
+    _quiet.on = True
+
+
 @contextmanager
 def stage(name: str) -> Iterator[None]:
     """Time the enclosed block as stage ``name``."""
@@ -130,7 +187,8 @@ def stage(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        child(STAGE_SECONDS, name).observe(time.perf_counter() - started)
+        if not getattr(_quiet, "on", False):
+            child(STAGE_SECONDS, name).observe(time.perf_counter() - started)
 
 
 def render() -> tuple[bytes, str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from backend import metrics
+from backend import metrics, routing
 from backend.bucketing import Chunk, pad_batch, plan_chunks, reassemble
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
@@ -41,8 +41,10 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.postprocessing import classifications, l2_normalize
+from backend.routing import RoutingTable, routing_file_for
 from backend.schemas import ClassifyRequest, EmbedRequest
 from backend.settings import Settings
+from backend.shadow import ShadowJob, ShadowRunner
 from backend.tokenization import Encoded
 from backend.versions import (
     AssetCache,
@@ -52,6 +54,7 @@ from backend.versions import (
     VersionResolver,
     check_model_name,
 )
+from modelformat.routing import ModelRoute
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,11 @@ class Gateway:
         )
         self.labels = LabelTable(settings.model_config_file, recheck_s=settings.labels_cache_s)
         self.resolver = VersionResolver(self.statuses, self.labels)
+        self.routing = RoutingTable(
+            routing_file_for(settings.routing_file, settings.model_config_file),
+            recheck_s=settings.labels_cache_s,
+        )
+        self.shadows = ShadowRunner(settings.shadow_queue_size)
         self._pool = ThreadPoolExecutor(
             max_workers=max(4, settings.max_concurrent_chunks * 4), thread_name_prefix="chunk"
         )
@@ -293,6 +301,23 @@ class Gateway:
         given, turns the inputs into token ids instead of the version's tokenizer)."""
         deadline = time.monotonic() + self._timeout()
         args = (model, texts, truncate, task, check, speed, deadline, encode)
+        # Default traffic (no version, no label) follows the routing file's weights and shadow.
+        route = self.routing.route(model) if version is None and label is None else None
+        if route is not None and route.weights:
+            chosen = self.routing.choose(model, route)
+            try:
+                done = self._infer_once(chosen, None, *args)
+            except NotFound:
+                # The weights name a version that is not (or no longer) served here: the
+                # request is served as if it were not split rather than failed.
+                done = self._infer_default(version, label, args)
+        else:
+            done = self._infer_default(version, label, args)
+        if route is not None:
+            self._plan_shadow(route, done, texts, args)
+        return done
+
+    def _infer_default(self, version: int | None, label: str | None, args: tuple) -> Inference:
         try:
             return self._infer_once(version, label, *args)
         except VersionNotFound:
@@ -302,8 +327,29 @@ class Gateway:
             # rollback moves the label and drops the old version in one config change): read
             # labels and states afresh and try once more.
             self.labels.refresh()
-            self.statuses.invalidate(model)
+            self.statuses.invalidate(args[0])
             return self._infer_once(None, label, *args)
+
+    def _plan_shadow(self, route: ModelRoute, done: Inference, texts: Sequence[str],
+                     args: tuple) -> None:  # fmt: skip
+        """Leave a shadow job for the app to queue once the client's answer is built."""
+        served = done.assets.version
+        shadow = self.routing.shadow_for(route, served)
+        if shadow is None:
+            return
+        model, _, truncate, task, _, speed, _, encode = args
+
+        def run() -> tuple[Sequence[str], dict[str, np.ndarray]]:
+            deadline = time.monotonic() + self.settings.shadow_timeout_s
+            again = self._infer_once(
+                shadow, None, model, texts, truncate, task, None, speed, deadline, encode
+            )
+            return again.assets.labels, again.outputs
+
+        routing.pending_shadow.set(ShadowJob(
+            model=model, task=task, served_version=served, shadow_version=shadow,
+            labels=done.assets.labels, outputs=done.outputs, run=run,
+        ))  # fmt: skip
 
     def _infer_once(
         self,
@@ -319,6 +365,7 @@ class Gateway:
         encode: Callable[[ModelAssets], list[Encoded]] | None = None,
     ) -> Inference:
         resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
+        routing.resolved_version.set((model, resolved))
         try:
             assets = self.assets.get(model, resolved)
         except NotFound as exc:

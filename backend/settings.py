@@ -48,19 +48,27 @@ class Settings:
     metrics_require_key: bool = False
     # speed of early-exit models when a request gives none (None: the model's own default)
     default_speed: float | None = None
+    # weights and shadow per model (backend/routing.py); empty: routing.yaml beside the config
+    routing_file: str = ""
+    # shadow requests waiting per worker before more are dropped; each shadow call's deadline
+    shadow_queue_size: int = 64
+    shadow_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.upstream not in UPSTREAMS:
             raise SettingsError(
                 f"GATEWAY_UPSTREAM must be one of {UPSTREAMS}, not {self.upstream!r}"
             )
-        for name in ("max_batch_size", "max_concurrent_chunks", "max_body_bytes"):
+        for name in ("max_batch_size", "max_concurrent_chunks", "max_body_bytes",
+                     "shadow_queue_size"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1")
         if self.max_texts_per_request < 1 or self.max_text_chars < 1:
             raise SettingsError("max_texts_per_request and max_text_chars must be at least 1")
-        if self.request_timeout_s <= 0 or self.status_deadline_s <= 0:
-            raise SettingsError("request_timeout_s and status_deadline_s must be positive")
+        if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
+            raise SettingsError(
+                "request_timeout_s, status_deadline_s and shadow_timeout_s must be positive"
+            )
         if self.default_speed is not None and not 0 <= self.default_speed <= 1:  # NaN too
             raise SettingsError(
                 f"GATEWAY_DEFAULT_SPEED must be in [0, 1] or unset, not {self.default_speed}"
@@ -95,6 +103,9 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_API_KEYS_FILE": "api_keys_file",
     "GATEWAY_METRICS_REQUIRE_KEY": "metrics_require_key",
     "GATEWAY_DEFAULT_SPEED": "default_speed",
+    "GATEWAY_ROUTING_FILE": "routing_file",
+    "GATEWAY_SHADOW_QUEUE": "shadow_queue_size",
+    "GATEWAY_SHADOW_TIMEOUT_S": "shadow_timeout_s",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
