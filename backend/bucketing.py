@@ -53,24 +53,41 @@ def plan_chunks(
     return chunks
 
 
-def pad_batch(rows: Sequence[np.ndarray], seq_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
-    """Return BERT's three int32 inputs [len(rows), seq_len] for rows of ids (each ≤ seq_len)."""
+def pad_batch(
+    rows: Sequence[np.ndarray],
+    seq_len: int,
+    pad_id: int = 0,
+    type_rows: Sequence[np.ndarray | None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Return BERT's three int32 inputs [len(rows), seq_len] for rows of ids (each ≤ seq_len);
+    ``type_rows`` (sentence pairs) are each row's token_type_ids, zeros where None."""
     input_ids = np.full((len(rows), seq_len), pad_id, dtype=np.int32)
     attention_mask = np.zeros((len(rows), seq_len), dtype=np.int32)
+    token_type_ids = np.zeros((len(rows), seq_len), dtype=np.int32)
     for row, ids in enumerate(rows):
         input_ids[row, : ids.shape[0]] = ids
         attention_mask[row, : ids.shape[0]] = 1
+        types = type_rows[row] if type_rows is not None else None
+        if types is not None:
+            token_type_ids[row, : types.shape[0]] = types
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
-        "token_type_ids": np.zeros((len(rows), seq_len), dtype=np.int32),
+        "token_type_ids": token_type_ids,
     }
 
 
 def reassemble(
-    chunks: Sequence[Chunk], outputs: Sequence[dict[str, np.ndarray]], total: int
+    chunks: Sequence[Chunk],
+    outputs: Sequence[dict[str, np.ndarray]],
+    total: int,
+    per_token: bool = False,
 ) -> dict[str, np.ndarray]:
     """Return each output's rows put back in the caller's order.
+
+    ``per_token`` (token classification: outputs ``[batch, seq, labels]``): each chunk's
+    outputs are padded with zeros along the sequence axis to the longest chunk's, so chunks
+    of different buckets can share one array (each row's own length says what is real).
 
     Every chunk must bring the same outputs with one row per text: a chunk that lacked one
     would leave its rows of ``np.empty`` unwritten (garbage served as scores), and a single row
@@ -78,6 +95,9 @@ def reassemble(
     """
     if not chunks:
         return {}
+    if per_token:
+        longest = max(chunk.seq_len for chunk in chunks)
+        outputs = [{k: _pad_tokens(v, longest) for k, v in out.items()} for out in outputs]
     if len(chunks) == 1 and list(chunks[0].indices) == list(range(total)):
         # One chunk in the caller's order (most requests): its outputs are the answer as is.
         _check_rows(chunks[0], outputs[0], total)
@@ -110,3 +130,11 @@ def _check_rows(chunk: Chunk, result: dict[str, np.ndarray], rows: int) -> None:
                 f"output {name!r} came back with shape {list(value.shape)} for {rows} texts "
                 f"(chunk padded to {chunk.seq_len} tokens)"
             )
+
+
+def _pad_tokens(value: np.ndarray, seq_len: int) -> np.ndarray:
+    """Return ``value`` [rows, seq, ...] zero-padded along its sequence axis to ``seq_len``."""
+    if value.ndim < 2 or value.shape[1] >= seq_len:
+        return value
+    widths = [(0, 0), (0, seq_len - value.shape[1])] + [(0, 0)] * (value.ndim - 2)
+    return np.pad(value, widths)

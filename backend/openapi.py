@@ -26,6 +26,8 @@ from backend.schemas import (
     OpenAIErrorResponse,
     RerankRequest,
     RerankResponse,
+    TagRequest,
+    TagResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -37,7 +39,9 @@ _ERRORS = {
     "404": "Unknown model, version or label.",
     "413": "Body over GATEWAY_MAX_BODY_BYTES or more than GATEWAY_MAX_TEXTS texts.",
     "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, "
-    "text over max_seq_len with truncate=false, the wrong task for the model, or a bad "
+    "text over max_seq_len with truncate=false, a pair whose first segment alone fills "
+    "max_seq_len, the wrong task for the model (texts to a sentence-pair model, pairs to a "
+    "single-text one, a tag request to a classifier, ...), or a bad "
     "'speed' (not a number in [0, 1], or a list not one per text; wrong types included).",
     "502": "The model server answered with an error.",
     "503": "The model server is unreachable (with Retry-After).",
@@ -50,6 +54,8 @@ def _schemas() -> dict[str, Any]:
     out: dict[str, Any] = {}
     kinds: list[tuple[type[BaseModel], str]] = [
         (ClassifyRequest, "validation"),
+        (TagRequest, "validation"),
+        (TagResponse, "serialization"),
         (EmbedRequest, "validation"),
         (EmbeddingsRequest, "validation"),
         (RerankRequest, "validation"),
@@ -129,9 +135,14 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "/v1/models/{model}:classify": _inference(
                 "Classify texts", "ClassifyRequest", "ClassifyResponse"
             ),
+            "/v1/models/{model}:tag": _inference(
+                "Tag texts: entities with character offsets (token-classification models)",
+                "TagRequest",
+                "TagResponse",
+            ),
             "/v1/models/{model}:embed": _inference("Embed texts", "EmbedRequest", "EmbedResponse"),
             "/v1/models/{model}:rerank": _inference(
-                "Rank documents against a query (embedding models: cosine)",
+                "Rank documents against a query (embedding models: cosine; cross-encoders)",
                 "ModelRerankRequest",
                 "ModelRerankResponse",
             ),
@@ -232,6 +243,8 @@ def _with_limits(schemas: dict[str, Any], settings: Settings) -> dict[str, Any]:
 
     limits = {
         ("ClassifyRequest", "texts"): settings.max_texts_per_request,
+        ("ClassifyRequest", "pairs"): settings.max_texts_per_request,
+        ("TagRequest", "texts"): settings.max_texts_per_request,
         ("EmbedRequest", "texts"): settings.max_texts_per_request,
         ("TokenizeRequest", "texts"): settings.max_texts_per_request,
         ("DetokenizeRequest", "ids"): settings.max_texts_per_request,

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 from backend.early_exit import valid_speed
 from backend.errors import BadRequest, PayloadTooLarge, UnprocessableInput
@@ -46,7 +47,7 @@ VERSION_OR_LABEL: dict[str, Any] = {
 }
 
 
-class _Request(BaseModel):
+class _Inputs(BaseModel):
     # strict: "1" is not a number and 1 is not a bool; forbid: a misspelt field is an error.
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=VERSION_OR_LABEL)
 
@@ -64,6 +65,9 @@ class _Request(BaseModel):
         max_length=256,
         description="Serve with the version this label points at (e.g. stable, canary).",
     )
+
+
+class _Request(_Inputs):
     truncate: bool = Field(
         default=True,
         description="Cut texts longer than the model's max_seq_len (reported per text); "
@@ -76,12 +80,44 @@ class _Request(BaseModel):
     )
 
 
+# One input of a sentence-pair model: [text_a, text_b].
+Pair = Annotated[list[Text], Field(min_length=2, max_length=2)]
+
+
+# A classify body has 'texts' (single-text models) or 'pairs' (sentence-pair models), not both.
+def _texts_or_pairs(schema: dict[str, Any]) -> None:
+    """Say in the schema: 'texts' or 'pairs' (one of them, no null default), version or label."""
+    schema.update(VERSION_OR_LABEL)
+    schema["oneOf"] = [{"required": ["texts"]}, {"required": ["pairs"]}]
+    for name in ("texts", "pairs"):
+        schema["properties"][name].pop("default", None)
+
+
 Speed = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class ClassifyRequest(_Request):
-    """Body of POST /v1/models/{model}:classify."""
+    """Body of POST /v1/models/{model}:classify: ``texts``, or ``pairs`` for sentence-pair
+    models."""
 
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_texts_or_pairs)
+    # None only when absent (parse_request refuses a null): not in the schema.
+    texts: Annotated[list[Text], Field(min_length=1)] | SkipJsonSchema[None] = Field(  # type: ignore[assignment]
+        default=None,
+        description="Texts to classify (single-text models); limits: GATEWAY_MAX_TEXTS texts, "
+        "GATEWAY_MAX_TEXT_CHARS characters each. Give 'texts' or 'pairs'.",
+    )
+    pairs: Annotated[list[Pair], Field(min_length=1)] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Sentence pairs [text_a, text_b] (sentence-pair models: cross-encoders, "
+        "NLI), token_type_ids 1 on text_b; limits as 'texts', per segment. A pair over "
+        "max_seq_len is cut longest-first (the longer segment shortened first) and reported "
+        "as truncated; one whose text_a alone fills max_seq_len is a 422.",
+    )
+    return_scores: bool = Field(
+        default=False,
+        description="Also return 'scores': every label's score, in the model's label order.",
+    )
     top_k: Int = Field(default=1, ge=1, le=1000, description="How many ranked labels to return.")
     return_logits: bool = Field(default=False, description="Also return the raw logits.")
     speed: Speed | list[Speed] | None = Field(
@@ -90,6 +126,26 @@ class ClassifyRequest(_Request):
         "model) to 1 (the first exit); one number for every text, or a list with one per text. "
         "Default: GATEWAY_DEFAULT_SPEED, else the model's own default. Models without early "
         "exits ignore it and say so in 'notes'.",
+    )
+
+
+class TagRequest(_Inputs):
+    """Body of POST /v1/models/{model}:tag (token-classification models)."""
+
+    aggregation: Literal["none", "simple", "first", "max", "average"] = Field(
+        default="simple",
+        description="How tokens become entities, as transformers' token-classification "
+        "pipeline's aggregation_strategy: 'none' every token with its own label; 'simple' "
+        "adjacent tokens of one type grouped (a B- starts a new one), score the mean; "
+        "'first' / 'max' / 'average' word pieces fused into words first (label of the first "
+        "piece / of the most confident piece / argmax of the averaged scores), then grouped.",
+    )
+    long_text: Literal["window", "truncate"] = Field(
+        default="window",
+        description="'window': a text over max_seq_len is read in windows of max_seq_len "
+        "tokens overlapping by a quarter, and the windows' entities merged (overlaps: the "
+        "longer entity kept, as the pipeline does with stride); 'truncate': only its first "
+        "max_seq_len tokens are tagged, reported as truncated.",
     )
 
 
@@ -217,12 +273,23 @@ class Scored(BaseModel):
 
 
 class Prediction(BaseModel):
-    """One text's classification."""
+    """One input's classification."""
 
-    label: str
-    score: float
+    label: str = Field(description="The label with the highest score.")
+    score: float = Field(
+        description="Its score: the head's activation of the logits (softmax; sigmoid for "
+        "multi-label and one-logit heads; the raw value for regression heads)."
+    )
     top_k: list[Scored]
     truncated: bool
+    labels: list[Scored] | None = Field(
+        default=None,
+        description="Sigmoid heads (multi-label, one-logit): every label whose score is at "
+        "or over its threshold (model.json's thresholds, else 0.5), best first; may be empty.",
+    )
+    scores: list[Scored] | None = Field(
+        default=None, description="return_scores: every label's score, in the model's order."
+    )
     logits: list[float] | None = None
     exit_layer: int | None = Field(
         default=None,
@@ -242,6 +309,36 @@ class ClassifyResponse(BaseModel):
         description="What the gateway did differently from what was asked, e.g. a 'speed' "
         "ignored by a model without early exits.",
     )
+
+
+class TagEntity(BaseModel):
+    """One entity (or, with aggregation 'none', one token) found in a text."""
+
+    entity: str = Field(description="Its type: the label without its B-/I- prefix (ORDER).")
+    label: str = Field(
+        description="The model's label: the token's (B-ORDER) with aggregation 'none', the "
+        "group's type otherwise (the pipeline's entity / entity_group)."
+    )
+    score: float
+    start: int = Field(ge=0, description="Character offset of its start in the text as sent.")
+    end: int = Field(ge=0, description="Character offset of its end (exclusive).")
+    text: str = Field(description="text[start:end] of the text as sent.")
+
+
+class TagPrediction(BaseModel):
+    """One text's entities, in order of their start."""
+
+    entities: list[TagEntity]
+    truncated: bool = Field(description="long_text=truncate cut the text.")
+    windows: int = Field(ge=1, description="How many windows the text was read in.")
+
+
+class TagResponse(BaseModel):
+    """Answer of :tag, in the order of the request's texts."""
+
+    model: ModelRef
+    aggregation: str
+    predictions: list[TagPrediction]
 
 
 class EmbedResponse(BaseModel):
@@ -309,7 +406,11 @@ class RankedDocument(BaseModel):
     """One document's place: its index in the request, its score, its text if asked."""
 
     index: int
-    relevance_score: float = Field(ge=0.0, le=1.0, description="(1 + cosine) / 2.")
+    relevance_score: float = Field(
+        description="Embedding models: (1 + cosine) / 2, in [0, 1]. Cross-encoders (sentence-"
+        "pair models): the head's score of (query, document): one logit: its sigmoid (the raw "
+        "value for a regression head); several labels: the positive label's probability."
+    )
     document: Document | None = None
 
 
@@ -416,16 +517,23 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-RequestModel = TypeVar("RequestModel", bound=_Request)
+RequestModel = TypeVar("RequestModel", bound=_Inputs)
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def parse_request(kind: type[RequestModel], raw: bytes, settings: Settings) -> RequestModel:
     """Return the validated request in ``raw``; 400 / 413 / 422 errors name the field and limit."""
     body = load_json_object(raw, "body must be a JSON object with a 'texts' list")
-    check_texts(body.get("texts"), settings)
+    if "pairs" in kind.model_fields and "pairs" in body:
+        if "texts" in body:
+            raise BadRequest("give 'texts' or 'pairs', not both")
+        check_pairs(body["pairs"], settings)
+        count = len(body["pairs"])
+    else:
+        check_texts(body.get("texts"), settings)
+        count = len(body["texts"])
     if "speed" in kind.model_fields and body.get("speed") is not None:
-        check_speed(body["speed"], len(body["texts"]))
+        check_speed(body["speed"], count)
     try:
         request = kind.model_validate(body)
     except ValidationError as exc:
@@ -493,6 +601,22 @@ def check_texts(texts: Any, settings: Settings, field: str = "texts") -> None:
                 f"{field}[{index}] has {len(text)} characters, over the limit of "
                 f"{settings.max_text_chars} (GATEWAY_MAX_TEXT_CHARS)"
             )
+
+
+def check_pairs(pairs: Any, settings: Settings) -> None:
+    """Raise the right error for a bad list of sentence pairs: 400 for a wrong shape, then the
+    limits of ``check_texts`` (count 413; empty, non-string or oversized segment 422)."""
+    if not isinstance(pairs, list):
+        raise BadRequest("field 'pairs' must be a list of [text_a, text_b] pairs")
+    for index, pair in enumerate(pairs):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise BadRequest(f"pairs[{index}] must be a list of two texts [text_a, text_b]")
+    if len(pairs) > settings.max_texts_per_request:
+        check_texts(pairs, settings, field="pairs")  # the 413
+    if not pairs:
+        raise UnprocessableInput("field 'pairs' is empty: send at least one pair")
+    for index, pair in enumerate(pairs):
+        check_texts(pair, settings, field=f"pairs[{index}]")
 
 
 def check_speed(speed: Any, count: int) -> None:

@@ -40,12 +40,13 @@ from backend.errors import (
     UpstreamUnavailable,
     VersionNotFound,
 )
-from backend.postprocessing import classifications, l2_normalize
+from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
 from backend.routing import RoutingTable, routing_file_for
-from backend.schemas import ClassifyRequest, EmbedRequest
+from backend.schemas import ClassifyRequest, EmbedRequest, TagRequest
 from backend.settings import Settings
 from backend.shadow import ShadowJob, ShadowRunner
-from backend.tokenization import Encoded
+from backend.tagging import tag_text
+from backend.tokenization import Encoded, FirstSegmentTooLong, TokenWindow
 from backend.versions import (
     AssetCache,
     LabelTable,
@@ -99,23 +100,41 @@ class Gateway:
     def classify(self, model: str, request: ClassifyRequest) -> dict[str, Any]:
         """Return the :classify answer for ``request``."""
 
-        def check_top_k(assets: ModelAssets) -> None:
+        pairs = request.pairs
+
+        def check(assets: ModelAssets) -> None:
+            head = assets.head
+            if pairs is not None and not head.text_pair:
+                raise TaskMismatch(
+                    f"model {model!r} is {head.describe()}: send 'texts', not 'pairs'"
+                )
+            if pairs is None and head.text_pair:
+                raise TaskMismatch(
+                    f"model {model!r} is {head.describe()}: send 'pairs' ([text_a, text_b] "
+                    "each), not 'texts'"
+                )
             if assets.labels and request.top_k > len(assets.labels):
                 raise UnprocessableInput(
                     f"top_k {request.top_k} is over the model's {len(assets.labels)} labels"
                 )
 
+        inputs: Sequence[str] = request.texts or []
+        encode = _directed(inputs, request.truncation_direction)
+        if pairs is not None:
+            inputs = [a for a, _ in pairs]
+            encode = _paired([(a, b) for a, b in pairs], request.truncation_direction)
         done = self._infer(
-            model, request.texts, request.version, request.label, request.truncate,
-            task="classify", check=check_top_k, speed=request.speed,
-            encode=_directed(request.texts, request.truncation_direction),
+            model, inputs, request.version, request.label, request.truncate,
+            task="classify", check=check, speed=request.speed, encode=encode,
+            what="pairs" if pairs is not None else "texts",
         )  # fmt: skip
         labels = done.assets.labels
         early_exit = done.assets.early_exit
         with metrics.stage("postprocess"):
             predictions = classifications(
-                done.outputs, labels, request.top_k, with_logits=request.return_logits
-            )
+                done.outputs, labels, request.top_k, with_logits=request.return_logits,
+                head=done.assets.head, with_scores=request.return_scores,
+            )  # fmt: skip
             if early_exit is not None:
                 self._add_exit_layers(done, predictions)
         for item, cut in zip(predictions, done.truncated, strict=True):
@@ -216,6 +235,99 @@ class Gateway:
             "windows": counts.tolist(),
         }
 
+    def tag(self, model: str, request: TagRequest) -> dict[str, Any]:
+        """Return the :tag answer: each text's entities with character offsets into it."""
+        windows: list[list[TokenWindow]] = []
+        cut = request.long_text == "truncate"
+
+        def encode(assets: ModelAssets) -> list[Encoded]:
+            windows.clear()
+            stride = (assets.max_seq_len - 2) // 4  # windows overlap by a quarter
+            for text in request.texts:
+                windows.append(assets.tokenizer.tag_windows(text, stride, truncate=cut))
+            return [window.encoded for text_windows in windows for window in text_windows]
+
+        done = self._infer(
+            model, request.texts, request.version, request.label, True, task="tag",
+            encode=encode, per_token=True,
+        )  # fmt: skip
+        with metrics.stage("postprocess"):
+            values = done.outputs.get("logits")
+            probabilities = values is None
+            if values is None:
+                values = done.outputs.get("probabilities")
+            if values is None or values.ndim != 3:
+                raise UpstreamError(
+                    f"model {model!r} is a tag model but returned no per-token 'logits' "
+                    f"[batch, seq, labels] (outputs: {sorted(done.outputs)})"
+                )
+            names = list(done.assets.labels)
+            if len(names) != values.shape[-1]:
+                names = [str(i) for i in range(values.shape[-1])]
+            predictions, row = [], 0
+            for text, text_windows in zip(request.texts, windows, strict=True):
+                rows = [values[row + k, : w.encoded.ids.shape[0]] for k, w in
+                        enumerate(text_windows)]  # fmt: skip
+                row += len(text_windows)
+                entities = tag_text(
+                    text, text_windows, rows, request.aggregation, names,
+                    done.assets.tokenizer.unk_id, probabilities=probabilities,
+                )  # fmt: skip
+                cut_text = text_windows[0].encoded.truncated
+                predictions.append(
+                    {"entities": entities, "truncated": cut_text, "windows": len(text_windows)}
+                )
+        return {"model": self._model_ref(done), "aggregation": request.aggregation,
+                "predictions": predictions}  # fmt: skip
+
+    def rerank(
+        self,
+        model: str,
+        query: str,
+        documents: Sequence[str],
+        version: int | None,
+        label: str | None,
+        direction: str = "right",
+    ) -> tuple[Inference, np.ndarray]:
+        """Return the inference and each document's relevance score (float32, documents'
+        order): an embedding model's (1 + cosine) / 2 with the query, or a cross-encoder's
+        score of each (query, document) pair, all pairs in one inference."""
+
+        def check(assets: ModelAssets) -> None:
+            if assets.task == "classify":
+                if not assets.head.text_pair:
+                    raise TaskMismatch(
+                        f"model {model!r} is {assets.head.describe()}: rerank takes an "
+                        "embedding model or a cross-encoder (a sentence-pair model)"
+                    )
+                _positive(model, assets)
+
+        def encode(assets: ModelAssets) -> list[Encoded]:
+            if assets.task == "embed":
+                return assets.tokenizer.encode([query, *documents], direction=direction)
+            try:
+                return assets.tokenizer.encode_pairs([(query, d) for d in documents], direction)
+            except FirstSegmentTooLong as exc:
+                raise TextTooLong(
+                    f"the query alone fills max_seq_len {assets.max_seq_len} of model "
+                    f"{model!r}: nothing of a document would fit; shorten it"
+                ) from exc
+
+        done = self._infer(
+            model, [query, *documents], version, label, True, task=("embed", "classify"),
+            check=check, encode=encode,
+        )  # fmt: skip
+        with metrics.stage("postprocess"):
+            if done.assets.task == "classify":
+                scores = head_scores(done.outputs, done.assets.head.activation)
+                return done, scores[:, _positive(model, done.assets)].astype(np.float32)
+            vectors = done.outputs.get("embedding")
+            if vectors is None:
+                raise UpstreamError("the model returned no 'embedding' output")
+            vectors = l2_normalize(vectors)
+            cosine = np.clip(vectors[1:] @ vectors[0], -1.0, 1.0)  # unit vectors, up to rounding
+            return done, ((1.0 + cosine) / 2.0).astype(np.float32)
+
     def tokenize(
         self, model: str, texts: Sequence[str], version: int | None, label: str | None
     ) -> tuple[ModelAssets, list[dict[str, Any]]]:
@@ -292,15 +404,20 @@ class Gateway:
         label: str | None,
         truncate: bool,
         *,
-        task: str,
+        task: str | tuple[str, ...],
         check: Callable[[ModelAssets], None] | None = None,
         speed: float | Sequence[float] | None = None,
         encode: Callable[[ModelAssets], list[Encoded]] | None = None,
+        per_token: bool = False,
+        what: str = "texts",
     ) -> Inference:
         """Return the model's outputs for ``texts`` from one resolved version (``encode``, when
-        given, turns the inputs into token ids instead of the version's tokenizer)."""
+        given, turns the inputs into token ids instead of the version's tokenizer; ``task``:
+        the tasks the caller takes; ``per_token``: outputs are [batch, seq, ...]; ``what``
+        names the inputs in errors)."""
         deadline = time.monotonic() + self._timeout()
-        args = (model, texts, truncate, task, check, speed, deadline, encode)
+        tasks = (task,) if isinstance(task, str) else task
+        args = (model, texts, truncate, tasks, check, speed, deadline, encode, per_token, what)
         # Default traffic (no version, no label) follows the routing file's weights and shadow.
         route = self.routing.route(model) if version is None and label is None else None
         if route is not None and route.weights:
@@ -337,17 +454,18 @@ class Gateway:
         shadow = self.routing.shadow_for(route, served)
         if shadow is None:
             return
-        model, _, truncate, task, _, speed, _, encode = args
+        model, _, truncate, tasks, _, speed, _, encode, per_token, what = args
 
         def run() -> tuple[Sequence[str], dict[str, np.ndarray]]:
             deadline = time.monotonic() + self.settings.shadow_timeout_s
             again = self._infer_once(
-                shadow, None, model, texts, truncate, task, None, speed, deadline, encode
-            )
+                shadow, None, model, texts, truncate, tasks, None, speed, deadline, encode,
+                per_token, what,
+            )  # fmt: skip
             return again.assets.labels, again.outputs
 
         routing.pending_shadow.set(ShadowJob(
-            model=model, task=task, served_version=served, shadow_version=shadow,
+            model=model, task=done.assets.task, served_version=served, shadow_version=shadow,
             labels=done.assets.labels, outputs=done.outputs, run=run,
         ))  # fmt: skip
 
@@ -358,11 +476,13 @@ class Gateway:
         model: str,
         texts: Sequence[str],
         truncate: bool,
-        task: str,
+        tasks: tuple[str, ...],
         check: Callable[[ModelAssets], None] | None,
         speed: float | Sequence[float] | None,
         deadline: float,
         encode: Callable[[ModelAssets], list[Encoded]] | None = None,
+        per_token: bool = False,
+        what: str = "texts",
     ) -> Inference:
         resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
         routing.resolved_version.set((model, resolved))
@@ -377,8 +497,11 @@ class Gateway:
                 f"model {model!r} version {resolved} is AVAILABLE on the model server but not "
                 f"under GATEWAY_MODEL_BASE_PATH={self.settings.model_base_path}"
             ) from exc
-        if assets.task != task:
-            raise TaskMismatch(f"model {model!r} is a {assets.task!r} model, not {task!r}")
+        if assets.task not in tasks:
+            wanted = " or ".join(repr(t) for t in tasks)
+            raise TaskMismatch(
+                f"model {model!r} is {assets.head.describe()} (task {assets.task!r}), not {wanted}"
+            )
         if check is not None:
             check(assets)
         with metrics.stage("tokenize"):
@@ -395,7 +518,7 @@ class Gateway:
         if not truncate and any(cut):
             first = cut.index(True)
             raise TextTooLong(
-                f"texts[{first}] needs {encoded[first].full_length} tokens, over max_seq_len "
+                f"{what}[{first}] needs {encoded[first].full_length} tokens, over max_seq_len "
                 f"{assets.max_seq_len} of model {model!r}; send truncate=true to cut it"
             )
         lengths = [e.ids.shape[0] for e in encoded]
@@ -410,7 +533,7 @@ class Gateway:
         )
         with metrics.stage("upstream"):
             results = self._run_chunks(model, resolved, chunks, encoded, assets, deadline, speeds)
-        outputs = reassemble(chunks, results, len(encoded))
+        outputs = reassemble(chunks, results, len(encoded), per_token=per_token)
         return Inference(assets=assets, outputs=outputs, truncated=cut, token_counts=lengths)
 
     def _run_chunks(
@@ -434,7 +557,10 @@ class Gateway:
         by_length = assets.bucket_signatures if self.settings.bucketing else {}
 
         def call(chunk: Chunk) -> Outputs:
-            batch = pad_batch([encoded[i].ids for i in chunk.indices], chunk.seq_len, pad_id)
+            rows = [encoded[i] for i in chunk.indices]
+            paired = any(e.type_ids is not None for e in rows)
+            types = [e.type_ids for e in rows] if paired else None
+            batch = pad_batch([e.ids for e in rows], chunk.seq_len, pad_id, types)
             if speeds is not None:
                 batch[SPEED_INPUT] = chunk_speeds(speeds, chunk.indices)
             remaining = deadline - time.monotonic()
@@ -508,3 +634,28 @@ def _directed(
     if direction == "right":
         return None
     return lambda assets: assets.tokenizer.encode(texts, direction=direction)
+
+
+def _paired(
+    pairs: Sequence[tuple[str, str]], direction: str
+) -> Callable[[ModelAssets], list[Encoded]]:
+    """Return an encoder of sentence pairs; 422 for a pair whose first segment fills the model."""
+
+    def encode(assets: ModelAssets) -> list[Encoded]:
+        try:
+            return assets.tokenizer.encode_pairs(pairs, direction)
+        except FirstSegmentTooLong as exc:
+            raise TextTooLong(f"{exc} (model {assets.model!r})") from None
+
+    return encode
+
+
+def _positive(model: str, assets: ModelAssets) -> int:
+    """Return the column of a cross-encoder's score for ranking; 422 when it has none."""
+    index = positive_index(assets.labels)
+    if index is None:
+        raise UnprocessableInput(
+            f"model {model!r} is {assets.head.describe()} with labels {list(assets.labels)}: "
+            "none of them is a positive label to rank by"
+        )
+    return index

@@ -85,12 +85,33 @@ def compare_embeddings(served: np.ndarray, shadow: np.ndarray) -> dict[str, list
     return {"cosine": [float(c) for c in np.clip(cosine, -1.0, 1.0)]}
 
 
+def compare_token_labels(
+    served_labels: Sequence[str],
+    served: np.ndarray,
+    shadow_labels: Sequence[str],
+    shadow: np.ndarray,
+) -> dict[str, list[float]]:
+    """Return per text the share of token positions whose top label (by name) is the same.
+
+    Taggers' scores are [texts, tokens, labels]; another vocabulary gives other tokens, and then
+    positions mean nothing: such a pair agrees on nothing.
+    """
+    if served.shape[:2] != shadow.shape[:2]:
+        return {"tokens": [0.0] * len(served)}
+    names_s = np.asarray(served_labels, dtype=object)[np.argmax(served, axis=-1)]
+    names_h = np.asarray(shadow_labels, dtype=object)[np.argmax(shadow, axis=-1)]
+    return {"tokens": [float(v) for v in np.mean(names_s == names_h, axis=1)]}
+
+
 def compare(
     job: ShadowJob, labels: Sequence[str], outputs: dict[str, np.ndarray]
 ) -> dict[str, list[float]]:
     """Return the measures of ``job``'s served answer against the shadow's."""
     if job.task == "embed":
         return compare_embeddings(job.outputs["embedding"], outputs["embedding"])
+    if job.task == "tag":
+        key = "probabilities" if "probabilities" in job.outputs else "logits"
+        return compare_token_labels(job.labels, job.outputs[key], labels, outputs[key])
     key = "probabilities" if "probabilities" in job.outputs else "logits"
     return compare_classifications(job.labels, job.outputs[key], labels, outputs[key])
 

@@ -32,6 +32,45 @@ class Encoded:
     ids: np.ndarray  # int32, 1-D
     truncated: bool
     full_length: int  # tokens the text needed, specials included
+    # sentence pairs: 0 on [CLS] a [SEP], 1 on b [SEP]; None for one text (all zeros)
+    type_ids: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class TokenWindow:
+    """One window of a text for token classification: what the model gets and where each
+    position came from (HF tokenizers' offsets into the text as given; (0, 0) on specials)."""
+
+    encoded: Encoded
+    offsets: list[tuple[int, int]]
+    tokens: list[str]  # the vocabulary's token per position ("##ing", "[UNK]", "[CLS]")
+    special: list[bool]
+
+
+class FirstSegmentTooLong(ValueError):
+    """A pair whose first segment alone fills max_seq_len: no room for any of the second."""
+
+    def __init__(self, index: int, tokens: int, max_seq_len: int) -> None:
+        super().__init__(
+            f"pairs[{index}][0] alone needs {tokens} tokens with [CLS] and [SEP], filling "
+            f"max_seq_len {max_seq_len}: nothing of the second segment would fit; shorten it"
+        )
+        self.index = index
+
+
+def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
+    """Return how many tokens of each segment a pair keeps within ``budget`` tokens: the
+    longer one is shortened first, then both in turn (HF tokenizers' ``longest_first``, the
+    rule transformers' tokenizers apply to pairs; ties give the odd token to the second)."""
+    if n1 + n2 <= budget:
+        return n1, n2
+    swap = n1 > n2
+    short, long = (n2, n1) if swap else (n1, n2)
+    long = max(short, budget - short)
+    if short + long > budget:
+        short = budget // 2
+        long = short + budget % 2
+    return (long, short) if swap else (short, long)
 
 
 def read_vocab(path: str | Path) -> dict[str, int]:
@@ -61,6 +100,7 @@ class BertTokenizer:
         self.cls_id = vocab[CLS]
         self.sep_id = vocab[SEP]
         self.pad_id = vocab.get(PAD, 0)
+        self.unk_id = vocab[UNK]
         self.vocab_size = len(vocab)
         tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
         # strip_accents=None follows lowercase, exactly like BertTokenizer's BasicTokenizer.
@@ -139,6 +179,74 @@ class BertTokenizer:
                 for s in starts
             ])  # fmt: skip
         return out
+
+    def encode_pairs(
+        self, pairs: Sequence[tuple[str, str] | Sequence[str]], direction: str = "right"
+    ) -> list[Encoded]:
+        """Return each pair as [CLS] a [SEP] b [SEP] with ``type_ids`` 1 on ``b [SEP]``, cut
+        ``longest_first`` to max_seq_len (``direction`` ``left`` cuts each segment's start).
+
+        Raises FirstSegmentTooLong for a pair whose first segment alone fills max_seq_len.
+        """
+        firsts = self._bodies([pair[0] for pair in pairs])
+        seconds = self._bodies([pair[1] for pair in pairs])
+        budget = self.max_seq_len - 3
+        out = []
+        for index, (a, b) in enumerate(zip(firsts, seconds, strict=True)):
+            if len(a) + 2 >= self.max_seq_len:
+                raise FirstSegmentTooLong(index, len(a) + 2, self.max_seq_len)
+            keep_a, keep_b = longest_first(len(a), len(b), budget)
+            if direction == "left":
+                a, b = a[len(a) - keep_a :], b[len(b) - keep_b :]
+            else:
+                a, b = a[:keep_a], b[:keep_b]
+            ids = np.asarray([self.cls_id, *a, self.sep_id, *b, self.sep_id], dtype=np.int32)
+            type_ids = np.zeros(ids.shape[0], dtype=np.int32)
+            type_ids[len(a) + 2 :] = 1
+            full = len(firsts[index]) + len(seconds[index]) + 3
+            out.append(Encoded(ids, full > self.max_seq_len, full, type_ids))
+        return out
+
+    def _bodies(self, texts: Sequence[str]) -> list[list[int]]:
+        """Return each text's ids without [CLS]/[SEP]."""
+        if len(texts) <= SEQUENTIAL_BELOW:
+            encodings = [self._tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        else:
+            encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [list(e.ids) for e in encodings]
+
+    def tag_windows(self, text: str, stride: int, truncate: bool = False) -> list[TokenWindow]:
+        """Return ``text`` as the windows token classification reads: one if it fits (or, with
+        ``truncate``, its first max_seq_len tokens, flagged); else windows of max_seq_len - 2
+        tokens, each starting ``stride`` tokens before the previous one ends, the last ending
+        at the text's end (the windows transformers' pipeline makes with ``stride``)."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        ids, tokens = list(encoding.ids), list(encoding.tokens)
+        offsets = [(int(s), int(e)) for s, e in encoding.offsets]
+        special = [bool(flag) for flag in encoding.special_tokens_mask]
+        size = self.max_seq_len - 2
+        full = len(ids) + 2
+        if len(ids) <= size or truncate:
+            spans = [(0, min(len(ids), size))]
+        else:
+            step = max(1, size - stride)
+            spans = []
+            for start in range(0, len(ids), step):
+                spans.append((start, min(start + size, len(ids))))
+                if spans[-1][1] == len(ids):
+                    break
+        windows = []
+        for start, stop in spans:
+            body = [self.cls_id, *ids[start:stop], self.sep_id]
+            encoded = Encoded(np.asarray(body, dtype=np.int32), full > self.max_seq_len and
+                              truncate, full)  # fmt: skip
+            windows.append(TokenWindow(
+                encoded=encoded,
+                offsets=[(0, 0), *offsets[start:stop], (0, 0)],
+                tokens=[CLS, *tokens[start:stop], SEP],
+                special=[True, *special[start:stop], True],
+            ))  # fmt: skip
+        return windows
 
     def encode_ids(self, token_ids: Sequence[Sequence[int]]) -> list[Encoded]:
         """Return inputs given as token ids (no [CLS]/[SEP]) wrapped and cut as ``encode`` does.

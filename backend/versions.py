@@ -36,6 +36,7 @@ from backend.errors import (
 from backend.reloading import ReloadingFile
 from backend.tokenization import BertTokenizer
 from modelformat import serverconfig
+from modelformat.heads import Head, head_from_info
 from modelformat.names import valid_model_name
 from modelformat.status import VersionStatus, newest_available
 
@@ -48,7 +49,7 @@ class ModelAssets:
 
     model: str
     version: int
-    task: str  # "classify" or "embed"
+    task: str  # "classify", "embed" or "tag" (the head's task)
     max_seq_len: int
     labels: tuple[str, ...]
     tokenizer: BertTokenizer = field(repr=False)
@@ -57,6 +58,8 @@ class ModelAssets:
     bucket_signatures: dict[int, str] = field(default_factory=dict)
     # the exits of an early-exit version (it takes ``speed``, returns ``exit_layer``); else None
     early_exit: EarlyExit | None = None
+    # what the head is (model.json's task, problem_type, score_activation, text_pair, ...)
+    head: Head = field(default_factory=Head)
 
 
 def check_model_name(model: str) -> str:
@@ -91,6 +94,7 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
             int(length): str(name) for length, name in info.get("bucket_signatures", {}).items()
         }
         early_exit = parse_early_exit(info)
+        head = head_from_info(info)  # a value no reader knows is unreadable assets, not a guess
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ModelAssetsError(
             f"model {model!r} version {version} has unreadable assets: {exc}"
@@ -98,13 +102,14 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
     return ModelAssets(
         model=model,
         version=version,
-        task=str(info.get("task", "classify")),
+        task=head.task,
         max_seq_len=max_seq_len,
         labels=tuple(str(label) for label in labels),
         tokenizer=tokenizer,
         info=info,
         bucket_signatures=bucket_signatures,
         early_exit=early_exit,
+        head=head,
     )
 
 

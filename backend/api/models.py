@@ -19,6 +19,7 @@ from backend.schemas import (
     DetokenizeRequest,
     EmbedRequest,
     ModelRerankRequest,
+    TagRequest,
     TokenizeRequest,
     parse_request,
 )
@@ -44,6 +45,15 @@ def embed(model: str) -> Response:
     return json_response(answer)
 
 
+@bp.post("/v1/models/<model>:tag")
+def tag(model: str) -> Response:
+    """Tag texts with a token-classification model: entities with character offsets."""
+    body = parse_request(TagRequest, request_body(), current_settings())
+    answer = current_gateway().tag(model, body)
+    note_served(model, answer["model"]["version"])
+    return json_response(answer)
+
+
 @bp.get("/v1/models/<name:model>")
 def model_status(model: str) -> Response:
     """Return the model's versions and states on the model server, and its labels."""
@@ -52,7 +62,7 @@ def model_status(model: str) -> Response:
 
 @bp.post("/v1/models/<model>:rerank")
 def rerank(model: str) -> Response:
-    """Rank documents against a query with an embedding model (cosine similarity)."""
+    """Rank documents against a query: an embedding model (cosine) or a cross-encoder."""
     body = body_as(ModelRerankRequest, "documents", query_and_documents)
     served, results, tokens = rank(model, body, body.version, body.label)
     return json_response(

@@ -1,11 +1,16 @@
 """Rerank: Cohere's and Jina's API (``POST /v1/rerank``, ``POST /v2/rerank``: the paths the
 ``cohere`` SDK's ``Client`` and ``ClientV2`` post to) and ours (``POST /v1/models/<m>:rerank``).
 
-One translator onto the same ``Gateway.embeddings`` call :embed makes: the query and the
-documents go in one request (the gateway buckets and chunks them), ranked by cosine similarity.
-``relevance_score`` = (1 + cosine) / 2, in [0, 1] like Cohere's scores, in the same order as the
-cosine. A model that isn't an embedding model can't rerank yet (cross-encoders, sentence-pair
-classifiers, come with the pair head): a 422 naming its task.
+One translator onto ``Gateway.rerank``, which takes two kinds of model, all inputs in one
+inference (the gateway buckets and chunks them):
+- an embedding model: the query and the documents embedded together, ranked by cosine
+  similarity; ``relevance_score`` = (1 + cosine) / 2, in [0, 1] like Cohere's scores;
+- a cross-encoder (a sentence-pair classifier, model.json ``text_pair``): each (query, document)
+  pair scored, ``token_type_ids`` 1 on the document; ``relevance_score`` is the head's score:
+  one logit: its activation (sigmoid; raw for a regression head); several labels: the
+  positive label's probability (``postprocessing.positive_index``: the one label named
+  positive, relevant, yes, 1, entailment, ...; else, with two labels, the second).
+Any other model is a 422 naming what it is.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from backend.api import (
     named_model,
     note_served,
 )
-from backend.errors import ERROR_SHAPES, GatewayError, TaskMismatch, UnprocessableInput
+from backend.errors import ERROR_SHAPES, GatewayError
 from backend.schemas import (
     RerankFields,
     RerankRequest,
@@ -51,23 +56,13 @@ def rank(
     check_texts([body.query], settings, field="query")  # its length (the schema says it too)
     if len(texts) + 1 > settings.max_texts_per_request:
         check_texts([body.query, *texts], settings, field="documents")  # the 413
-    try:
-        done, vectors = current_gateway().embeddings(
-            model, [body.query, *texts], version, label, direction=body.truncation_direction
-        )
-    except TaskMismatch:
-        raise UnprocessableInput(
-            f"model {model!r} can't rerank: rerank takes an embedding model (ranked by cosine "
-            "similarity); cross-encoders (sentence-pair models) are not served yet"
-        ) from None
-    cosine = np.clip(vectors[1:] @ vectors[0], -1.0, 1.0)  # unit vectors, up to rounding
-    order = np.argsort(-cosine, kind="stable")[: body.top_n]
+    done, scores = current_gateway().rerank(
+        model, body.query, texts, version, label, direction=body.truncation_direction
+    )
+    order = np.argsort(-scores, kind="stable")[: body.top_n]
     results = []
     for index in order.tolist():
-        item: dict[str, Any] = {
-            "index": index,
-            "relevance_score": float((1.0 + cosine[index]) / 2.0),
-        }
+        item: dict[str, Any] = {"index": index, "relevance_score": float(scores[index])}
         if body.return_documents:
             item["document"] = {"text": texts[index]}
         results.append(item)
