@@ -125,7 +125,7 @@ def read_routing(path: Path) -> Routing:
 def write_route(path: Path, model: str, route: ModelRoute | None) -> bool:
     """Set ``model``'s entry of the routing file (None: remove it); return whether it changed."""
     current = read_routing(path)
-    if current.route(model) == route and (route is not None or path.exists()):
+    if current.route(model) == route:  # removing from a missing file changes nothing either
         return False
     models = {name: r for name, r in current.models.items() if name != model}
     if route is not None:

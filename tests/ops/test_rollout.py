@@ -605,3 +605,16 @@ def test_a_second_process_cannot_drive_the_same_rollout(serving: Path) -> None:
         run = make_rollout(serving, GatewayMetrics(["http://127.0.0.1:9"]), Promotions())
         with pytest.raises(OpsError, match="a rollout of tiny is running"):
             run.run()
+
+
+def test_write_route_changes_only_the_models_entry_and_only_when_it_differs(tmp_path: Path) -> None:
+    path = tmp_path / "routing.yaml"
+    assert not rollout.write_route(path, MODEL, None)
+    assert not path.exists()
+    path.write_text("other: {weights: {3: 100}}\n")
+    assert rollout.write_route(path, MODEL, STEP_ROUTES[1])
+    assert not rollout.write_route(path, MODEL, STEP_ROUTES[1])
+    assert rollout.write_route(path, MODEL, None)
+    assert routing_format.parse(path.read_text()) == routing_format.parse(
+        "other: {weights: {3: 100}}"
+    )
