@@ -95,6 +95,14 @@ def plan_promote(model: Any, source_label: str, target_label: str) -> Plan:
     return plan
 
 
+def plan_set_label(model: Any, label: str, version: int) -> Plan:
+    """Return the plan that points ``label`` at ``version`` (how a rollout promotes its version)."""
+    before = dict(model.version_labels).get(label, "unset")
+    plan = Plan(model=model.name, labels={label: version})
+    plan.notes.append(f"{label}: {before} -> {version}")
+    return plan
+
+
 def plan_rollback(
     model: Any, history: labelhistory.History, label: str, to: int | None = None
 ) -> Plan:
@@ -332,6 +340,8 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
         plan = plan_promote(model, *args.promote)
     elif args.rollback:
         plan = plan_rollback(model, history, args.rollback, args.to)
+    elif getattr(args, "set_label", None):  # (label, version): ops.rollout's promotion
+        plan = plan_set_label(model, *args.set_label)
     else:
         source = str(args.checkpoint or args.from_dir)
         plan = plan_push(model, model_dir, source, args.label, args.version)

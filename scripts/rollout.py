@@ -1,0 +1,9 @@
+"""Roll a new model version out on live traffic, step by step; promote it or roll it back.
+
+Entry point of ``ops.rollout`` (its code); ``--help`` shows the flags.
+"""
+
+from ops.rollout import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
