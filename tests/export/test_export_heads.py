@@ -248,3 +248,17 @@ def test_cli_takes_task_tag_problem_type_and_text_pair(
     assert (tag["task"], tag["label_scheme"]) == ("tag", "BIO")
     assert (scorer["problem_type"], scorer["score_activation"], scorer["text_pair"]) == (
         "regression", "none", False)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["tag", "multi_label", "regression_pair"])
+def test_verify_compares_versions_by_their_heads_rule(
+    exported: dict[str, tuple[Path, Any]], name: str
+) -> None:
+    from export.inspection import verify_version
+
+    path = exported[name][1].path
+    figures = verify_version(path, against=path)
+    assert figures["all_finite"] is True and figures["within_tolerance"] is True
+    key = {"tag": "decisive_entity_agreement", "multi_label": "decisive_decision_agreement",
+           "regression_pair": "max_score_diff"}[name]  # fmt: skip
+    assert key in figures
