@@ -6,11 +6,10 @@ fp16/bf16), embed zero-shot label prompts, save under a temporary directory, rel
 and measure it against the FP32 reference on a probe batch (refusing to publish beyond tolerance),
 write assets and warmup records, fsync, rename. Any failure removes the temporary directory.
 
-The gate (see export/README.md for the measurements behind it): embeddings need a minimum cosine
-to FP32; classifiers need every *decisive* probe row (FP32 top-two probabilities at least
-``DECISIVE_GAP`` apart) to keep its argmax, and a bounded score drift: ``|Δprobability|`` for a
-trained head, ``|Δlogit| / scale`` for a zero-shot head, whose logits are ``scale · cos`` so that
-|Δprobability| grows with an arbitrary scale while the cosine error is the precision's own.
+The gate (export/gates.py; export/README.md for what each head's rule measures and why):
+embeddings need a minimum cosine to FP32; single-label classifiers keep every *decisive* argmax
+and a bounded score drift; sigmoid heads keep every decisive per-label decision; regression heads
+a bounded score error; tag heads the same BIO entities.
 """
 
 from __future__ import annotations
@@ -29,8 +28,11 @@ import numpy as np
 from export import __version__
 from export.checkpoint import Checkpoint, read_checkpoint
 from export.errors import ExportError
+from export.gates import Tolerance, gate_metric, measure, within, worse
 from export.hardware import CpuInfo, cpu_info
+from export.heads import resolve_head
 from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
+from modelformat.heads import SINGLE, Head
 from modelformat.layout import LABELS_TXT, MODEL_JSON, VOCAB_TXT
 from modelformat.publish import (
     choose_version,
@@ -41,24 +43,12 @@ from modelformat.publish import (
     tree_size,
 )
 
-TASKS = ("classify", "embed")
+TASKS = ("classify", "embed", "tag")
 POOLINGS = ("mean", "cls")
 ZERO_SHOT_SCALE = 20.0  # sentence-transformers' cosine scale; sharp enough for MiniLM intents
 PROBE_BATCH = 8
-# Rows whose FP32 top-two probabilities are closer than this are ties at 16-bit precision: their
-# argmax may flip without anything being wrong. Every other row must keep its argmax.
-DECISIVE_GAP = 0.1
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How far a converted model may drift from FP32 on the probe batch and still be published."""
-
-    max_prob_diff: float = 1e-2  # trained heads: |Δprobability|
-    max_cos_diff: float = 1e-2  # zero-shot heads: |Δlogit| / scale, the cosine-space error
-    min_cosine: float = 0.999  # embeddings
 
 
 @dataclass(frozen=True)
@@ -126,13 +116,17 @@ def build(
     gpus: Sequence[str] | None = None,
     early_exit: bool = False,
     default_speed: float = 0.0,
+    problem_type: str | None = None,
+    text_pair: bool | None = None,
 ) -> BuildResult:
     """Export ``checkpoint`` as ``<base_path>/<name>/<version>`` and return what was published.
 
     ``precision`` is ``auto`` or one of fp32/fp16/bf16; ``cpu`` and ``gpus`` default to this
     machine's (tests inject other machines'). ``early_exit`` serves the checkpoint's distilled
     students (a ``speed`` input, an ``exit_layer`` output); ``default_speed`` goes into model.json
-    for the gateway.
+    for the gateway. ``task`` ``tag`` exports a token classifier (``BertForTokenClassification``,
+    BIO labels); a classifier's ``problem_type``, ``thresholds`` and ``text_pair`` come from the
+    checkpoint's config.json unless ``problem_type`` / ``text_pair`` are given here.
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
@@ -145,14 +139,14 @@ def build(
     for warning in choice.warnings:
         say(f"warning: {warning}")
     precision = choice.precision
-    if label_prompts is not None and task != "classify":
+    if label_prompts is not None and task != "classify":  # also refuses tag
         raise ExportError("--label-prompts builds a classification head: use it with task classify")
     if label_prompts is not None and labels is not None:
         raise ExportError("give either labels or label prompts, not both")
     if early_exit and (task != "classify" or label_prompts is not None):
         raise ExportError(
-            "--early-exit needs a classifier trained with students (finetune distill-exits): "
-            "not an embedding or zero-shot export"
+            "--early-exit needs a single-label classifier trained with students (finetune "
+            f"distill-exits): not an embedding or zero-shot export, nor a tag model (task {task})"
         )
     if not 0.0 <= default_speed <= 1.0:  # also refuses NaN
         raise ExportError(f"default speed must be in [0, 1], got {default_speed}")
@@ -165,6 +159,18 @@ def build(
         raise ExportError(
             f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings "
             f"{ckpt.config.max_position}"
+        )
+    if task == "tag" and not ckpt.has_head:
+        raise ExportError(
+            f"{checkpoint}: no token classifier (classifier.weight); a tag model is a "
+            "BertForTokenClassification checkpoint"
+        )
+    head = resolve_head(task, ckpt.head_config, ckpt.labels, problem_type=problem_type,
+                        text_pair=text_pair, zero_shot=label_prompts is not None)  # fmt: skip
+    if early_exit and (head.problem_type != SINGLE or head.activation != "softmax"):
+        raise ExportError(
+            f"--early-exit serves single-label classifiers only, not {head.describe()} "
+            f"(problem_type {head.problem_type}, {len(ckpt.labels)} labels)"
         )
     if task == "classify" and label_prompts is None:
         if not ckpt.has_head:
@@ -185,7 +191,7 @@ def build(
         f"building {task} model ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size})"
     )
     reference, target, out_labels, scale = _build_modules(
-        ckpt, task, precision, pooling, max_seq_len, label_prompts, say, exits
+        ckpt, task, precision, pooling, max_seq_len, label_prompts, say, exits, head.activation
     )
     probe = _probe_batch(ckpt, max_seq_len, exits is not None)
     expected = _run(reference.serve, probe)
@@ -195,8 +201,7 @@ def build(
             path = _write_version(
                 temp, model_dir, version, name=name, ckpt=ckpt, target=target, task=task,
                 precision=precision, max_seq_len=max_seq_len,
-                # a trained head reads the pooled [CLS] vector whatever --pooling says
-                pooling="cls" if task == "classify" and label_prompts is None else pooling,
+                pooling=_served_pooling(task, pooling, label_prompts is not None), head=head,
                 labels=out_labels, zero_shot_scale=scale, probe=probe, expected=expected,
                 tolerance=tolerance, warmup=warmup, say=say, choice=choice,
                 verified=verified_on(cpu, gpus),
@@ -232,12 +237,13 @@ def _build_modules(
     label_prompts: str | Path | None,
     say: Progress,
     exits: dict[str, Any] | None = None,
+    activation: str = "softmax",
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
     from export.model import BertModule, run
 
     label_vectors = None
-    labels = ckpt.labels if task == "classify" else []
+    labels = ckpt.labels if task in ("classify", "tag") else []
     scale = None
     if label_prompts is not None:
         from export.zeroshot import label_embeddings, read_label_prompts
@@ -258,7 +264,7 @@ def _build_modules(
         return BertModule(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
-            early_exit=exits,
+            early_exit=exits, activation=activation,
         )  # fmt: skip
 
     reference = make("fp32")
@@ -266,6 +272,14 @@ def _build_modules(
         return reference, reference, labels, scale
     say(f"converting weights to {precision} (matmuls in {precision}; norms, softmax in fp32)")
     return reference, make(precision), labels, scale
+
+
+def _served_pooling(task: str, pooling: str, zero_shot: bool) -> str:
+    """Return model.json's ``pooling``: what the served head reads of the hidden states."""
+    if task == "tag":
+        return "none"  # every token's own vector
+    # a trained classifier reads the pooled [CLS] vector whatever --pooling says
+    return "cls" if task == "classify" and not zero_shot else pooling
 
 
 def special_ids(vocab: Sequence[str]) -> tuple[int, int]:
@@ -306,65 +320,6 @@ def _run(fn: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return run(fn, feeds)
 
 
-def measure(
-    expected: dict[str, np.ndarray],
-    got: dict[str, np.ndarray],
-    zero_shot_scale: float | None = None,
-) -> dict[str, Any]:
-    """Return the differences between two output dicts (classify or embed) as plain floats.
-
-    Classify figures include ``decisive_agreement`` (argmax agreement on the rows whose expected
-    top-two probabilities are ``DECISIVE_GAP`` apart) and, for a zero-shot head with logits
-    ``scale · cos``, ``max_cos_diff`` = max |Δlogit| / scale.
-    """
-    if "probabilities" in expected:
-        probs = expected["probabilities"]
-        logit_diff = float(np.abs(expected["logits"] - got["logits"]).max())
-        agree = probs.argmax(-1) == got["probabilities"].argmax(-1)
-        top_two = np.sort(probs, axis=-1)[:, -2:]
-        decisive = (top_two[:, -1] - top_two[:, 0]) >= DECISIVE_GAP
-        figures = {
-            "max_abs_prob_diff": float(np.abs(probs - got["probabilities"]).max()),
-            "max_abs_logit_diff": logit_diff,
-            "argmax_agreement": float(agree.mean()),
-            "decisive_agreement": float(agree[decisive].mean()) if decisive.any() else 1.0,
-        }
-        if zero_shot_scale:
-            figures["max_cos_diff"] = logit_diff / zero_shot_scale
-        return figures
-    a, b = expected["embedding"], got["embedding"]
-    cosine = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1),
-                                          1e-12)  # fmt: skip
-    return {"min_cosine": float(cosine.min()), "max_abs_diff": float(np.abs(a - b).max())}
-
-
-def _worse(key: str, a: float, b: float) -> float:
-    """Return the worse of two measurements of ``key`` (minima for agreement/cosine)."""
-    return min(a, b) if key in LOWER_IS_WORSE else max(a, b)
-
-
-LOWER_IS_WORSE = ("argmax_agreement", "decisive_agreement", "min_cosine")
-
-
-def gate_metric(figures: dict[str, Any]) -> str:
-    """Return the name of the figure the gate bounds for these measurements."""
-    if "max_cos_diff" in figures:
-        return "max_cos_diff"
-    return "max_abs_prob_diff" if "max_abs_prob_diff" in figures else "min_cosine"
-
-
-def within(figures: dict[str, Any], tolerance: Tolerance) -> bool:
-    """Return True when measured figures are inside ``tolerance``."""
-    metric = gate_metric(figures)
-    if metric == "min_cosine":
-        return bool(figures["min_cosine"] >= tolerance.min_cosine)
-    if figures.get("decisive_agreement", 1.0) < 1.0:
-        return False
-    if metric == "max_cos_diff":
-        return bool(figures["max_cos_diff"] <= tolerance.max_cos_diff)
-    return bool(figures["max_abs_prob_diff"] <= tolerance.max_prob_diff)
-
-
 def _write_version(
     temp: Path,
     model_dir: Path,
@@ -387,11 +342,13 @@ def _write_version(
     choice: PrecisionChoice,
     verified: dict[str, Any],
     early_exit: dict[str, Any] | None = None,
+    head: Head | None = None,
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
 
-    from export.model import INPUT_NAMES, SPEED, output_names
+    from export.heads import output_names
+    from export.model import INPUT_NAMES, SPEED
     from export.warmup import token_batch, warmup_plan, write_warmup
     from modelformat.buckets import buckets, signature_name
 
@@ -401,14 +358,18 @@ def _write_version(
     tf.saved_model.save(target, str(temp), signatures=target.signatures(lens))
     say("verifying the saved model against fp32 on a probe batch")
     loaded = tf.saved_model.load(str(temp))
-    figures = measure(expected, _run(loaded.signatures["serving_default"], probe), zero_shot_scale)
+
+    def gauge(signature: str) -> dict[str, Any]:
+        got = _run(loaded.signatures[signature], probe)
+        return measure(expected, got, zero_shot_scale, head=head, labels=labels,
+                       attention_mask=probe["attention_mask"])  # fmt: skip
+
+    figures = gauge("serving_default")
     # The probe's length is always a bucket (min(64, max_seq_len)): check that signature too.
     probe_sig = bucket_signatures.get(str(probe["input_ids"].shape[1]))
     if probe_sig is not None:
-        bucket_figures = measure(
-            expected, _run(loaded.signatures[probe_sig], probe), zero_shot_scale
-        )
-        figures = {k: _worse(k, v, bucket_figures[k]) for k, v in figures.items()}
+        bucket_figures = gauge(probe_sig)
+        figures = {k: worse(k, v, bucket_figures[k]) for k, v in figures.items()}
     figures = {
         **figures,
         "metric": gate_metric(figures),
@@ -443,13 +404,15 @@ def _write_version(
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "conversion": figures,
     }
+    # task, problem_type, score_activation, text_pair, thresholds, label_scheme (modelformat/heads)
+    info.update((head or Head(task=task)).to_info())
     if zero_shot_scale is not None:
         info["zero_shot_scale"] = zero_shot_scale
     if early_exit is not None:
         info["early_exit"] = early_exit
     (temp / "assets").mkdir(exist_ok=True)
     (temp / VOCAB_TXT).write_text("\n".join(ckpt.vocab) + "\n", encoding="utf-8")
-    if task == "classify":
+    if task in ("classify", "tag"):
         (temp / LABELS_TXT).write_text("\n".join(labels) + "\n", encoding="utf-8")
     (temp / MODEL_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     if warmup:

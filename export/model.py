@@ -1,4 +1,8 @@
-"""The BERT encoder and its heads as a plain TF2 ``tf.Module`` (no Keras, no TF1 graph code).
+"""The BERT encoder as a plain TF2 ``tf.Module`` (no Keras, no TF1 graph code), with its head.
+
+The building blocks are export/layers.py's, the heads' outputs export/heads.py's, and the early
+exits (students, the exit rule, compacted and masked serving) export/exits.py's; this module
+puts them together and writes the signatures.
 
 Precision: in ``fp16``/``bf16`` the embedding tables, kernels and biases are stored in that dtype
 and every matmul runs in it, while the residual stream, layer norm, softmax, GELU and all outputs
@@ -13,7 +17,6 @@ Training (finetune/) uses this same module with ``trainable=True``: variables st
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,179 +24,20 @@ import numpy as np
 import tensorflow as tf
 
 from export.config import BertConfig
+from export.exits import Student, checked_speed, serve_compacted, serve_masked
+from export.exits import exit_weight_names as exit_weight_names  # re-exported (finetune)
+from export.exits import normalized_entropy as normalized_entropy  # re-exported (finetune)
+from export.heads import head_outputs, token_logits
+from export.layers import Dense, Layer, LayerNorm, dropout, mask_bias, pool
 from modelformat.buckets import signature_name
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 SPEED = "speed"  # the early-exit graph's extra input: float32 [batch], one threshold per row
-# A large negative (not -inf) so a fully padded row still gives a finite softmax.
-_MASK_NEG = -1e9
-
-
-def output_names(task: str, early_exit: bool = False) -> list[str]:
-    """Return the signature's output names for ``task``."""
-    if task != "classify":
-        return ["embedding"]
-    return ["logits", "probabilities", "exit_layer"] if early_exit else ["logits", "probabilities"]
-
-
-class _Dense(tf.Module):
-    """``x @ kernel + bias`` in the compute dtype (default: the storage dtype); returns float32."""
-
-    def __init__(self, kernel: np.ndarray, bias: np.ndarray, dtype: tf.DType, name: str, *,
-                 trainable: bool = False, compute_dtype: tf.DType | None = None
-                 ) -> None:  # fmt: skip
-        super().__init__(name=name)
-        self.kernel = tf.Variable(tf.cast(kernel, dtype), trainable=trainable, name="kernel")
-        self.bias = tf.Variable(tf.cast(bias, dtype), trainable=trainable, name="bias")
-        self.compute_dtype = compute_dtype or dtype
-
-    def __call__(self, x: tf.Tensor) -> tf.Tensor:
-        # tf.cast is the identity when the dtypes already match (inference: storage = compute)
-        kernel = tf.cast(self.kernel, self.compute_dtype)
-        y = tf.matmul(tf.cast(x, self.compute_dtype), kernel)
-        return tf.cast(y + tf.cast(self.bias, self.compute_dtype), tf.float32)
-
-
-class _LayerNorm(tf.Module):
-    """Layer norm over the last axis: parameters stored in ``dtype``, arithmetic in float32."""
-
-    def __init__(self, gamma: np.ndarray, beta: np.ndarray, eps: float, dtype: tf.DType,
-                 name: str, *, trainable: bool = False) -> None:  # fmt: skip
-        super().__init__(name=name)
-        self.gamma = tf.Variable(tf.cast(gamma, dtype), trainable=trainable, name="gamma")
-        self.beta = tf.Variable(tf.cast(beta, dtype), trainable=trainable, name="beta")
-        self.eps = eps
-
-    def __call__(self, x: tf.Tensor) -> tf.Tensor:
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-        gamma, beta = tf.cast(self.gamma, tf.float32), tf.cast(self.beta, tf.float32)
-        return (x - mean) * tf.math.rsqrt(variance + self.eps) * gamma + beta
-
-
-def _activation(name: str, x: tf.Tensor) -> tf.Tensor:
-    if name == "relu":
-        return tf.nn.relu(x)
-    # "gelu" in HF/Google configs is the exact erf form; the *_tanh/_new names are the approximation
-    return tf.nn.gelu(x, approximate=name != "gelu")
-
-
-def _dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
-    """Return ``x`` with stateless dropout at ``rate`` (identity when ``seed`` is None)."""
-    if seed is None or rate <= 0.0:
-        return x
-    return tf.nn.experimental.stateless_dropout(x, rate, seed=seed + tf.constant([0, site]) * 7919)
-
-
-class _Layer(tf.Module):
-    """One transformer encoder layer (post-layer-norm, as in BERT)."""
-
-    def __init__(self, w: Mapping[str, np.ndarray], config: BertConfig, dtype: tf.DType,
-                 name: str, *, trainable: bool = False,
-                 compute_dtype: tf.DType | None = None) -> None:  # fmt: skip
-        super().__init__(name=name)
-        eps = config.layer_norm_eps
-
-        def dense(part: str) -> _Dense:
-            return _Dense(w[f"{part}/kernel"], w[f"{part}/bias"], dtype, part,
-                          trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
-
-        def norm(part: str) -> _LayerNorm:
-            return _LayerNorm(w[f"{part}/gamma"], w[f"{part}/beta"], eps, dtype, part,
-                              trainable=trainable)  # fmt: skip
-
-        self.query, self.key, self.value = dense("query"), dense("key"), dense("value")
-        self.attention_out, self.attention_ln = dense("attention_out"), norm("attention_ln")
-        self.intermediate, self.output = dense("intermediate"), dense("output")
-        self.output_ln = norm("output_ln")
-        self.num_heads = config.num_heads
-        self.head_dim = config.hidden_size // config.num_heads
-        self.act = config.hidden_act
-        self.dtype = compute_dtype or dtype
-        self.hidden_dropout = config.hidden_dropout
-        self.attention_dropout = config.attention_dropout
-
-    def _split(self, x: tf.Tensor, batch: tf.Tensor, seq: tf.Tensor) -> tf.Tensor:
-        x = tf.reshape(tf.cast(x, self.dtype), [batch, seq, self.num_heads, self.head_dim])
-        return tf.transpose(x, [0, 2, 1, 3])
-
-    def __call__(self, x: tf.Tensor, mask_bias: tf.Tensor, batch: tf.Tensor, seq: tf.Tensor,
-                 dropout_seed: tf.Tensor | None = None) -> tf.Tensor:  # fmt: skip
-        """Return the layer's output for ``x`` of shape ``[batch * seq, hidden]`` (float32).
-
-        ``dropout_seed`` (int32 ``[2]``) switches BERT's training dropout on.
-        """
-        q = self._split(self.query(x), batch, seq)
-        k = self._split(self.key(x), batch, seq)
-        v = self._split(self.value(x), batch, seq)
-        scores = tf.matmul(q, k, transpose_b=True)
-        scores = tf.cast(scores, tf.float32) / math.sqrt(self.head_dim) + mask_bias
-        probs = _dropout(tf.nn.softmax(scores, axis=-1), self.attention_dropout, dropout_seed, 1)
-        context = tf.transpose(tf.matmul(tf.cast(probs, self.dtype), v), [0, 2, 1, 3])
-        context = tf.reshape(context, [batch * seq, self.num_heads * self.head_dim])
-        attended = _dropout(self.attention_out(context), self.hidden_dropout, dropout_seed, 2)
-        x = self.attention_ln(x + attended)
-        hidden = _activation(self.act, self.intermediate(x))
-        out = _dropout(self.output(hidden), self.hidden_dropout, dropout_seed, 3)
-        return self.output_ln(x + out)
-
-
-def pool(hidden: tf.Tensor, attention_mask: tf.Tensor, pooling: str) -> tf.Tensor:
-    """Return one float32 vector per row of ``hidden`` [b, S, H]: ``cls`` or the masked mean."""
-    if pooling == "cls":
-        return hidden[:, 0]
-    mask = tf.cast(attention_mask, tf.float32)[:, :, tf.newaxis]
-    total = tf.reduce_sum(hidden * mask, axis=1)
-    return total / tf.maximum(tf.reduce_sum(mask, axis=1), 1e-9)
-
-
-def normalized_entropy(logits: tf.Tensor) -> tf.Tensor:
-    """Return FastBERT's uncertainty per row: ``-Σ p log p / log N`` in [0, 1] (float32)."""
-    logits = tf.cast(logits, tf.float32)
-    log_p = tf.nn.log_softmax(logits, axis=-1)
-    entropy = -tf.reduce_sum(tf.exp(log_p) * log_p, axis=-1)
-    return entropy / math.log(max(int(logits.shape[-1]), 2))
-
-
-class Student(tf.Module):
-    """An early-exit classifier after one encoder layer: pooled → dense tanh → classifier."""
-
-    def __init__(self, w: Mapping[str, np.ndarray], dtype: tf.DType, name: str, *,
-                 pooling: str, trainable: bool = False,
-                 compute_dtype: tf.DType | None = None) -> None:  # fmt: skip
-        super().__init__(name=name)
-        self.dense = _Dense(w["dense/kernel"], w["dense/bias"], dtype, "dense",
-                            trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
-        self.classifier = _Dense(w["classifier/kernel"], w["classifier/bias"], dtype,
-                                 "classifier", trainable=trainable,
-                                 compute_dtype=compute_dtype)  # fmt: skip
-        self.pooling = pooling
-
-    def __call__(self, pooled: tf.Tensor) -> tf.Tensor:
-        """Return float32 logits for ``pooled`` [b, H] (see ``pool``)."""
-        return self.classifier(tf.tanh(self.dense(pooled)))
-
-    def named_variables(self) -> dict[str, tf.Variable]:
-        """Return the variables under the names the constructor takes (``dense/kernel``, ...)."""
-        return {
-            f"{part}/{kind}": getattr(getattr(self, part), kind)
-            for part in ("dense", "classifier")
-            for kind in ("kernel", "bias")
-        }
-
-
-def exit_weight_names(num_layers: int) -> list[str]:
-    """Return the canonical names of every student's weights (students after layers 1..L-1)."""
-    return [
-        f"exit_{k}/{part}/{kind}"
-        for k in range(num_layers - 1)
-        for part in ("dense", "classifier")
-        for kind in ("kernel", "bias")
-    ]
 
 
 class BertModule(tf.Module):
-    """A BERT encoder with a ``classify`` (trained or zero-shot) or ``embed`` head.
+    """A BERT encoder with a ``classify`` (trained or zero-shot), ``tag`` or ``embed`` head.
 
     ``serve`` is the ``serving_default`` function; ``encode`` returns pooled float32 sentence
     vectors and is what the zero-shot head uses to embed label descriptions at export time.
@@ -213,6 +57,7 @@ class BertModule(tf.Module):
         compute_dtype: tf.DType | None = None,
         early_exit: Mapping[str, Any] | None = None,
         compaction: bool = True,
+        activation: str = "softmax",
     ) -> None:
         """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc).
 
@@ -220,10 +65,12 @@ class BertModule(tf.Module):
         ``weights`` (``exit_{k}/...``): ``serve`` then takes a per-row ``speed`` and returns
         ``exit_layer``. ``compaction=False`` keeps exited rows in the batch until every row has
         exited (the baseline the benchmark compares against); the outputs are the same.
+        ``activation`` turns a classifier's logits into ``probabilities`` (export/heads.py); a
+        ``tag`` head is a classifier over every token (no pooler), its scores a softmax.
         """
         super().__init__(name="bert")
         dtype = DTYPES[precision]
-        self.task, self.pooling = task, pooling
+        self.task, self.pooling, self.activation = task, pooling, activation
         self.compaction = compaction
         self.hidden_size = config.hidden_size
         self.hidden_dropout = config.hidden_dropout
@@ -235,11 +82,11 @@ class BertModule(tf.Module):
         self.word = table("embeddings/word")
         self.position = table("embeddings/position")
         self.token_type = table("embeddings/token_type")
-        self.embeddings_ln = _LayerNorm(weights["embeddings_ln/gamma"],
+        self.embeddings_ln = LayerNorm(weights["embeddings_ln/gamma"],
                                         weights["embeddings_ln/beta"], config.layer_norm_eps,
                                         dtype, "embeddings_ln", trainable=trainable)  # fmt: skip
         self.layers = [
-            _Layer(
+            Layer(
                 _layer_weights(weights, i),
                 config,
                 dtype,
@@ -256,9 +103,13 @@ class BertModule(tf.Module):
             self.label_matrix = tf.Variable(unit.T.astype(np.float32), trainable=False)
             self.scale = tf.constant(zero_shot_scale, tf.float32)
         elif task == "classify":
-            self.pooler = _Dense(weights["pooler/kernel"], weights["pooler/bias"], dtype, "pooler",
+            self.pooler = Dense(weights["pooler/kernel"], weights["pooler/bias"], dtype, "pooler",
                                  trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
-            self.classifier = _Dense(weights["classifier/kernel"], weights["classifier/bias"],
+            self.classifier = Dense(weights["classifier/kernel"], weights["classifier/bias"],
+                                     dtype, "classifier", trainable=trainable,
+                                     compute_dtype=compute_dtype)  # fmt: skip
+        elif task == "tag":
+            self.classifier = Dense(weights["classifier/kernel"], weights["classifier/bias"],
                                      dtype, "classifier", trainable=trainable,
                                      compute_dtype=compute_dtype)  # fmt: skip
         self.students: list[Student] = []
@@ -321,8 +172,8 @@ class BertModule(tf.Module):
             + tf.cast(tf.gather(self.token_type, token_type_ids), tf.float32)
         )
         x = tf.reshape(self.embeddings_ln(x), [batch * seq, -1])
-        x = _dropout(x, self.hidden_dropout, dropout_seed, 0)
-        return x, _mask_bias(attention_mask)
+        x = dropout(x, self.hidden_dropout, dropout_seed, 0)
+        return x, mask_bias(attention_mask)
 
     def _pool(self, hidden: tf.Tensor, attention_mask: tf.Tensor) -> tf.Tensor:
         return pool(hidden, attention_mask, self.pooling)
@@ -341,82 +192,22 @@ class BertModule(tf.Module):
             logits = self.scale * tf.matmul(unit, self.label_matrix)
         else:
             logits = self.head(hidden)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
+        return head_outputs(self.task, logits, self.activation)
 
     def _serve_exits(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
                      token_type_ids: tf.Tensor, speed: tf.Tensor
                      ) -> dict[str, tf.Tensor]:  # fmt: skip
         """Run the layers with early exits; return logits, probabilities and exit_layer.
 
-        After layer i (< L) each row still running asks its student; a row whose normalised
-        entropy is below its ``speed`` takes the student's logits and leaves. With compaction the
-        rows left are gathered and the next layers run on them only; the exited rows' results are
-        scattered back into the input order at the end. ``speed`` 0 exits nowhere: every row
-        runs all L layers, exactly the full model.
+        The rule and both ways of serving it are export/exits.py's: with compaction the rows
+        left are gathered after each layer, without it every row runs until the last has
+        exited; the answers are the same. ``speed`` 0 exits nowhere: exactly the full model.
         """
         batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-        speed = _checked_speed(speed, batch)
+        speed = checked_speed(speed, batch)
         x, _ = self._embed(input_ids, attention_mask, token_type_ids)
-        if not self.compaction:
-            return self._exits_masked(x, attention_mask, speed, batch, seq)
-        rows, mask = tf.range(batch), attention_mask
-        done_rows, done_logits, done_layers = [], [], []
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            left = tf.shape(rows)[0]
-            x = layer(x, _mask_bias(mask), left, seq)
-            # explicit sizes: once every row has exited the batch is empty and -1 is ambiguous
-            hidden = tf.reshape(x, [left, seq, self.hidden_size])
-            if i == last:
-                logits, leave = self.head(hidden), tf.ones([left], tf.bool)
-            else:
-                logits = self.students[i](pool(hidden, mask, self.exit_pooling))
-                leave = normalized_entropy(logits) < speed
-            done_rows.append(tf.boolean_mask(rows, leave))
-            done_logits.append(tf.boolean_mask(logits, leave))
-            done_layers.append(tf.fill(tf.shape(done_rows[-1]), i + 1))
-            if i < last:  # the rows left, gathered: the next layer runs on them only
-                stay = tf.logical_not(leave)
-                rows, mask, speed = (tf.boolean_mask(t, stay) for t in (rows, mask, speed))
-                x = tf.reshape(tf.boolean_mask(hidden, stay), [-1, self.hidden_size])
-        where = tf.concat(done_rows, axis=0)[:, tf.newaxis]
-        logits = tf.scatter_nd(where, tf.concat(done_logits, axis=0),
-                               [batch, tf.shape(done_logits[-1])[-1]])  # fmt: skip
-        exit_layer = tf.scatter_nd(where, tf.concat(done_layers, axis=0), [batch])
-        return {
-            "logits": logits,
-            "probabilities": tf.nn.softmax(logits, axis=-1),
-            "exit_layer": exit_layer,
-        }
-
-    def _exits_masked(self, x: tf.Tensor, attention_mask: tf.Tensor, speed: tf.Tensor,
-                      batch: tf.Tensor, seq: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
-        """The no-compaction baseline: every row runs until the batch's last row has exited."""
-        mask_bias = _mask_bias(attention_mask)
-        running = tf.ones([batch], tf.bool)
-        logits = tf.zeros([batch, self.classifier.bias.shape[0]], tf.float32)
-        exit_layer = tf.zeros([batch], tf.int32)
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-
-            def step(x=x, running=running, logits=logits, exit_layer=exit_layer,
-                     i=i, layer=layer) -> tuple[tf.Tensor, ...]:  # fmt: skip
-                x = layer(x, mask_bias, batch, seq)
-                hidden = tf.reshape(x, [batch, seq, -1])
-                if i == last:
-                    out, leave = self.head(hidden), running
-                else:
-                    out = self.students[i](pool(hidden, attention_mask, self.exit_pooling))
-                    leave = tf.logical_and(running, normalized_entropy(out) < speed)
-                logits = tf.where(leave[:, tf.newaxis], out, logits)
-                exit_layer = tf.where(leave, i + 1, exit_layer)
-                return x, tf.logical_and(running, tf.logical_not(leave)), logits, exit_layer
-
-            def skip(x=x, running=running, logits=logits,
-                     exit_layer=exit_layer) -> tuple[tf.Tensor, ...]:  # fmt: skip
-                return x, running, logits, exit_layer
-
-            x, running, logits, exit_layer = tf.cond(tf.reduce_any(running), step, skip)
+        serve = serve_compacted if self.compaction else serve_masked
+        logits, exit_layer = serve(self, x, attention_mask, speed, batch, seq)
         return {
             "logits": logits,
             "probabilities": tf.nn.softmax(logits, axis=-1),
@@ -424,9 +215,15 @@ class BertModule(tf.Module):
         }
 
     def head(self, hidden: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
-        """Return a trained head's float32 logits: pooler tanh([CLS]) → dropout → classifier."""
+        """Return a trained head's float32 logits: pooler tanh([CLS]) → dropout → classifier.
+
+        A ``tag`` head: dropout → classifier on every token, ``[batch, seq, labels]``.
+        """
+        if self.task == "tag":
+            dropped = dropout(hidden, self.hidden_dropout, dropout_seed, 4)
+            return token_logits(self.classifier, dropped)
         pooled = tf.tanh(self.pooler(hidden[:, 0]))
-        pooled = _dropout(pooled, self.hidden_dropout, dropout_seed, 4)
+        pooled = dropout(pooled, self.hidden_dropout, dropout_seed, 4)
         return self.classifier(pooled)
 
     def logits(self, input_ids: tf.Tensor, attention_mask: tf.Tensor, token_type_ids: tf.Tensor,
@@ -457,8 +254,8 @@ class BertModule(tf.Module):
                     norm.gamma,
                     norm.beta,
                 )
-        if self.task == "classify" and not self.zero_shot:
-            for part in ("pooler", "classifier"):
+        if self.task in ("classify", "tag") and not self.zero_shot:
+            for part in ("pooler", "classifier") if self.task == "classify" else ("classifier",):
                 dense = getattr(self, part)
                 named[f"{part}/kernel"], named[f"{part}/bias"] = dense.kernel, dense.bias
         for k, student in enumerate(self.students):
@@ -486,28 +283,6 @@ def _layer_weights(weights: Mapping[str, np.ndarray], index: int) -> dict[str, n
 
 def _prefixed(weights: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
-
-
-def _mask_bias(attention_mask: tf.Tensor) -> tf.Tensor:
-    """Return the additive attention bias ``[batch, 1, 1, seq]`` for a 0/1 mask."""
-    bias = (1.0 - tf.cast(attention_mask, tf.float32)) * _MASK_NEG
-    return bias[:, tf.newaxis, tf.newaxis, :]
-
-
-def _checked_speed(speed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
-    """Return ``speed`` with one value per row, each clamped into [0, 1] and NaN read as 0.
-
-    Per row, never per batch: TF Serving's batching merges rows of several callers into one call,
-    and an assertion over the merged batch would fail every caller for one bad value. A row below
-    0 or NaN runs the full model (0), above 1 exits as early as 1 allows. A wrong length still
-    fails (INVALID_ARGUMENT; with batching on the batching layer refuses it per request first).
-    """
-    shape_ok = tf.debugging.assert_equal(
-        tf.shape(speed)[0], batch, message="speed must have one value per row of input_ids"
-    )
-    with tf.control_dependencies([shape_ok]):
-        clamped = tf.clip_by_value(speed, 0.0, 1.0)
-        return tf.where(tf.math.is_nan(speed), tf.zeros_like(speed), clamped)
 
 
 def run(fn: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

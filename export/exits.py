@@ -1,0 +1,160 @@
+"""Early exits: the students after layers 1..L-1, the one exit rule, and the two ways to serve it.
+
+After layer i < L each row still running asks student i (pooled hidden state → dense tanh →
+classifier); FastBERT's rule (``leaves``): a row whose normalised entropy is below its ``speed``
+takes the student's logits and leaves. After the last layer every row still running takes the
+trained head's logits. ``serve_compacted`` gathers the rows left after each layer so the next
+layers run on them only; ``serve_masked`` (the baseline the benchmark compares against) keeps
+every row in the batch until the last one has exited. Both ask ``decide`` at every layer, so the
+rule is written once and the two give the same answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from export.layers import Dense, mask_bias, pool
+
+
+def normalized_entropy(logits: tf.Tensor) -> tf.Tensor:
+    """Return FastBERT's uncertainty per row: ``-Σ p log p / log N`` in [0, 1] (float32)."""
+    logits = tf.cast(logits, tf.float32)
+    log_p = tf.nn.log_softmax(logits, axis=-1)
+    entropy = -tf.reduce_sum(tf.exp(log_p) * log_p, axis=-1)
+    return entropy / math.log(max(int(logits.shape[-1]), 2))
+
+
+def leaves(logits: tf.Tensor, speed: tf.Tensor) -> tf.Tensor:
+    """Return, per row, whether a student's ``logits`` are sure enough to exit at ``speed``.
+
+    The exit rule: normalised entropy strictly below the row's speed, so speed 0 never exits.
+    """
+    return normalized_entropy(logits) < speed
+
+
+class Student(tf.Module):
+    """An early-exit classifier after one encoder layer: pooled → dense tanh → classifier."""
+
+    def __init__(self, w: Mapping[str, np.ndarray], dtype: tf.DType, name: str, *,
+                 pooling: str, trainable: bool = False,
+                 compute_dtype: tf.DType | None = None) -> None:  # fmt: skip
+        super().__init__(name=name)
+        self.dense = Dense(w["dense/kernel"], w["dense/bias"], dtype, "dense",
+                           trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
+        self.classifier = Dense(w["classifier/kernel"], w["classifier/bias"], dtype,
+                                "classifier", trainable=trainable,
+                                compute_dtype=compute_dtype)  # fmt: skip
+        self.pooling = pooling
+
+    def __call__(self, pooled: tf.Tensor) -> tf.Tensor:
+        """Return float32 logits for ``pooled`` [b, H] (see ``pool``)."""
+        return self.classifier(tf.tanh(self.dense(pooled)))
+
+    def named_variables(self) -> dict[str, tf.Variable]:
+        """Return the variables under the names the constructor takes (``dense/kernel``, ...)."""
+        return {
+            f"{part}/{kind}": getattr(getattr(self, part), kind)
+            for part in ("dense", "classifier")
+            for kind in ("kernel", "bias")
+        }
+
+
+def exit_weight_names(num_layers: int) -> list[str]:
+    """Return the canonical names of every student's weights (students after layers 1..L-1)."""
+    return [
+        f"exit_{k}/{part}/{kind}"
+        for k in range(num_layers - 1)
+        for part in ("dense", "classifier")
+        for kind in ("kernel", "bias")
+    ]
+
+
+def checked_speed(speed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
+    """Return ``speed`` with one value per row, each clamped into [0, 1] and NaN read as 0.
+
+    Per row, never per batch: TF Serving's batching merges rows of several callers into one call,
+    and an assertion over the merged batch would fail every caller for one bad value. A row below
+    0 or NaN runs the full model (0), above 1 exits as early as 1 allows. A wrong length still
+    fails (INVALID_ARGUMENT; with batching on the batching layer refuses it per request first).
+    """
+    shape_ok = tf.debugging.assert_equal(
+        tf.shape(speed)[0], batch, message="speed must have one value per row of input_ids"
+    )
+    with tf.control_dependencies([shape_ok]):
+        clamped = tf.clip_by_value(speed, 0.0, 1.0)
+        return tf.where(tf.math.is_nan(speed), tf.zeros_like(speed), clamped)
+
+
+def decide(model: Any, i: int, hidden: tf.Tensor, attention_mask: tf.Tensor,
+           speed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:  # fmt: skip
+    """Return the logits after layer ``i`` and which rows leave there (None: every row left).
+
+    ``model`` is the BertModule (its ``students``, ``exit_pooling``, ``head`` and ``layers``).
+    """
+    if i == len(model.layers) - 1:
+        return model.head(hidden), None
+    logits = model.students[i](pool(hidden, attention_mask, model.exit_pooling))
+    return logits, leaves(logits, speed)
+
+
+def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, speed: tf.Tensor,
+                    batch: tf.Tensor, seq: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
+    """Return (logits, exit_layer) with exited rows leaving the batch after each layer.
+
+    ``x`` is the embeddings ``[batch * seq, hidden]``. The rows left are gathered and the next
+    layers run on them only; the exited rows' results are scattered back into the input order.
+    """
+    rows, mask = tf.range(batch), attention_mask
+    done_rows, done_logits, done_layers = [], [], []
+    last = len(model.layers) - 1
+    for i, layer in enumerate(model.layers):
+        left = tf.shape(rows)[0]
+        x = layer(x, mask_bias(mask), left, seq)
+        # explicit sizes: once every row has exited the batch is empty and -1 is ambiguous
+        hidden = tf.reshape(x, [left, seq, model.hidden_size])
+        logits, leave = decide(model, i, hidden, mask, speed)
+        leave = tf.ones([left], tf.bool) if leave is None else leave
+        done_rows.append(tf.boolean_mask(rows, leave))
+        done_logits.append(tf.boolean_mask(logits, leave))
+        done_layers.append(tf.fill(tf.shape(done_rows[-1]), i + 1))
+        if i < last:  # the rows left, gathered: the next layer runs on them only
+            stay = tf.logical_not(leave)
+            rows, mask, speed = (tf.boolean_mask(t, stay) for t in (rows, mask, speed))
+            x = tf.reshape(tf.boolean_mask(hidden, stay), [-1, model.hidden_size])
+    where = tf.concat(done_rows, axis=0)[:, tf.newaxis]
+    logits = tf.scatter_nd(where, tf.concat(done_logits, axis=0),
+                           [batch, tf.shape(done_logits[-1])[-1]])  # fmt: skip
+    exit_layer = tf.scatter_nd(where, tf.concat(done_layers, axis=0), [batch])
+    return logits, exit_layer
+
+
+def serve_masked(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, speed: tf.Tensor,
+                 batch: tf.Tensor, seq: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
+    """Return (logits, exit_layer) with every row kept until the batch's last row has exited."""
+    bias = mask_bias(attention_mask)
+    running = tf.ones([batch], tf.bool)
+    logits = tf.zeros([batch, model.classifier.bias.shape[0]], tf.float32)
+    exit_layer = tf.zeros([batch], tf.int32)
+    for i, layer in enumerate(model.layers):
+
+        def step(x=x, running=running, logits=logits, exit_layer=exit_layer,
+                 i=i, layer=layer) -> tuple[tf.Tensor, ...]:  # fmt: skip
+            x = layer(x, bias, batch, seq)
+            hidden = tf.reshape(x, [batch, seq, -1])
+            out, leave = decide(model, i, hidden, attention_mask, speed)
+            leave = running if leave is None else tf.logical_and(running, leave)
+            logits = tf.where(leave[:, tf.newaxis], out, logits)
+            exit_layer = tf.where(leave, i + 1, exit_layer)
+            return x, tf.logical_and(running, tf.logical_not(leave)), logits, exit_layer
+
+        def skip(x=x, running=running, logits=logits,
+                 exit_layer=exit_layer) -> tuple[tf.Tensor, ...]:  # fmt: skip
+            return x, running, logits, exit_layer
+
+        x, running, logits, exit_layer = tf.cond(tf.reduce_any(running), step, skip)
+    return logits, exit_layer
