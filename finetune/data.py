@@ -69,7 +69,7 @@ def read_examples(path: str | Path, known_labels: Sequence[str] | None = None) -
         else:
             texts.append(row[0])
             labels.append(row[1])
-    _refuse_bad_rows(path, bad)
+    refuse_bad_rows(path, bad)
     return Examples(texts=texts, labels=labels, path=path)
 
 
@@ -83,7 +83,8 @@ def _read_lines(path: Path) -> list[bytes]:
         raise FinetuneError(f"cannot read {path}: {exc.strerror}") from exc
 
 
-def _refuse_bad_rows(path: Path, bad: Sequence[str]) -> None:
+def refuse_bad_rows(path: Path, bad: Sequence[str]) -> None:
+    """Raise one FinetuneError listing the first bad rows (and counting the rest), if any."""
     if bad:
         more = f"; and {len(bad) - SHOWN_BAD_ROWS} more" if len(bad) > SHOWN_BAD_ROWS else ""
         raise FinetuneError(f"{path}: {len(bad)} bad rows: {'; '.join(bad[:SHOWN_BAD_ROWS])}{more}")
@@ -126,7 +127,7 @@ def read_texts(path: str | Path) -> Texts:
             continue
         texts.append(text)
         labels.append(label)
-    _refuse_bad_rows(path, bad)
+    refuse_bad_rows(path, bad)
     return Texts(texts=texts, labels=labels if all(labels) else None, path=path)
 
 
@@ -143,9 +144,11 @@ def check_train_set(train: Examples) -> list[str]:
     return sorted(counts)
 
 
-def check_eval_set(examples: Examples, what: str) -> None:
+def check_eval_set(
+    examples: Examples | PairExamples | MultiLabelExamples | EntityExamples, what: str
+) -> None:
     """Refuse an empty dev or test set (its labels are checked while reading)."""
-    if not examples.texts:
+    if not len(examples):
         raise FinetuneError(f"{examples.path}: the {what} set has no examples")
 
 
@@ -216,7 +219,7 @@ def read_pairs(path: str | Path, known_labels: Sequence[str] | None = None) -> P
         a.append(row[0])
         b.append(row[1])
         labels.append(row[2])
-    _refuse_bad_rows(path, bad)
+    refuse_bad_rows(path, bad)
     return PairExamples(texts_a=a, texts_b=b, labels=labels, path=path)
 
 
@@ -289,7 +292,7 @@ def read_multi_label(
             continue
         texts.append(row[0])
         labels.append(row[1])
-    _refuse_bad_rows(path, bad)
+    refuse_bad_rows(path, bad)
     return MultiLabelExamples(texts=texts, labels=labels, path=path)
 
 
@@ -401,7 +404,7 @@ def read_entities(path: str | Path, known_types: Sequence[str] | None = None) ->
         texts.append(row[0])
         entities.append(row[1])
         lines.append(number)
-    _refuse_bad_rows(path, bad)
+    refuse_bad_rows(path, bad)
     return EntityExamples(texts=texts, entities=entities, lines=lines, path=path)
 
 
