@@ -1,0 +1,182 @@
+"""The other heads end to end: one short run each on the tiny BERT, the HF layout it writes,
+transformers' logits on that checkpoint, and metrics.json (issue 22)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from export.tiny import tiny_vocab
+from finetune.pipeline import UNCUT, make_tokenizer, pair_token_ids, token_ids
+from finetune.run import FinetuneResult, finetune
+from finetune.tasks import TaskOptions
+from finetune.training import TrainConfig
+from tests.finetune.conftest import FILLER, NEGATIVE, POSITIVE
+
+ONE_EPOCH = {"epochs": 1, "batch_size": 8, "learning_rate": 3e-3, "seed": 7, "verbose": False}
+QUERIES = ["where is my order", "my card was charged twice", "the app crashed again",
+           "reset my password please"]  # fmt: skip
+ANSWERS = ["track the package delivery here", "a refund for a double charge",
+           "update the app to fix the crash", "change your password on the login page"]  # fmt: skip
+
+
+def pair_rows(seed: int) -> list[tuple[str, str, str]]:
+    """Return each query against every answer: relevant only with its own answer."""
+    rng = random.Random(seed)
+    rows = []
+    for q, query in enumerate(QUERIES):
+        for a, answer in enumerate(ANSWERS):
+            extra = " ".join(rng.choice(FILLER) for _ in range(rng.choice([0, 2, 30])))
+            rows.append(
+                (query, f"{answer} {extra}".strip(), "relevant" if q == a else "irrelevant")
+            )
+    return rows
+
+
+def write_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    path.write_text("text_a\ttext_b\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
+    return path
+
+
+def multi_rows(n: int, seed: int) -> list[tuple[str, str]]:
+    """Return texts labelled pos and/or neg by the word families they use (both: both labels)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        kinds = [("pos",), ("neg",), ("pos", "neg")][i % 3]
+        words = [rng.choice(POSITIVE if k == "pos" else NEGATIVE) for k in kinds for _ in range(3)]
+        words += [rng.choice(FILLER) for _ in range(rng.choice([1, 5, 20]))]
+        rng.shuffle(words)
+        rows.append((" ".join(words), "|".join(kinds)))
+    return rows
+
+
+def write_multi(path: Path, rows: list[tuple[str, str]]) -> Path:
+    path.write_text("text\tlabels\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    return path
+
+
+def _run(tiny_bert: Path, root: Path, train: Path, dev: Path, task: TaskOptions) -> FinetuneResult:
+    return finetune(tiny_bert, train, dev, root / "out", test_path=dev,
+                    config=TrainConfig(**ONE_EPOCH), precision="fp32", max_seq_len=32,
+                    task=task)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> FinetuneResult:
+    root = tmp_path_factory.mktemp("cross")
+    train = write_pairs(root / "train.tsv", pair_rows(1) * 2)
+    dev = write_pairs(root / "dev.tsv", pair_rows(2))
+    return _run(tiny_bert, root, train, dev, TaskOptions("pair-classify", num_labels=1))
+
+
+@pytest.fixture(scope="module")
+def multi_label(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> FinetuneResult:
+    root = tmp_path_factory.mktemp("multi")
+    train = write_multi(root / "train.tsv", multi_rows(48, 1))
+    dev = write_multi(root / "dev.tsv", multi_rows(24, 2))
+    return _run(tiny_bert, root, train, dev, TaskOptions("multi-label"))
+
+
+def _ours(path: Path, feeds: dict[str, np.ndarray], task: str = "classify") -> np.ndarray:
+    from export.checkpoint import read_checkpoint
+    from export.model import BertModule
+
+    ckpt = read_checkpoint(path)
+    module = BertModule(ckpt.config, ckpt.weights, task=task, pooling="cls")
+    return module.logits(*(feeds[k] for k in ("input_ids", "attention_mask",
+                                              "token_type_ids"))).numpy()  # fmt: skip
+
+
+def _theirs(path: Path, feeds: dict[str, np.ndarray], kind: str) -> tuple[np.ndarray, Any]:
+    import torch
+    import transformers
+
+    model = getattr(transformers, kind).from_pretrained(str(path), local_files_only=True)
+    model.eval()
+    with torch.no_grad():
+        out = model(**{k: torch.from_numpy(v.astype(np.int64)) for k, v in feeds.items()})
+    return out.logits.numpy(), model.config
+
+
+def _pair_feeds() -> dict[str, np.ndarray]:
+    from finetune.pipeline import sorted_batches
+
+    full = make_tokenizer(tiny_vocab(), True, UNCUT)
+    a = ["where is my order", "café 我的订单 🙂", "refund " * 40]
+    b = ["track the package", "ok", "the card " * 40]
+    ids, types = pair_token_ids(full, a, b, 32)
+    [(_order, feeds)] = sorted_batches(ids, 8, 32, 0, types)
+    assert feeds["token_type_ids"].sum() > 0
+    return feeds
+
+
+def test_cross_encoder_config_is_a_one_logit_pair_model(cross_encoder: FinetuneResult) -> None:
+    config = json.loads((cross_encoder.out / "config.json").read_text())
+
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["id2label"] == {"0": "relevant"} and config["text_pair"] is True
+    assert "problem_type" not in config  # transformers' pipeline then scores with a sigmoid
+
+
+def test_cross_encoder_logits_match_transformers(cross_encoder: FinetuneResult) -> None:
+    feeds = _pair_feeds()
+
+    theirs, config = _theirs(cross_encoder.out, feeds, "BertForSequenceClassification")
+
+    assert config.num_labels == 1
+    np.testing.assert_allclose(theirs, _ours(cross_encoder.out, feeds), atol=1e-4)
+
+
+def test_cross_encoder_metrics_have_accuracy_and_ranking(cross_encoder: FinetuneResult) -> None:
+    metrics = json.loads((cross_encoder.out / "metrics.json").read_text())
+
+    assert metrics["task"] == "pair-classify"
+    for split in ("dev", "test"):
+        figures = metrics[split]
+        assert figures["examples"] == 16 and 0 <= figures["accuracy"] <= 1
+        assert figures["confusion_matrix"]["labels"] == ["irrelevant", "relevant"]
+        assert figures["rerank"]["queries"] == 4 and 0 < figures["rerank"]["mrr@10"] <= 1
+        assert 0 < figures["rerank"]["ndcg@10"] <= 1
+    assert "MRR@10" in cross_encoder.summary()
+
+
+def test_multi_label_config_has_problem_type_and_tuned_thresholds(
+    multi_label: FinetuneResult,
+) -> None:
+    config = json.loads((multi_label.out / "config.json").read_text())
+
+    assert config["problem_type"] == "multi_label_classification"
+    assert config["id2label"] == {"0": "neg", "1": "pos"}
+    assert set(config["thresholds"]) == {"neg", "pos"}
+    assert all(0 < t < 1 for t in config["thresholds"].values())
+
+
+def test_multi_label_logits_match_transformers(multi_label: FinetuneResult) -> None:
+    from backend.bucketing import pad_batch
+
+    rows = token_ids(make_tokenizer(tiny_vocab(), True, 32),
+                     ["good bad", "café 我的订单 🙂", "love " * 40])  # fmt: skip
+    feeds = pad_batch(rows, 32)
+
+    theirs, config = _theirs(multi_label.out, feeds, "BertForSequenceClassification")
+
+    assert config.problem_type == "multi_label_classification"
+    np.testing.assert_allclose(theirs, _ours(multi_label.out, feeds), atol=1e-4)
+
+
+def test_multi_label_metrics_have_micro_and_macro_f1(multi_label: FinetuneResult) -> None:
+    metrics = json.loads((multi_label.out / "metrics.json").read_text())
+
+    for split in ("dev", "test"):
+        figures = metrics[split]
+        assert figures["examples"] == 24 and figures["thresholds"] == "tuned on dev"
+        assert 0 <= figures["micro_f1"] <= 1 and 0 <= figures["macro_f1"] <= 1
+        assert set(figures["per_label"]) == {"neg", "pos"}
+        assert set(figures["at_0.5"]) == {"micro_f1", "macro_f1"}
+    assert "dev_micro_f1" in metrics["epochs"][0]  # the figure that picked the best epoch
