@@ -180,3 +180,86 @@ def test_multi_label_metrics_have_micro_and_macro_f1(multi_label: FinetuneResult
         assert set(figures["per_label"]) == {"neg", "pos"}
         assert set(figures["at_0.5"]) == {"micro_f1", "macro_f1"}
     assert "dev_micro_f1" in metrics["epochs"][0]  # the figure that picked the best epoch
+
+
+PRODUCTS = ["card", "app", "package", "account"]
+DATES = ["today", "yesterday", "tomorrow"]
+
+
+def entity_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    """Return texts with a PRODUCT and sometimes a DATE entity, spans computed as written."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        parts: list[tuple[str, str | None]] = [(rng.choice(["my", "the"]), None),
+                                               (rng.choice(PRODUCTS), "PRODUCT")]  # fmt: skip
+        parts += [(rng.choice([*FILLER, "is", "was", "broken", "late"]), None)
+                  for _ in range(rng.choice([1, 3, 25]))]  # fmt: skip
+        if i % 2:
+            parts += [(rng.choice(DATES), "DATE")]
+        if i % 5 == 0:
+            parts += [("café 我的 🙂", None)]
+        text, entities = "", []
+        for word, label in parts:
+            start = len(text) + (1 if text else 0)
+            text = f"{text} {word}" if text else word
+            if label:
+                entities.append({"start": start, "end": start + len(word), "label": label})
+        rows.append({"text": text, "entities": entities})
+    return rows
+
+
+def write_entities(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> FinetuneResult:
+    root = tmp_path_factory.mktemp("tag")
+    train = write_entities(root / "train.jsonl", entity_rows(48, 1))
+    dev = write_entities(root / "dev.jsonl", entity_rows(20, 2))
+    return _run(tiny_bert, root, train, dev, TaskOptions("tag"))
+
+
+def test_tagger_config_is_a_token_classifier_with_bio_labels(tagger: FinetuneResult) -> None:
+    from safetensors.numpy import load_file
+
+    config = json.loads((tagger.out / "config.json").read_text())
+
+    assert config["architectures"] == ["BertForTokenClassification"]
+    assert config["id2label"] == {"0": "O", "1": "B-DATE", "2": "I-DATE", "3": "B-PRODUCT",
+                                  "4": "I-PRODUCT"}  # fmt: skip
+    assert config["label_scheme"] == "BIO" and "problem_type" not in config
+    tensors = load_file(str(tagger.out / "model.safetensors"))
+    assert tensors["classifier.weight"].shape == (5, 32)
+    assert not any(name.startswith("bert.pooler") for name in tensors)
+
+
+def test_tagger_logits_match_transformers(tagger: FinetuneResult) -> None:
+    from backend.bucketing import pad_batch
+
+    rows = token_ids(make_tokenizer(tiny_vocab(), True, 32),
+                     ["my card was late today", "café 我的订单 🙂", "the app " * 40])  # fmt: skip
+    feeds = pad_batch(rows, 32)
+
+    theirs, config = _theirs(tagger.out, feeds, "BertForTokenClassification")
+
+    assert config.num_labels == 5
+    ours = _ours(tagger.out, feeds, task="tag")
+    assert ours.shape == theirs.shape == (3, 32, 5)
+    np.testing.assert_allclose(theirs, ours, atol=1e-4)
+
+
+def test_tagger_metrics_have_entity_f1_micro_and_per_type(tagger: FinetuneResult) -> None:
+    metrics = json.loads((tagger.out / "metrics.json").read_text())
+
+    assert metrics["task"] == "tag"
+    for split in ("dev", "test"):
+        figures = metrics[split]
+        assert figures["texts"] == 20 and figures["micro"]["support"] == 30
+        assert set(figures["per_type"]) <= {"DATE", "PRODUCT"}
+        assert figures["per_type"]["PRODUCT"]["support"] == 20
+        assert 0 <= figures["micro_f1"] <= 1 and figures["truncated_texts"] == 0
+    assert "dev_micro_f1" in metrics["epochs"][0]
+    assert "entity F1" in tagger.summary()
