@@ -84,3 +84,31 @@ def test_a_span_inside_a_word_is_refused_with_its_line(tmp_path: Path) -> None:
 
     with pytest.raises(FinetuneError, match=r"line 2: entity \[0, 3\) 'ORDER' does not end at"):
         _encode(tmp_path, rows)
+
+
+def test_a_two_label_relevance_pair_head_ranks_by_the_relevant_probability() -> None:
+    from finetune.tasks import PairTask
+    from finetune.training import Split
+
+    task = PairTask(TaskOptions("pair-classify"))
+    task.labels = ["irrelevant", "relevant"]
+    split = Split(texts=["q1", "q1", "q2", "q2"], label_ids=[0, 1, 1, 0])
+    # q1 ranks its relevant document second, q2 first; argmax right on 3 of 4 rows
+    logits = [np.array([0.0, 2.0]), np.array([0.0, 1.0]), np.array([0.0, 3.0]),
+              np.array([1.0, 0.0])]  # fmt: skip
+
+    figures = task.figures(split, logits)
+
+    assert figures["accuracy"] == 0.75
+    assert figures["rerank"]["mrr@10"] == pytest.approx((1 / 2 + 1) / 2)
+
+
+def test_a_relevance_head_needs_both_labels(tmp_path: Path) -> None:
+    from finetune.data import read_pairs
+    from finetune.tasks import PairTask
+
+    path = tmp_path / "p.tsv"
+    path.write_text("q\td\t1\nq\te\t1\n")
+
+    with pytest.raises(FinetuneError, match="needs both '0' and '1' rows"):
+        PairTask(TaskOptions("pair-classify", num_labels=1)).label_set(read_pairs(path))
