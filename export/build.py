@@ -30,7 +30,9 @@ from export import __version__
 from export.checkpoint import Checkpoint, read_checkpoint
 from export.errors import ExportError
 from export.hardware import CpuInfo, cpu_info
+from export.heads import resolve_head
 from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
+from modelformat.heads import SINGLE, Head
 from modelformat.layout import LABELS_TXT, MODEL_JSON, VOCAB_TXT
 from modelformat.publish import (
     choose_version,
@@ -41,7 +43,7 @@ from modelformat.publish import (
     tree_size,
 )
 
-TASKS = ("classify", "embed")
+TASKS = ("classify", "embed", "tag")
 POOLINGS = ("mean", "cls")
 ZERO_SHOT_SCALE = 20.0  # sentence-transformers' cosine scale; sharp enough for MiniLM intents
 PROBE_BATCH = 8
@@ -126,13 +128,17 @@ def build(
     gpus: Sequence[str] | None = None,
     early_exit: bool = False,
     default_speed: float = 0.0,
+    problem_type: str | None = None,
+    text_pair: bool | None = None,
 ) -> BuildResult:
     """Export ``checkpoint`` as ``<base_path>/<name>/<version>`` and return what was published.
 
     ``precision`` is ``auto`` or one of fp32/fp16/bf16; ``cpu`` and ``gpus`` default to this
     machine's (tests inject other machines'). ``early_exit`` serves the checkpoint's distilled
     students (a ``speed`` input, an ``exit_layer`` output); ``default_speed`` goes into model.json
-    for the gateway.
+    for the gateway. ``task`` ``tag`` exports a token classifier (``BertForTokenClassification``,
+    BIO labels); a classifier's ``problem_type``, ``thresholds`` and ``text_pair`` come from the
+    checkpoint's config.json unless ``problem_type`` / ``text_pair`` are given here.
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
@@ -145,14 +151,14 @@ def build(
     for warning in choice.warnings:
         say(f"warning: {warning}")
     precision = choice.precision
-    if label_prompts is not None and task != "classify":
+    if label_prompts is not None and task != "classify":  # also refuses tag
         raise ExportError("--label-prompts builds a classification head: use it with task classify")
     if label_prompts is not None and labels is not None:
         raise ExportError("give either labels or label prompts, not both")
     if early_exit and (task != "classify" or label_prompts is not None):
         raise ExportError(
-            "--early-exit needs a classifier trained with students (finetune distill-exits): "
-            "not an embedding or zero-shot export"
+            "--early-exit needs a single-label classifier trained with students (finetune "
+            f"distill-exits): not an embedding or zero-shot export, nor a tag model (task {task})"
         )
     if not 0.0 <= default_speed <= 1.0:  # also refuses NaN
         raise ExportError(f"default speed must be in [0, 1], got {default_speed}")
@@ -165,6 +171,18 @@ def build(
         raise ExportError(
             f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings "
             f"{ckpt.config.max_position}"
+        )
+    if task == "tag" and not ckpt.has_head:
+        raise ExportError(
+            f"{checkpoint}: no token classifier (classifier.weight); a tag model is a "
+            "BertForTokenClassification checkpoint"
+        )
+    head = resolve_head(task, ckpt.head_config, ckpt.labels, problem_type=problem_type,
+                        text_pair=text_pair, zero_shot=label_prompts is not None)  # fmt: skip
+    if early_exit and (head.problem_type != SINGLE or head.activation != "softmax"):
+        raise ExportError(
+            f"--early-exit serves single-label classifiers only, not {head.describe()} "
+            f"(problem_type {head.problem_type}, {len(ckpt.labels)} labels)"
         )
     if task == "classify" and label_prompts is None:
         if not ckpt.has_head:
@@ -185,7 +203,7 @@ def build(
         f"building {task} model ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size})"
     )
     reference, target, out_labels, scale = _build_modules(
-        ckpt, task, precision, pooling, max_seq_len, label_prompts, say, exits
+        ckpt, task, precision, pooling, max_seq_len, label_prompts, say, exits, head.activation
     )
     probe = _probe_batch(ckpt, max_seq_len, exits is not None)
     expected = _run(reference.serve, probe)
@@ -195,8 +213,7 @@ def build(
             path = _write_version(
                 temp, model_dir, version, name=name, ckpt=ckpt, target=target, task=task,
                 precision=precision, max_seq_len=max_seq_len,
-                # a trained head reads the pooled [CLS] vector whatever --pooling says
-                pooling="cls" if task == "classify" and label_prompts is None else pooling,
+                pooling=_served_pooling(task, pooling, label_prompts is not None), head=head,
                 labels=out_labels, zero_shot_scale=scale, probe=probe, expected=expected,
                 tolerance=tolerance, warmup=warmup, say=say, choice=choice,
                 verified=verified_on(cpu, gpus),
@@ -232,12 +249,13 @@ def _build_modules(
     label_prompts: str | Path | None,
     say: Progress,
     exits: dict[str, Any] | None = None,
+    activation: str = "softmax",
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
     from export.model import BertModule, run
 
     label_vectors = None
-    labels = ckpt.labels if task == "classify" else []
+    labels = ckpt.labels if task in ("classify", "tag") else []
     scale = None
     if label_prompts is not None:
         from export.zeroshot import label_embeddings, read_label_prompts
@@ -258,7 +276,7 @@ def _build_modules(
         return BertModule(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
-            early_exit=exits,
+            early_exit=exits, activation=activation,
         )  # fmt: skip
 
     reference = make("fp32")
@@ -266,6 +284,14 @@ def _build_modules(
         return reference, reference, labels, scale
     say(f"converting weights to {precision} (matmuls in {precision}; norms, softmax in fp32)")
     return reference, make(precision), labels, scale
+
+
+def _served_pooling(task: str, pooling: str, zero_shot: bool) -> str:
+    """Return model.json's ``pooling``: what the served head reads of the hidden states."""
+    if task == "tag":
+        return "none"  # every token's own vector
+    # a trained classifier reads the pooled [CLS] vector whatever --pooling says
+    return "cls" if task == "classify" and not zero_shot else pooling
 
 
 def special_ids(vocab: Sequence[str]) -> tuple[int, int]:
@@ -321,8 +347,8 @@ def measure(
         probs = expected["probabilities"]
         logit_diff = float(np.abs(expected["logits"] - got["logits"]).max())
         agree = probs.argmax(-1) == got["probabilities"].argmax(-1)
-        top_two = np.sort(probs, axis=-1)[:, -2:]
-        decisive = (top_two[:, -1] - top_two[:, 0]) >= DECISIVE_GAP
+        top_two = np.sort(probs, axis=-1)[..., -2:]  # per row, or per token of a tag head
+        decisive = (top_two[..., -1] - top_two[..., 0]) >= DECISIVE_GAP
         figures = {
             "max_abs_prob_diff": float(np.abs(probs - got["probabilities"]).max()),
             "max_abs_logit_diff": logit_diff,
@@ -387,11 +413,13 @@ def _write_version(
     choice: PrecisionChoice,
     verified: dict[str, Any],
     early_exit: dict[str, Any] | None = None,
+    head: Head | None = None,
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
 
-    from export.model import INPUT_NAMES, SPEED, output_names
+    from export.heads import output_names
+    from export.model import INPUT_NAMES, SPEED
     from export.warmup import token_batch, warmup_plan, write_warmup
     from modelformat.buckets import buckets, signature_name
 
@@ -443,13 +471,15 @@ def _write_version(
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "conversion": figures,
     }
+    # task, problem_type, score_activation, text_pair, thresholds, label_scheme (modelformat/heads)
+    info.update((head or Head(task=task)).to_info())
     if zero_shot_scale is not None:
         info["zero_shot_scale"] = zero_shot_scale
     if early_exit is not None:
         info["early_exit"] = early_exit
     (temp / "assets").mkdir(exist_ok=True)
     (temp / VOCAB_TXT).write_text("\n".join(ckpt.vocab) + "\n", encoding="utf-8")
-    if task == "classify":
+    if task in ("classify", "tag"):
         (temp / LABELS_TXT).write_text("\n".join(labels) + "\n", encoding="utf-8")
     (temp / MODEL_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     if warmup:

@@ -22,6 +22,7 @@ from export.errors import ExportError
 from export.names import TensorName, tensor_names
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+HEAD_KEYS = ("architectures", "problem_type", "thresholds", "text_pair")
 
 
 @dataclass
@@ -38,6 +39,9 @@ class Checkpoint:
     # config.json's "early_exits" (pooling, width, per-layer agreement) when every student's
     # weights are present (finetune distill-exits wrote them), else None
     exits: dict[str, Any] | None = None
+    # what config.json says of the head (Hugging Face checkpoints; Google ones say nothing):
+    # ``architectures``, ``problem_type``, ``thresholds`` (label -> float), ``text_pair``
+    head_config: dict[str, Any] = field(default_factory=dict)
 
 
 def read_checkpoint(
@@ -281,6 +285,7 @@ def _read_hf(path: Path, labels: Sequence[str] | None, lower: bool | None) -> Ch
         has_head=has_head,
         source={"format": "hf", "path": str(path.resolve()), "sha256": _sha256([weights_path])},
         exits=_exits(data, weights, config_path),
+        head_config={k: data[k] for k in HEAD_KEYS if data.get(k) is not None},
     )
 
 

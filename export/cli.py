@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from modelformat.errors import FormatError
+from modelformat.heads import PROBLEM_TYPES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +29,17 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--name", required=True, help="model name (directory under --base-path)")
     b.add_argument("--base-path", required=True, type=Path)
     b.add_argument("--version", type=int, help="default: newest + 1")
-    b.add_argument("--task", choices=["classify", "embed"], default="classify")
+    b.add_argument("--task", choices=["classify", "embed", "tag"], default="classify",
+                   help="tag: token classification (NER), BertForTokenClassification")  # fmt: skip
+    b.add_argument("--problem-type", choices=list(PROBLEM_TYPES),
+                   help="classify: override config.json's problem_type (default: its value, "
+                        "else single_label_classification)")  # fmt: skip
+    b.add_argument(
+        "--text-pair",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="classify: a sentence-pair model (default: config.json's text_pair)",
+    )
     b.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="fp32",
                    help="auto: fp16 on a GPU, bf16 on native-bf16 CPUs, else fp32")  # fmt: skip
     b.add_argument("--max-seq-len", type=int, default=128)
@@ -91,6 +102,7 @@ def _build(args: argparse.Namespace) -> int:
         tolerance=_tolerance(args),
         progress=progress, do_lower_case=False if args.cased else None,
         early_exit=args.early_exit, default_speed=args.default_speed,
+        problem_type=args.problem_type, text_pair=args.text_pair,
     )  # fmt: skip
     print(result.summary(), flush=True)
     for warning in result.warnings:
@@ -103,7 +115,8 @@ def _print_inspection(report: dict[str, Any]) -> None:
     print(f"version          {report['path']}")
     print(f"size             {report['size_bytes'] / 1e6:.2f} MB "
           f"(variables {report['variables_bytes'] / 1e6:.2f} MB)")  # fmt: skip
-    for key in ("name", "task", "precision", "max_seq_len", "do_lower_case", "pooling",
+    for key in ("name", "task", "problem_type", "score_activation", "text_pair", "thresholds",
+                "label_scheme", "precision", "max_seq_len", "do_lower_case", "pooling",
                 "zero_shot", "labels", "hidden_size", "num_layers", "vocab_size",
                 "early_exit", "exporter_version", "created_at"):  # fmt: skip
         print(f"{key:<17}{model.get(key)}")

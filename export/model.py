@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from export.config import BertConfig
+from export.heads import head_outputs, token_logits
 from modelformat.buckets import signature_name
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
@@ -28,13 +29,6 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 SPEED = "speed"  # the early-exit graph's extra input: float32 [batch], one threshold per row
 # A large negative (not -inf) so a fully padded row still gives a finite softmax.
 _MASK_NEG = -1e9
-
-
-def output_names(task: str, early_exit: bool = False) -> list[str]:
-    """Return the signature's output names for ``task``."""
-    if task != "classify":
-        return ["embedding"]
-    return ["logits", "probabilities", "exit_layer"] if early_exit else ["logits", "probabilities"]
 
 
 class _Dense(tf.Module):
@@ -193,7 +187,7 @@ def exit_weight_names(num_layers: int) -> list[str]:
 
 
 class BertModule(tf.Module):
-    """A BERT encoder with a ``classify`` (trained or zero-shot) or ``embed`` head.
+    """A BERT encoder with a ``classify`` (trained or zero-shot), ``tag`` or ``embed`` head.
 
     ``serve`` is the ``serving_default`` function; ``encode`` returns pooled float32 sentence
     vectors and is what the zero-shot head uses to embed label descriptions at export time.
@@ -213,6 +207,7 @@ class BertModule(tf.Module):
         compute_dtype: tf.DType | None = None,
         early_exit: Mapping[str, Any] | None = None,
         compaction: bool = True,
+        activation: str = "softmax",
     ) -> None:
         """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc).
 
@@ -220,10 +215,12 @@ class BertModule(tf.Module):
         ``weights`` (``exit_{k}/...``): ``serve`` then takes a per-row ``speed`` and returns
         ``exit_layer``. ``compaction=False`` keeps exited rows in the batch until every row has
         exited (the baseline the benchmark compares against); the outputs are the same.
+        ``activation`` turns a classifier's logits into ``probabilities`` (export/heads.py); a
+        ``tag`` head is a classifier over every token (no pooler), its scores a softmax.
         """
         super().__init__(name="bert")
         dtype = DTYPES[precision]
-        self.task, self.pooling = task, pooling
+        self.task, self.pooling, self.activation = task, pooling, activation
         self.compaction = compaction
         self.hidden_size = config.hidden_size
         self.hidden_dropout = config.hidden_dropout
@@ -258,6 +255,10 @@ class BertModule(tf.Module):
         elif task == "classify":
             self.pooler = _Dense(weights["pooler/kernel"], weights["pooler/bias"], dtype, "pooler",
                                  trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
+            self.classifier = _Dense(weights["classifier/kernel"], weights["classifier/bias"],
+                                     dtype, "classifier", trainable=trainable,
+                                     compute_dtype=compute_dtype)  # fmt: skip
+        elif task == "tag":
             self.classifier = _Dense(weights["classifier/kernel"], weights["classifier/bias"],
                                      dtype, "classifier", trainable=trainable,
                                      compute_dtype=compute_dtype)  # fmt: skip
@@ -341,7 +342,7 @@ class BertModule(tf.Module):
             logits = self.scale * tf.matmul(unit, self.label_matrix)
         else:
             logits = self.head(hidden)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
+        return head_outputs(self.task, logits, self.activation)
 
     def _serve_exits(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
                      token_type_ids: tf.Tensor, speed: tf.Tensor
@@ -424,7 +425,13 @@ class BertModule(tf.Module):
         }
 
     def head(self, hidden: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
-        """Return a trained head's float32 logits: pooler tanh([CLS]) → dropout → classifier."""
+        """Return a trained head's float32 logits: pooler tanh([CLS]) → dropout → classifier.
+
+        A ``tag`` head: dropout → classifier on every token, ``[batch, seq, labels]``.
+        """
+        if self.task == "tag":
+            dropped = _dropout(hidden, self.hidden_dropout, dropout_seed, 4)
+            return token_logits(self.classifier, dropped)
         pooled = tf.tanh(self.pooler(hidden[:, 0]))
         pooled = _dropout(pooled, self.hidden_dropout, dropout_seed, 4)
         return self.classifier(pooled)
@@ -457,8 +464,8 @@ class BertModule(tf.Module):
                     norm.gamma,
                     norm.beta,
                 )
-        if self.task == "classify" and not self.zero_shot:
-            for part in ("pooler", "classifier"):
+        if self.task in ("classify", "tag") and not self.zero_shot:
+            for part in ("pooler", "classifier") if self.task == "classify" else ("classifier",):
                 dense = getattr(self, part)
                 named[f"{part}/kernel"], named[f"{part}/bias"] = dense.kernel, dense.bias
         for k, student in enumerate(self.students):

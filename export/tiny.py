@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,8 @@ reset change update locked access open close new old one two three first last mo
 very really so too just only also all any some every much many
 """
 _PIECES = ["##s", "##ing", "##ed", "##er", "##ly", "##es", "##d", "##n", "##t", "##y", "##e"]
+TAG_LABELS = ("O", "B-ORDER", "I-ORDER", "B-EMAIL", "I-EMAIL")
+CLASSIFY_LABELS = ("negative", "neutral", "positive")
 _CHINESE = list("我的订单还没到你好是不了在有人这个们中来上大为和国地以说时要就出会可也")
 
 
@@ -96,7 +98,7 @@ def write_hf_checkpoint(
     dest: str | Path,
     *,
     task: str = "classify",
-    labels: Sequence[str] = ("negative", "neutral", "positive"),
+    labels: Sequence[str] | None = None,
     seed: int = 0,
     vocab: Sequence[str] | None = None,
     hidden: int = 32,
@@ -107,17 +109,27 @@ def write_hf_checkpoint(
     do_lower_case: bool = True,
     exits: bool = False,
     exit_width: int = 8,
+    problem_type: str | None = None,
+    thresholds: Mapping[str, float] | None = None,
+    text_pair: bool = False,
 ) -> Path:
     """Write a random Hugging Face BERT directory and return its path.
 
     ``classify`` writes ``BertForSequenceClassification`` names (``bert.*`` + ``classifier.*``)
-    and ``id2label``; ``embed`` writes plain ``BertModel`` names. ``exits`` adds random
-    early-exit students after layers 1..L-1 (``exits.{k}.*``) and config.json's ``early_exits``.
+    and ``id2label`` (default labels negative/neutral/positive); ``problem_type`` goes into
+    config.json when given (``multi_label_classification`` also writes ``thresholds``: the given
+    ones, else 0.5 per label), ``text_pair`` writes ``"text_pair": true`` (a sentence-pair model).
+    ``tag`` writes ``BertForTokenClassification`` names (``bert.*`` without the pooler,
+    ``classifier.*`` of shape [labels, hidden]) with BIO labels (default ``TAG_LABELS``).
+    ``embed`` writes plain ``BertModel`` names. ``exits`` adds random early-exit students after
+    layers 1..L-1 (``exits.{k}.*``) and config.json's ``early_exits``.
     """
     from safetensors.numpy import save_file  # light, but only needed here
 
-    if task not in ("classify", "embed"):
-        raise ValueError(f"task must be classify or embed, got {task!r}")
+    if task not in ("classify", "embed", "tag"):
+        raise ValueError(f"task must be classify, embed or tag, got {task!r}")
+    if labels is None:
+        labels = TAG_LABELS if task == "tag" else CLASSIFY_LABELS
     tokens = list(vocab) if vocab is not None else tiny_vocab()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -148,17 +160,22 @@ def write_hf_checkpoint(
         "pad_token_id": 0,
         "position_embedding_type": "absolute",
     }
-    if task == "classify":
+    if task in ("classify", "tag"):
         tensors = {f"bert.{name}": value for name, value in tensors.items()}
+        if task == "tag":  # BertForTokenClassification has no pooler
+            tensors = {k: v for k, v in tensors.items() if not k.startswith("bert.pooler.")}
         tensors["classifier.weight"] = rng.normal(0.0, 0.5, (len(labels), hidden)).astype(
             np.float32
         )
         tensors["classifier.bias"] = rng.normal(0.0, 0.1, (len(labels),)).astype(np.float32)
-        config["architectures"] = ["BertForSequenceClassification"]
+        config["architectures"] = [
+            "BertForTokenClassification" if task == "tag" else "BertForSequenceClassification"
+        ]
         config["id2label"] = {str(i): label for i, label in enumerate(labels)}
         config["label2id"] = {label: i for i, label in enumerate(labels)}
+        config.update(_head_config(task, labels, problem_type, thresholds, text_pair))
     if exits:
-        if task != "classify":
+        if task != "classify" or problem_type not in (None, "single_label_classification"):
             raise ValueError("exits need a classifier: task classify")
         for k in range(layers - 1):
             for part, n_in, n_out in (("dense", hidden, exit_width),
@@ -191,6 +208,26 @@ def write_hf_checkpoint(
     return dest
 
 
+def _head_config(
+    task: str,
+    labels: Sequence[str],
+    problem_type: str | None,
+    thresholds: Mapping[str, float] | None,
+    text_pair: bool,
+) -> dict[str, object]:
+    """Return config.json's head keys: problem_type, thresholds, text_pair (classify only)."""
+    if task != "classify":
+        return {}
+    out: dict[str, object] = {}
+    if problem_type is not None:
+        out["problem_type"] = problem_type
+    if problem_type == "multi_label_classification" or thresholds:
+        out["thresholds"] = {label: 0.5 for label in labels} | dict(thresholds or {})
+    if text_pair:
+        out["text_pair"] = True
+    return out
+
+
 def export_tiny_model(
     base_path: str | Path,
     name: str,
@@ -205,17 +242,24 @@ def export_tiny_model(
     early_exit: bool = False,
     default_speed: float = 0.0,
     layers: int = 2,
+    labels: Sequence[str] | None = None,
+    problem_type: str | None = None,
+    thresholds: Mapping[str, float] | None = None,
+    text_pair: bool = False,
 ) -> Path:
     """Export a tiny random BERT as ``<base_path>/<name>/<version>`` and return that directory.
 
+    ``task`` is classify, embed or tag; ``labels``, ``problem_type``, ``thresholds`` and
+    ``text_pair`` describe the head as in ``write_hf_checkpoint`` (defaults: its defaults).
     ``early_exit`` exports random students with it (``--early-exit``; ``layers`` ≥ 2).
     """
     from export.build import build  # imports TensorFlow: only when a test actually exports
 
     with tempfile.TemporaryDirectory(prefix="tiny-bert-") as tmp:
         checkpoint = write_hf_checkpoint(
-            Path(tmp) / "ckpt", task=task, seed=seed, vocab=vocab, exits=early_exit, layers=layers
-        )
+            Path(tmp) / "ckpt", task=task, seed=seed, vocab=vocab, exits=early_exit, layers=layers,
+            labels=labels, problem_type=problem_type, thresholds=thresholds, text_pair=text_pair,
+        )  # fmt: skip
         result = build(
             checkpoint,
             name,
