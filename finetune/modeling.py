@@ -21,7 +21,8 @@ def head_weights(
 ) -> tuple[dict, list[str]]:
     """Return the weights to start from and the head's label order.
 
-    A checkpoint whose head already has exactly these labels keeps it (and its order); otherwise
+    A checkpoint whose head already has exactly these labels keeps it (and its order), as does a
+    one-logit head trained on as one (``labels`` names it); otherwise
     the classifier (and, for a pooled ``classify`` head, a missing pooler) starts from BERT's
     initialiser, labels in the order given (sorted, or O, B-X, I-X, … for tags). A ``tag``
     head reads every token, not the pooled [CLS]: it has no pooler (BertForTokenClassification).
@@ -31,6 +32,10 @@ def head_weights(
         weights = {k: v for k, v in weights.items() if not k.startswith("pooler/")}
     if ckpt.has_head and sorted(ckpt.labels) == sorted(labels):
         return weights, list(ckpt.labels)
+    if ckpt.has_head and len(ckpt.labels) == len(labels) == 1:
+        # a cross-encoder's one logit is relevance whatever its name (hub ones say LABEL_0):
+        # fine-tuning one further keeps its head
+        return weights, list(labels)
     rng = np.random.default_rng(seed)
     hidden = ckpt.config.hidden_size
     if task != "tag" and "pooler/kernel" not in weights:

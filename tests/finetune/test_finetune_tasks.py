@@ -112,3 +112,18 @@ def test_a_relevance_head_needs_both_labels(tmp_path: Path) -> None:
 
     with pytest.raises(FinetuneError, match="needs both '0' and '1' rows"):
         PairTask(TaskOptions("pair-classify", num_labels=1)).label_set(read_pairs(path))
+
+
+def test_a_one_logit_checkpoint_keeps_its_head_as_a_cross_encoder(tmp_path: Path) -> None:
+    from export.checkpoint import read_checkpoint
+    from export.tiny import write_hf_checkpoint
+    from finetune.modeling import head_weights
+
+    ckpt = read_checkpoint(write_hf_checkpoint(tmp_path / "ce", labels=("LABEL_0",), layers=1))
+
+    weights, labels = head_weights(ckpt, ["relevant"], seed=0)
+
+    assert labels == ["relevant"]
+    np.testing.assert_array_equal(weights["classifier/kernel"], ckpt.weights["classifier/kernel"])
+    _, fresh = head_weights(ckpt, ["a", "b"], seed=0)
+    assert fresh == ["a", "b"]
