@@ -1,4 +1,7 @@
-"""``finetune``: a BERT checkpoint and labelled TSVs in, a fine-tuned HF checkpoint out.
+"""``finetune``: a BERT checkpoint and labelled files in, a fine-tuned HF checkpoint out.
+
+The task (finetune/tasks.py) decides the file format, the head, the loss and the figures:
+single-text classification by default, sentence pairs, multi-label or token tagging.
 
 Steps: check the arguments and ``--out``, read the checkpoint (export's reader) and the data (every
 bad row reported), choose the precision (export's machine-based rule, as a Keras policy), tokenize

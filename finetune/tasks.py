@@ -41,7 +41,7 @@ from finetune.metrics import (
     scores,
 )
 from finetune.pipeline import pair_token_ids, token_ids
-from finetune.training import Split
+from finetune.training import Split, tokenize_split
 from modelformat.heads import MULTI, SINGLE
 
 TASKS = ("classify", "pair-classify", "multi-label", "tag")
@@ -90,9 +90,10 @@ class Task:
         """Return a split tokenized for training and evaluation (``full``: the same tokenizer
         without a length limit, for tasks that cut after aligning)."""
         index = {label: i for i, label in enumerate(self.labels)}
-        ids = token_ids(tokenizer, examples.texts) if pipeline == "optimised" else []
-        return Split(texts=list(examples.texts), label_ids=[index[y] for y in examples.labels],
-                     ids=ids, examples=examples)  # fmt: skip
+        split = tokenize_split(tokenizer, examples.texts, [index[y] for y in examples.labels],
+                               pipeline)  # fmt: skip
+        split.examples = examples
+        return split
 
     # -- training ----------------------------------------------------------------------------
     def target_spec(self) -> Any:
