@@ -6,11 +6,10 @@ fp16/bf16), embed zero-shot label prompts, save under a temporary directory, rel
 and measure it against the FP32 reference on a probe batch (refusing to publish beyond tolerance),
 write assets and warmup records, fsync, rename. Any failure removes the temporary directory.
 
-The gate (see export/README.md for the measurements behind it): embeddings need a minimum cosine
-to FP32; classifiers need every *decisive* probe row (FP32 top-two probabilities at least
-``DECISIVE_GAP`` apart) to keep its argmax, and a bounded score drift: ``|Δprobability|`` for a
-trained head, ``|Δlogit| / scale`` for a zero-shot head, whose logits are ``scale · cos`` so that
-|Δprobability| grows with an arbitrary scale while the cosine error is the precision's own.
+The gate (export/gates.py; export/README.md for what each head's rule measures and why):
+embeddings need a minimum cosine to FP32; single-label classifiers keep every *decisive* argmax
+and a bounded score drift; sigmoid heads keep every decisive per-label decision; regression heads
+a bounded score error; tag heads the same BIO entities.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import numpy as np
 from export import __version__
 from export.checkpoint import Checkpoint, read_checkpoint
 from export.errors import ExportError
+from export.gates import Tolerance, gate_metric, measure, within, worse
 from export.hardware import CpuInfo, cpu_info
 from export.heads import resolve_head
 from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
@@ -47,20 +47,8 @@ TASKS = ("classify", "embed", "tag")
 POOLINGS = ("mean", "cls")
 ZERO_SHOT_SCALE = 20.0  # sentence-transformers' cosine scale; sharp enough for MiniLM intents
 PROBE_BATCH = 8
-# Rows whose FP32 top-two probabilities are closer than this are ties at 16-bit precision: their
-# argmax may flip without anything being wrong. Every other row must keep its argmax.
-DECISIVE_GAP = 0.1
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How far a converted model may drift from FP32 on the probe batch and still be published."""
-
-    max_prob_diff: float = 1e-2  # trained heads: |Δprobability|
-    max_cos_diff: float = 1e-2  # zero-shot heads: |Δlogit| / scale, the cosine-space error
-    min_cosine: float = 0.999  # embeddings
 
 
 @dataclass(frozen=True)
@@ -332,65 +320,6 @@ def _run(fn: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return run(fn, feeds)
 
 
-def measure(
-    expected: dict[str, np.ndarray],
-    got: dict[str, np.ndarray],
-    zero_shot_scale: float | None = None,
-) -> dict[str, Any]:
-    """Return the differences between two output dicts (classify or embed) as plain floats.
-
-    Classify figures include ``decisive_agreement`` (argmax agreement on the rows whose expected
-    top-two probabilities are ``DECISIVE_GAP`` apart) and, for a zero-shot head with logits
-    ``scale · cos``, ``max_cos_diff`` = max |Δlogit| / scale.
-    """
-    if "probabilities" in expected:
-        probs = expected["probabilities"]
-        logit_diff = float(np.abs(expected["logits"] - got["logits"]).max())
-        agree = probs.argmax(-1) == got["probabilities"].argmax(-1)
-        top_two = np.sort(probs, axis=-1)[..., -2:]  # per row, or per token of a tag head
-        decisive = (top_two[..., -1] - top_two[..., 0]) >= DECISIVE_GAP
-        figures = {
-            "max_abs_prob_diff": float(np.abs(probs - got["probabilities"]).max()),
-            "max_abs_logit_diff": logit_diff,
-            "argmax_agreement": float(agree.mean()),
-            "decisive_agreement": float(agree[decisive].mean()) if decisive.any() else 1.0,
-        }
-        if zero_shot_scale:
-            figures["max_cos_diff"] = logit_diff / zero_shot_scale
-        return figures
-    a, b = expected["embedding"], got["embedding"]
-    cosine = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1),
-                                          1e-12)  # fmt: skip
-    return {"min_cosine": float(cosine.min()), "max_abs_diff": float(np.abs(a - b).max())}
-
-
-def _worse(key: str, a: float, b: float) -> float:
-    """Return the worse of two measurements of ``key`` (minima for agreement/cosine)."""
-    return min(a, b) if key in LOWER_IS_WORSE else max(a, b)
-
-
-LOWER_IS_WORSE = ("argmax_agreement", "decisive_agreement", "min_cosine")
-
-
-def gate_metric(figures: dict[str, Any]) -> str:
-    """Return the name of the figure the gate bounds for these measurements."""
-    if "max_cos_diff" in figures:
-        return "max_cos_diff"
-    return "max_abs_prob_diff" if "max_abs_prob_diff" in figures else "min_cosine"
-
-
-def within(figures: dict[str, Any], tolerance: Tolerance) -> bool:
-    """Return True when measured figures are inside ``tolerance``."""
-    metric = gate_metric(figures)
-    if metric == "min_cosine":
-        return bool(figures["min_cosine"] >= tolerance.min_cosine)
-    if figures.get("decisive_agreement", 1.0) < 1.0:
-        return False
-    if metric == "max_cos_diff":
-        return bool(figures["max_cos_diff"] <= tolerance.max_cos_diff)
-    return bool(figures["max_abs_prob_diff"] <= tolerance.max_prob_diff)
-
-
 def _write_version(
     temp: Path,
     model_dir: Path,
@@ -429,14 +358,18 @@ def _write_version(
     tf.saved_model.save(target, str(temp), signatures=target.signatures(lens))
     say("verifying the saved model against fp32 on a probe batch")
     loaded = tf.saved_model.load(str(temp))
-    figures = measure(expected, _run(loaded.signatures["serving_default"], probe), zero_shot_scale)
+
+    def gauge(signature: str) -> dict[str, Any]:
+        got = _run(loaded.signatures[signature], probe)
+        return measure(expected, got, zero_shot_scale, head=head, labels=labels,
+                       attention_mask=probe["attention_mask"])  # fmt: skip
+
+    figures = gauge("serving_default")
     # The probe's length is always a bucket (min(64, max_seq_len)): check that signature too.
     probe_sig = bucket_signatures.get(str(probe["input_ids"].shape[1]))
     if probe_sig is not None:
-        bucket_figures = measure(
-            expected, _run(loaded.signatures[probe_sig], probe), zero_shot_scale
-        )
-        figures = {k: _worse(k, v, bucket_figures[k]) for k, v in figures.items()}
+        bucket_figures = gauge(probe_sig)
+        figures = {k: worse(k, v, bucket_figures[k]) for k, v in figures.items()}
     figures = {
         **figures,
         "metric": gate_metric(figures),

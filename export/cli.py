@@ -75,14 +75,20 @@ def _tolerance_flags(parser: argparse.ArgumentParser) -> None:
                         help="zero-shot heads: max |Δlogit|/scale vs fp32")  # fmt: skip
     parser.add_argument("--min-cosine", type=float, default=0.999,
                         help="embeddings: min cosine vs fp32")  # fmt: skip
+    parser.add_argument("--max-token-prob-diff", type=float, default=5e-2,
+                        help="tag heads: max |Δprobability| over real tokens vs fp32")  # fmt: skip
+    parser.add_argument("--max-score-diff", type=float, default=1e-2,
+                        help="regression: max |Δscore| / max(1, max |score|) vs fp32")  # fmt: skip
 
 
 def _tolerance(args: argparse.Namespace) -> Any:
-    from export.build import Tolerance
+    from export.gates import Tolerance
 
     return Tolerance(
-        max_prob_diff=args.max_prob_diff, max_cos_diff=args.max_cos_diff, min_cosine=args.min_cosine
-    )
+        max_prob_diff=args.max_prob_diff, max_cos_diff=args.max_cos_diff,
+        min_cosine=args.min_cosine, max_score_diff=args.max_score_diff,
+        max_token_prob_diff=args.max_token_prob_diff,
+    )  # fmt: skip
 
 
 def _build(args: argparse.Namespace) -> int:

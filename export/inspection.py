@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from export.build import Tolerance, measure, within
 from export.errors import ExportError
+from export.gates import Tolerance, measure, within
+from modelformat.heads import head_from_info
 from modelformat.layout import SAVED_MODEL_FILE, VOCAB_TXT, WARMUP_FILE, read_model_info
 from modelformat.publish import tree_size
 
@@ -112,7 +113,9 @@ def verify_version(
         vocab = min(int(info.get("vocab_size", 100)), int(other_info.get("vocab_size", 100)))
         probe = _probe_for(path, info, vocab)
         scale = info.get("zero_shot_scale") if info.get("zero_shot") else None
-        figures = measure(other.predict(probe), predictor.predict(probe), scale)
+        figures = measure(other.predict(probe), predictor.predict(probe), scale,
+                          head=head_from_info(info), labels=info.get("labels") or [],
+                          attention_mask=probe["attention_mask"])  # fmt: skip
         out.update({"against": str(other_path), **figures})
         out["within_tolerance"] = within(figures, tolerance or Tolerance())
     return out
