@@ -305,6 +305,16 @@ class MultiLabelTask(Task):
         out["thresholds"] = "tuned on dev" if self.thresholds else "0.5"
         return out
 
+    def dev_score(self, split: Split, logits: list[np.ndarray]) -> float:
+        """Return dev micro-F1 with thresholds tuned on dev at this epoch: the rule the output
+        will use. At a fixed 0.5 an early epoch whose sigmoids all sit below 0.5 (every label is
+        rare) scores 0 and the epochs could not be told apart."""
+        self.finish(split, logits)
+        try:
+            return float(self.figures(split, logits)["micro_f1"])
+        finally:
+            self.thresholds = {}
+
     def finish(self, dev: Split, dev_logits: list[np.ndarray]) -> None:
         probs = self._probabilities(dev_logits)
         self.thresholds = {

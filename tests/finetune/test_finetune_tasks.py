@@ -127,3 +127,20 @@ def test_a_one_logit_checkpoint_keeps_its_head_as_a_cross_encoder(tmp_path: Path
     np.testing.assert_array_equal(weights["classifier/kernel"], ckpt.weights["classifier/kernel"])
     _, fresh = head_weights(ckpt, ["a", "b"], seed=0)
     assert fresh == ["a", "b"]
+
+
+def test_multi_label_dev_score_tunes_thresholds_so_low_sigmoids_still_rank_epochs() -> None:
+    from finetune.tasks import MultiLabelTask
+    from finetune.training import Split
+
+    task = MultiLabelTask(TaskOptions("multi-label"))
+    task.labels = ["a", "b"]
+    targets = np.array([[1, 0], [0, 1], [1, 0], [0, 1]], np.float32)
+    split = Split(texts=["w", "x", "y", "z"], label_ids=[], targets=targets)
+    # every sigmoid below 0.5, but the positives score higher than the negatives
+    logits = [np.array([-1.0, -3.0]), np.array([-3.0, -1.0]), np.array([-1.2, -3.0]),
+              np.array([-3.0, -1.2])]  # fmt: skip
+
+    assert task.figures(split, logits)["micro_f1"] == 0.0  # at 0.5
+    assert task.dev_score(split, logits) == 1.0
+    assert task.thresholds == {}  # tuned only for the score; finish() sets them for the output
