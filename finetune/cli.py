@@ -1,8 +1,9 @@
 """Command line: ``python -m finetune [train]`` and ``python -m finetune distill-exits``.
 
 Argument parsing and printing only (finetune/run.py fine-tunes, finetune/exits.py distils
-early-exit students). Progress lines and the Keras progress bar go to stdout; the last line
-names the written checkpoint and its dev/test accuracy. Refusals (bad rows, a one-class training
+early-exit students). ``--task`` picks the head and its file format: classify (default),
+pair-classify, multi-label, tag. Progress lines and the Keras progress bar go to stdout; the last
+line names the written checkpoint and its dev/test figures. Refusals (bad rows, a one-class training
 set, dev labels train lacks, a non-BERT checkpoint, an existing ``--out``) print one
 ``error: ...`` line to stderr and exit with status 2; an interrupted fine-tuning run exits with
 130 and continues with ``--resume``.
@@ -16,7 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from finetune.data import DEFAULT_LABEL_DELIMITER
 from finetune.exits import DistillConfig
+from finetune.tasks import TASKS, TaskOptions
 from finetune.training import TrainConfig
 from modelformat.errors import FormatError
 
@@ -33,9 +36,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--checkpoint", required=True, type=Path, help="HF BERT dir (or Google BERT checkpoint)")
-    add("--train", required=True, type=Path, help="text<TAB>label TSV")
-    add("--dev", required=True, type=Path, help="TSV for early stopping (labels ⊆ train's)")
-    add("--test", type=Path, help="TSV scored once at the end (metrics.json)")
+    add("--task", choices=list(TASKS), default="classify",
+        help="classify: text<TAB>label TSV; pair-classify: text_a<TAB>text_b<TAB>label TSV; "
+        "multi-label: text<TAB>labels TSV; tag: entity-span JSONL (see finetune/README.md)",
+    )  # fmt: skip
+    add("--train", required=True, type=Path, help="training file, in the --task's format")
+    add("--dev", required=True, type=Path, help="file for early stopping (labels ⊆ train's)")
+    add("--test", type=Path, help="file scored once at the end (metrics.json)")
+    add("--num-labels", type=int,
+        help="pair-classify only: 1 trains a one-logit cross-encoder (relevance score, sigmoid, "
+        "binary cross-entropy; labels 0/1 or irrelevant/relevant)")  # fmt: skip
+    add("--label-delimiter", default=DEFAULT_LABEL_DELIMITER,
+        help="multi-label only: what separates a row's labels (default %(default)r)")  # fmt: skip
     add("--out", required=True, type=Path, help="directory to create (HF layout)")
     add("--epochs", type=int, default=DEFAULTS.epochs)
     add("--batch-size", type=int, default=DEFAULTS.batch_size)
@@ -43,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-seq-len", type=int, default=128)
     add("--seed", type=int, default=DEFAULTS.seed)
     add("--patience", type=int, default=DEFAULTS.patience,
-        help="stop after this many epochs without a better dev accuracy")  # fmt: skip
+        help="stop after this many epochs without a better dev figure (accuracy; micro-F1 for "
+        "multi-label and tag)")  # fmt: skip
     add("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
         help="auto: mixed_float16 on a GPU, mixed_bfloat16 on native bf16, else fp32")  # fmt: skip
     add("--pipeline", choices=["optimised", "naive"], default="optimised")
@@ -124,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = finetune(
             args.checkpoint, args.train, args.dev, args.out, test_path=args.test, config=config,
             precision=args.precision, max_seq_len=args.max_seq_len, resume=args.resume, say=say,
+            task=TaskOptions(task=args.task, num_labels=args.num_labels,
+                             label_delimiter=args.label_delimiter),
         )  # fmt: skip
     except FormatError as exc:  # FinetuneError, ExportError (not BERT), the publish rule's errors
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -16,32 +16,46 @@ from export.checkpoint import Checkpoint
 INIT_STD = 0.02  # BERT's initializer_range
 
 
-def head_weights(ckpt: Checkpoint, labels: Sequence[str], seed: int) -> tuple[dict, list[str]]:
+def head_weights(
+    ckpt: Checkpoint, labels: Sequence[str], seed: int, task: str = "classify"
+) -> tuple[dict, list[str]]:
     """Return the weights to start from and the head's label order.
 
-    A checkpoint whose head already has exactly these labels keeps it (and its order); otherwise
-    the classifier (and a missing pooler) starts from BERT's initialiser, labels sorted.
+    A checkpoint whose head already has exactly these labels keeps it (and its order), as does a
+    one-logit head trained on as one (``labels`` names it); otherwise
+    the classifier (and, for a pooled ``classify`` head, a missing pooler) starts from BERT's
+    initialiser, labels in the order given (sorted, or O, B-X, I-X, … for tags). A ``tag``
+    head reads every token, not the pooled [CLS]: it has no pooler (BertForTokenClassification).
     """
     weights = dict(ckpt.weights)
+    if task == "tag":
+        weights = {k: v for k, v in weights.items() if not k.startswith("pooler/")}
     if ckpt.has_head and sorted(ckpt.labels) == sorted(labels):
         return weights, list(ckpt.labels)
+    if ckpt.has_head and len(ckpt.labels) == len(labels) == 1:
+        # a cross-encoder's one logit is relevance whatever its name (hub ones say LABEL_0):
+        # fine-tuning one further keeps its head
+        return weights, list(labels)
     rng = np.random.default_rng(seed)
     hidden = ckpt.config.hidden_size
-    if "pooler/kernel" not in weights:
+    if task != "tag" and "pooler/kernel" not in weights:
         weights["pooler/kernel"] = rng.normal(0, INIT_STD, (hidden, hidden)).astype(np.float32)
         weights["pooler/bias"] = np.zeros(hidden, np.float32)
     weights["classifier/kernel"] = rng.normal(0, INIT_STD, (hidden, len(labels))).astype(np.float32)
     weights["classifier/bias"] = np.zeros(len(labels), np.float32)
-    return weights, sorted(labels)
+    return weights, list(labels)
 
 
-def build_model(ckpt: Checkpoint, weights: dict[str, np.ndarray], compute_dtype: str) -> Any:
-    """Return a trainable classify ``BertModule`` (float32 variables, matmuls in compute_dtype)."""
+def build_model(
+    ckpt: Checkpoint, weights: dict[str, np.ndarray], compute_dtype: str, task: str = "classify"
+) -> Any:
+    """Return a trainable ``BertModule`` with a ``classify`` (pooled) or ``tag`` (per-token)
+    head: float32 variables, matmuls in ``compute_dtype``."""
     import tensorflow as tf
 
     from export.model import BertModule
 
     return BertModule(
-        ckpt.config, weights, task="classify", pooling="cls", trainable=True,
+        ckpt.config, weights, task=task, pooling="cls", trainable=True,
         compute_dtype=tf.as_dtype(compute_dtype),
     )  # fmt: skip

@@ -44,8 +44,27 @@ def hf_tensors(config: BertConfig, weights: dict[str, np.ndarray]) -> dict[str, 
     return out
 
 
-def hf_config(config: BertConfig, labels: Sequence[str], max_seq_len: int) -> dict[str, Any]:
-    """Return the ``config.json`` of a ``BertForSequenceClassification`` with these labels."""
+def hf_config(
+    config: BertConfig,
+    labels: Sequence[str],
+    max_seq_len: int,
+    head: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Return the ``config.json`` of a ``BertForSequenceClassification`` with these labels.
+
+    ``head`` (finetune/tasks.py ``Task.config``) replaces ``architectures`` and ``problem_type``
+    and adds its own keys (``text_pair``, ``thresholds``, ``label_scheme``); a head without a
+    ``problem_type`` (token classification, a one-logit cross-encoder) gets none, as
+    transformers' own checkpoints of those kinds have none.
+    """
+    out = _base_config(config, labels, max_seq_len)
+    if head is not None:
+        out.pop("problem_type")
+        out.update(head)
+    return out
+
+
+def _base_config(config: BertConfig, labels: Sequence[str], max_seq_len: int) -> dict[str, Any]:
     return {
         "architectures": ["BertForSequenceClassification"],
         "model_type": "bert",
@@ -80,14 +99,16 @@ def write_checkpoint(
     do_lower_case: bool,
     max_seq_len: int,
     metrics: dict[str, Any],
+    head: dict[str, Any] | None = None,
 ) -> None:
-    """Write the HF-layout files into the (temporary) directory ``dest``."""
+    """Write the HF-layout files into the (temporary) directory ``dest`` (``head``: the task's
+    config.json keys, see ``hf_config``)."""
     from safetensors.numpy import save_file
 
     save_file(hf_tensors(config, weights), str(dest / "model.safetensors"),
               metadata={"format": "pt"})  # fmt: skip
     (dest / "config.json").write_text(
-        json.dumps(hf_config(config, labels, max_seq_len), indent=2) + "\n", encoding="utf-8"
+        json.dumps(hf_config(config, labels, max_seq_len, head), indent=2) + "\n", encoding="utf-8"
     )
     (dest / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     tokenizer_config = {

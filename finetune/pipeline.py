@@ -22,6 +22,7 @@ from backend.tokenization import BertTokenizer
 from modelformat.buckets import bucket_for, buckets
 
 PIPELINES = ("optimised", "naive")
+UNCUT = 1 << 30  # a max_seq_len no text reaches: tokenize whole, cut afterwards
 Batch = tuple[dict[str, Any], Any]  # (BERT inputs, label ids): numpy or tensors
 
 
@@ -39,17 +40,65 @@ def token_ids(tokenizer: BertTokenizer, texts: Sequence[str]) -> list[np.ndarray
 
 
 def sorted_batches(
-    rows: Sequence[np.ndarray], size: int, max_seq_len: int, pad_id: int
+    rows: Sequence[np.ndarray],
+    size: int,
+    max_seq_len: int,
+    pad_id: int,
+    types: Sequence[np.ndarray] | None = None,
 ) -> list[tuple[list[int], dict[str, np.ndarray]]]:
     """Return (row indices, padded inputs) per batch for scoring: rows sorted by length (stable),
-    ``size`` at a time, each batch padded to the gateway's bucket of its longest row."""
+    ``size`` at a time, each batch padded to the gateway's bucket of its longest row.
+
+    ``types`` (sentence pairs) gives each row's ``token_type_ids``; without it they are 0.
+    """
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     out = []
     for start in range(0, len(order), size):
         chunk = order[start : start + size]
         width = bucket_for(max(len(rows[i]) for i in chunk), max_seq_len)
-        out.append((chunk, pad_batch([rows[i] for i in chunk], width, pad_id)))
+        feeds = pad_batch([rows[i] for i in chunk], width, pad_id)
+        if types is not None:
+            for j, i in enumerate(chunk):
+                feeds["token_type_ids"][j, : len(types[i])] = types[i]
+        out.append((chunk, feeds))
     return out
+
+
+def pair_token_ids(
+    full: BertTokenizer, texts_a: Sequence[str], texts_b: Sequence[str], max_seq_len: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Return each pair's ids ``[CLS] a [SEP] b [SEP]`` and token types (1 on ``b [SEP]``).
+
+    ``full`` is a tokenizer that never cuts (``make_tokenizer(..., max_seq_len=UNCUT)``). A pair
+    longer than ``max_seq_len`` loses tokens from the end of its longer segment first, one at a
+    time (transformers' ``truncation="longest_first"``), so a long answer never pushes the question
+    out.
+    """
+    budget = max_seq_len - 3
+    ids, types = [], []
+    bodies_a = [e.ids[1:-1] for e in full.encode(texts_a)]
+    bodies_b = [e.ids[1:-1] for e in full.encode(texts_b)]
+    for a, b in zip(bodies_a, bodies_b, strict=True):
+        keep_a, keep_b = longest_first(len(a), len(b), budget)
+        row = [full.cls_id, *a[:keep_a], full.sep_id, *b[:keep_b], full.sep_id]
+        ids.append(np.asarray(row, np.int32))
+        types.append(np.asarray([0] * (keep_a + 2) + [1] * (keep_b + 1), np.int32))
+    return ids, types
+
+
+def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+    """Return how many tokens of each segment fit ``budget``: the longer loses one at a time
+    (``b`` on a tie), as transformers' ``longest_first`` truncation does."""
+    excess = len_a + len_b - max(budget, 0)
+    if excess <= 0:
+        return len_a, len_b
+    # the longer segment alone first, down to the shorter one's length; then both in turn
+    first = min(excess, abs(len_a - len_b))
+    len_a, len_b = (len_a - first, len_b) if len_a > len_b else (len_a, len_b - first)
+    excess -= first
+    len_b -= (excess + 1) // 2  # ties take from b first
+    len_a -= excess // 2
+    return max(len_a, 0), max(len_b, 0)
 
 
 def bucket_boundaries(max_seq_len: int) -> list[int]:
@@ -61,24 +110,40 @@ def bucket_boundaries(max_seq_len: int) -> list[int]:
     return [length + 1 for length in buckets(max_seq_len)]
 
 
-def optimised_dataset(ids: Sequence[np.ndarray], label_ids: Sequence[int]) -> Any:
+def optimised_dataset(
+    ids: Sequence[np.ndarray],
+    labels: Sequence[int] | np.ndarray | Sequence[np.ndarray],
+    types: Sequence[np.ndarray] | None = None,
+    *,
+    per_token: bool = False,
+) -> Any:
     """Return the cached per-example dataset ``({input_ids, attention_mask, token_type_ids}, y)``.
 
-    Padding happens per batch, in ``bucketed_batches``.
+    ``labels``: one int per row (classify), a ``[rows, labels]`` float array (multi-label) or, with
+    ``per_token``, one int array per row as long as its ids (tagging). ``types``: each row's
+    token types (sentence pairs); 0 without it. Padding happens per batch, in ``bucketed_batches``.
     """
     import tensorflow as tf
 
     lengths = np.array([len(row) for row in ids], dtype=np.int64)
-    flat = np.concatenate(ids).astype(np.int32) if len(ids) else np.zeros(0, np.int32)
-    ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
-    labels = tf.constant(np.asarray(label_ids, dtype=np.int32))
 
-    def features(row: tf.Tensor, label: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-        ones = tf.ones_like(row)
-        inputs = {"input_ids": row, "attention_mask": ones, "token_type_ids": ones * 0}
+    def ragged(rows: Sequence[np.ndarray]) -> Any:
+        flat = np.concatenate(rows).astype(np.int32) if len(rows) else np.zeros(0, np.int32)
+        return tf.RaggedTensor.from_row_lengths(flat, lengths)
+
+    row_types = ragged(types) if types is not None else ragged([np.zeros_like(r) for r in ids])
+    y = ragged(labels) if per_token else tf.constant(np.asarray(labels))  # type: ignore[arg-type]
+    if y.dtype == tf.int64:
+        y = tf.cast(y, tf.int32)
+    elif y.dtype == tf.float64:
+        y = tf.cast(y, tf.float32)
+
+    def features(row: tf.Tensor, kinds: tf.Tensor, label: tf.Tensor
+                 ) -> tuple[dict[str, tf.Tensor], tf.Tensor]:  # fmt: skip
+        inputs = {"input_ids": row, "attention_mask": tf.ones_like(row), "token_type_ids": kinds}
         return inputs, label
 
-    dataset = tf.data.Dataset.from_tensor_slices((ragged, labels))
+    dataset = tf.data.Dataset.from_tensor_slices((ragged(ids), row_types, y))
     return dataset.map(features, num_parallel_calls=tf.data.AUTOTUNE).cache()
 
 
@@ -90,8 +155,12 @@ def bucketed_batches(
     *,
     seed: int | None,
     skip: int = 0,
+    label_pad: int = 0,
 ) -> Any:
-    """Return shuffled (``seed`` None: in order) length-bucketed batches, prefetched."""
+    """Return shuffled (``seed`` None: in order) length-bucketed batches, prefetched.
+
+    Per-token labels are padded with ``label_pad`` (tagging: the ignored index).
+    """
     import tensorflow as tf
 
     dataset = examples
@@ -101,11 +170,12 @@ def bucketed_batches(
     boundaries = bucket_boundaries(max_seq_len)
     pad = tf.constant(pad_id, tf.int32)
     zero = tf.constant(0, tf.int32)
+    label = tf.constant(label_pad, dataset.element_spec[1].dtype)
     dataset = dataset.bucket_by_sequence_length(
         lambda inputs, _label: tf.shape(inputs["input_ids"])[0],
         boundaries,
         [batch_size] * (len(boundaries) + 1),
-        padding_values=({"input_ids": pad, "attention_mask": zero, "token_type_ids": zero}, zero),
+        padding_values=({"input_ids": pad, "attention_mask": zero, "token_type_ids": zero}, label),
         pad_to_bucket_boundary=True,
     )
     if skip:

@@ -1,4 +1,7 @@
-"""``finetune``: a BERT checkpoint and labelled TSVs in, a fine-tuned HF checkpoint out.
+"""``finetune``: a BERT checkpoint and labelled files in, a fine-tuned HF checkpoint out.
+
+The task (finetune/tasks.py) decides the file format, the head, the loss and the figures:
+single-text classification by default, sentence pairs, multi-label or token tagging.
 
 Steps: check the arguments and ``--out``, read the checkpoint (export's reader) and the data (every
 bad row reported), choose the precision (export's machine-based rule, as a Keras policy), tokenize
@@ -19,12 +22,13 @@ from typing import Any
 
 from export.checkpoint import read_checkpoint
 from export.hardware import CpuInfo, cpu_info
-from finetune.data import check_eval_set, check_train_set, read_examples
+from finetune.data import check_eval_set
 from finetune.errors import FinetuneError
 from finetune.metrics import scores
 from finetune.output import publishing, state_dir, write_checkpoint
-from finetune.pipeline import PIPELINES
-from finetune.training import Say, TrainConfig, tokenize_split
+from finetune.pipeline import PIPELINES, UNCUT
+from finetune.tasks import Task, TaskOptions, make_task
+from finetune.training import Say, Split, TrainConfig
 from modelformat.publish import remove_tree
 
 RUN_JSON = "run.json"  # the settings a run's state was made with (checked on --resume)
@@ -40,11 +44,17 @@ class FinetuneResult:
     def summary(self) -> str:
         """Return the one-line summary the CLI prints last."""
         m = self.metrics
-        test = m.get("test")
-        test_part = f", test accuracy {test['accuracy']:.4f}" if test else ""
+        if m.get("task", "classify") == "classify":
+            test = m.get("test")
+            test_part = f", test accuracy {test['accuracy']:.4f}" if test else ""
+            figures = (f"dev accuracy {m['dev']['accuracy']:.4f}, macro-F1 "
+                       f"{m['dev']['macro_f1']:.4f}{test_part}")  # fmt: skip
+        else:
+            figures = "; ".join(f"{split} {m['headline'][split]}" for split in ("dev", "test")
+                                if split in m["headline"])  # fmt: skip
+            figures = f"{m['task']}: {figures}"
         return (
-            f"wrote {self.out} (dev accuracy {m['dev']['accuracy']:.4f}, macro-F1 "
-            f"{m['dev']['macro_f1']:.4f}{test_part}; {m['precision']['used']}, "
+            f"wrote {self.out} ({figures}; {m['precision']['used']}, "
             f"{m['pipeline']} pipeline, {m['wall_s']:.1f}s)"
         )
 
@@ -132,17 +142,29 @@ def finetune(
     cpu: CpuInfo | None = None,
     gpus: Sequence[str] | None = None,
     on_step: Callable[[int], None] | None = None,
+    task: TaskOptions | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``checkpoint`` on ``train_path`` and publish it as ``out``; return its metrics.
 
-    ``cpu`` and ``gpus`` default to this machine's (tests inject others); ``on_step`` is called
-    with the global step after every training step (tests interrupt runs with it).
+    ``task`` picks the head and its file format (finetune/tasks.py; default: single-text
+    classification). ``cpu`` and ``gpus`` default to this machine's (tests inject others);
+    ``on_step`` is called with the global step after every training step (tests interrupt runs
+    with it).
     """
     started = time.perf_counter()
     say = say or (lambda _message: None)
     config = config or TrainConfig()
     out = Path(out)
+    options = task or TaskOptions()
+    head = make_task(options)
     _check_config(config, max_seq_len)
+    if head.name != "classify" and config.pipeline != "optimised":
+        raise FinetuneError(
+            f"--pipeline {config.pipeline} is the classify benchmark's baseline; --task "
+            f"{head.name} trains with the optimised pipeline only"
+        )
+    if head.name == "pair-classify" and max_seq_len < 4:
+        raise FinetuneError(f"max_seq_len must be at least 4 for pairs, got {max_seq_len}")
     check_out(out, resume)
     ckpt = read_checkpoint(checkpoint)
     if max_seq_len > ckpt.config.max_position:
@@ -150,11 +172,11 @@ def finetune(
             f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings "
             f"{ckpt.config.max_position}"
         )
-    train = read_examples(train_path)
-    train_labels = check_train_set(train)
-    dev = read_examples(dev_path, train_labels)
+    train = head.read(train_path, None)
+    head.labels = head.label_set(train)
+    dev = head.read(dev_path, head.known())
     check_eval_set(dev, "dev")
-    test = read_examples(test_path, train_labels) if test_path is not None else None
+    test = head.read(test_path, head.known()) if test_path is not None else None
     if test is not None:
         check_eval_set(test, "test")
 
@@ -170,20 +192,22 @@ def finetune(
     say(f"precision {choice.precision} (Keras policy {chosen.policy}; {choice.reason})")
     for warning in chosen.choice.warnings:
         say(f"warning: {warning}")
-    weights, labels = head_weights(ckpt, train_labels, config.seed)
-    say(f"{len(train)} train / {len(dev)} dev texts, labels {labels}")
+    weights, labels = head_weights(ckpt, head.labels, config.seed, head.model_task)
+    head.labels = labels
+    say(f"{len(train)} train / {len(dev)} dev examples, task {head.name}, labels {labels}")
     tokenizer = make_tokenizer(ckpt.vocab, ckpt.do_lower_case, max_seq_len)
-    index = {label: i for i, label in enumerate(labels)}
+    full = make_tokenizer(ckpt.vocab, ckpt.do_lower_case, UNCUT)
     splits = {
-        name: tokenize_split(tokenizer, ex.texts, [index[y] for y in ex.labels], config.pipeline)
+        name: head.encode(tokenizer, full, ex, config.pipeline)
         for name, ex in (("train", train), ("dev", dev), ("test", test))
         if ex is not None
     }
-    model = build_model(ckpt, weights, chosen.compute_dtype)
+    model = build_model(ckpt, weights, chosen.compute_dtype, head.model_task)
     state = state_dir(out)
     settings = {
         **asdict(config), "verbose": None, "max_seq_len": max_seq_len, "policy": chosen.policy,
         "labels": labels, "checkpoint_sha256": ckpt.source.get("sha256"),
+        **({"task": asdict(options)} if head.name != "classify" else {}),
         # --resume must read the same data: a changed train.tsv would silently skip new batches
         "data_sha256": {
             name: file_sha256(path) for name, path in
@@ -191,11 +215,11 @@ def finetune(
         },
     }  # fmt: skip
     _claim_state(state, settings)
-    trainer = Trainer(model, tokenizer, config, chosen, state, say)
+    trainer = Trainer(model, tokenizer, config, chosen, state, say, task=head)
     outcome = trainer.fit(splits["train"], splits["dev"], on_step)
-    figures = {name: scores(*trainer.predict(split), labels) for name, split in splits.items()
-               if name != "train"}  # fmt: skip
+    figures = _figures(trainer, head, splits)
     metrics = {
+        "task": head.name,
         "dev": figures["dev"],
         "test": figures.get("test"),
         "labels": labels,
@@ -215,12 +239,29 @@ def finetune(
                  for name, ex in (("train", train), ("dev", dev), ("test", test)) if ex},
         "source": ckpt.source,
     }  # fmt: skip
+    if head.name != "classify":
+        metrics["selection"] = f"dev {head.selection}"
+        metrics["headline"] = {name: head.headline(f) for name, f in figures.items() if f}
     with publishing(out) as temp:
         metrics["wall_s"] = time.perf_counter() - started
         write_checkpoint(temp, ckpt.config, model.weights(), labels, ckpt.vocab,
-                         ckpt.do_lower_case, max_seq_len, metrics)  # fmt: skip
+                         ckpt.do_lower_case, max_seq_len, metrics, head.config())  # fmt: skip
     remove_tree(state)
     return FinetuneResult(out=out, metrics=metrics)
+
+
+def _figures(trainer: Any, head: Task, splits: dict[str, Split]) -> dict[str, Any]:
+    """Return dev and test metrics of the restored best epoch (what is tuned on dev first)."""
+    if head.name == "classify":  # argmax in the graph, as before the other heads
+        out = {}
+        for name, split in splits.items():
+            if name != "train":
+                truth, predicted = trainer.predict(split)
+                out[name] = scores(truth, predicted, head.labels)
+        return out
+    logits = {name: trainer.logits(split) for name, split in splits.items() if name != "train"}
+    head.finish(splits["dev"], logits["dev"])
+    return {name: head.figures(splits[name], rows) for name, rows in logits.items()}
 
 
 def file_sha256(path: str | Path) -> str:

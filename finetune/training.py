@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 
 from backend.tokenization import BertTokenizer
-from finetune.pipeline import bucketed_batches, naive_batches, optimised_dataset, token_ids
+from finetune.pipeline import (
+    bucketed_batches,
+    naive_batches,
+    optimised_dataset,
+    sorted_batches,
+    token_ids,
+)
 from finetune.precision import TrainingPrecision
 
 Say = Callable[[str], None]
@@ -52,12 +58,22 @@ class TrainConfig:
 
 @dataclass
 class Split:
-    """One data split, tokenized: texts, label ids and (for the optimised pipeline) token ids."""
+    """One data split, tokenized: texts, label ids and (for the optimised pipeline) token ids.
+
+    The other heads add: ``types`` (sentence pairs' token types), ``targets`` (multi-label
+    ``[rows, labels]`` floats, or tagging's per-token label ids), ``examples`` (what was read),
+    ``words`` (tagging: each row's words, to read entities back) and ``truncated`` (rows cut).
+    """
 
     texts: list[str]
     label_ids: list[int]
     ids: list[np.ndarray] = field(default_factory=list)
     dataset: Any = None  # the cached tf.data examples, built on first use
+    types: list[np.ndarray] | None = None
+    targets: Any = None
+    examples: Any = None
+    words: list[Any] = field(default_factory=list)
+    truncated: int = 0
 
 
 @dataclass
@@ -106,7 +122,11 @@ def make_optimizer(config: TrainConfig, total_steps: int, precision: TrainingPre
 
 
 class Trainer:
-    """Trains a classify ``BertModule`` on tokenized splits; state lives under ``state_dir``."""
+    """Trains a ``BertModule`` on tokenized splits; state lives under ``state_dir``.
+
+    ``task`` (finetune/tasks.py) gives the loss, the targets and the dev figure that picks the
+    best epoch; without one it is single-label classification by dev accuracy.
+    """
 
     def __init__(
         self,
@@ -116,9 +136,15 @@ class Trainer:
         precision: TrainingPrecision,
         state_dir: Path,
         say: Say,
+        task: Any = None,
     ) -> None:
         import tensorflow as tf
 
+        if task is None:
+            from finetune.tasks import Task, TaskOptions
+
+            task = Task(TaskOptions())
+        self.task = task
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.state_dir, self.say = state_dir, say
         self.precision = precision
@@ -133,11 +159,16 @@ class Trainer:
         # one trace for every bucket length; no data-dependent Python control flow to convert
         self.train_step = tf.function(
             self._step,
-            input_signature=[spec, spec, spec, tf.TensorSpec([None], tf.int32)],
+            input_signature=[spec, spec, spec, task.target_spec()],
             autograph=False,
         )
         self._predict = tf.function(
             lambda ids, mask, types: tf.argmax(model.logits(ids, mask, types), -1, tf.int32),
+            input_signature=[spec, spec, spec],
+            autograph=False,
+        )
+        self._logits = tf.function(
+            lambda ids, mask, types: tf.cast(model.logits(ids, mask, types), tf.float32),
             input_signature=[spec, spec, spec],
             autograph=False,
         )
@@ -152,10 +183,13 @@ class Trainer:
                 seed=seed, skip=skip,
             )  # fmt: skip
         if split.dataset is None:
-            split.dataset = optimised_dataset(split.ids, split.label_ids)
+            split.dataset = optimised_dataset(
+                split.ids, self.task.targets(split), split.types,
+                per_token=self.task.model_task == "tag",
+            )  # fmt: skip
         return bucketed_batches(
             split.dataset, self.config.batch_size, self.tokenizer.max_seq_len,
-            self.tokenizer.pad_id, seed=seed, skip=skip,
+            self.tokenizer.pad_id, seed=seed, skip=skip, label_pad=self.task.label_pad,
         )  # fmt: skip
 
     def steps_per_epoch(self, split: Split) -> int:
@@ -177,9 +211,7 @@ class Trainer:
         dropout_seed = tf.stack([step, tf.constant(self.config.seed, tf.int32)])
         with tf.GradientTape() as tape:
             logits = tf.cast(self.model.logits(ids, mask, types, dropout_seed), tf.float32)
-            loss = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-            )
+            loss = self.task.loss(logits, labels)
             scaled = self.optimizer.scale_loss(loss)  # identity unless loss-scaled (fp16)
         grads = tape.gradient(scaled, self.variables)
         self.optimizer.apply(grads, self.variables)
@@ -200,6 +232,26 @@ class Trainer:
         """Return the model's accuracy on ``split``."""
         truth, predicted = self.predict(split)
         return float(np.mean(np.asarray(truth) == np.asarray(predicted))) if truth else 0.0
+
+    def logits(self, split: Split) -> list[np.ndarray]:
+        """Return each row's float32 logits in file order (``[labels]``, or ``[tokens, labels]``
+        for a tag head, cut to the row's length); batches sorted by length and bucket-padded."""
+        rows = split.ids or [e.ids for e in self.tokenizer.encode(split.texts)]
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        for chunk, feeds in sorted_batches(rows, self.config.batch_size,
+                                           self.tokenizer.max_seq_len, self.tokenizer.pad_id,
+                                           split.types):  # fmt: skip
+            logits = self._logits(feeds["input_ids"], feeds["attention_mask"],
+                                  feeds["token_type_ids"]).numpy()  # fmt: skip
+            for j, i in enumerate(chunk):
+                out[i] = logits[j, : len(rows[i])] if logits.ndim == 3 else logits[j]
+        return out
+
+    def dev_score(self, split: Split) -> float:
+        """Return the figure that picks the best epoch: accuracy, or the task's own."""
+        if self.task.name == "classify":
+            return self.accuracy(split)
+        return self.task.dev_score(split, self.logits(split))
 
     # -- state -----------------------------------------------------------------------------
     def _managers(self) -> tuple[Any, Any, Any]:
@@ -265,7 +317,7 @@ class Trainer:
                 if on_step is not None:
                     on_step(int(self.optimizer.iterations))
             wall = time.perf_counter() - started
-            dev_accuracy = self.accuracy(dev)
+            dev_accuracy = self.dev_score(dev)
             improved = dev_accuracy > float(self.best_accuracy)
             if improved:
                 self.best_accuracy.assign(dev_accuracy)
@@ -275,11 +327,11 @@ class Trainer:
             else:
                 self.bad_epochs.assign_add(1)
             history[str(epoch)] = {
-                "epoch": epoch + 1, "dev_accuracy": dev_accuracy, "train_wall_s": wall,
-                "examples_per_s": seen / max(wall, 1e-9), "steps": done,
+                "epoch": epoch + 1, f"dev_{self.task.selection}": dev_accuracy,
+                "train_wall_s": wall, "examples_per_s": seen / max(wall, 1e-9), "steps": done,
             }  # fmt: skip
             self.say(
-                f"epoch {epoch + 1}: dev accuracy {dev_accuracy:.4f}"
+                f"epoch {epoch + 1}: dev {self.task.selection} {dev_accuracy:.4f}"
                 f"{' (best)' if improved else ''}, {wall:.1f}s, "
                 f"{seen / max(wall, 1e-9):.1f} examples/s"
             )
@@ -289,7 +341,8 @@ class Trainer:
             last.save()
             stopped_early = int(self.bad_epochs) >= config.patience
             if stopped_early and int(self.epoch) < config.epochs:
-                self.say(f"early stop: no better dev accuracy for {config.patience} epochs")
+                self.say(f"early stop: no better dev {self.task.selection} for {config.patience} "
+                         "epochs")  # fmt: skip
         best.restore(best_manager.latest_checkpoint).assert_existing_objects_matched()
         return TrainOutcome(
             history=[history[k] for k in sorted(history, key=int)],

@@ -162,3 +162,44 @@ def test_resume_refuses_data_files_that_changed_since_the_killed_run(
     with pytest.raises(FinetuneError, match="other data than the killed run: the train file"):
         finetune(tiny_bert, train, data["dev"], out, config=config, precision="fp32",
                  max_seq_len=32, resume=True)  # fmt: skip
+
+
+# -- the other heads' files (issue 22) -----------------------------------------------------------
+GOOD_SPANS = '{"text": "order 123 arrived", "entities": [{"start": 6, "end": 9, "label": "ORDER"}]}'
+
+
+@pytest.mark.parametrize(
+    ("task", "train", "dev", "says"),
+    [
+        (["--task", "tag"], GOOD_SPANS + "\n",
+         GOOD_SPANS + '\n{"text": "order 123", "entities": [{"start": 6, "end": 12, '
+         '"label": "ORDER"}]}\n', "dev.txt: 1 bad rows: line 2: entity [6, 12) 'ORDER' is out of "
+         "range"),
+        (["--task", "tag"], '{"text": "order ORD123 arrived", "entities": [{"start": 9, '
+         '"end": 12, "label": "ORDER"}]}\n', GOOD_SPANS + "\n",
+         "train.txt: 1 bad rows: line 1: entity [9, 12) 'ORDER' does not start at a word boundary"),
+        (["--task", "pair-classify"], "text_a\ttext_b\tlabel\nq\td\t1\nq\te\t0\n",
+         "text_a\ttext_b\tlabel\nq\tonly two\n", "dev.txt: 1 bad rows: line 2: 2 tab-separated "
+         "fields, expected 3"),
+        (["--task", "multi-label"], "text\tlabels\na\tx|y\nb\ty\n", "text\tlabels\nc\tx|z\n",
+         "dev.txt: 1 bad rows: line 2: unknown label 'z' (the training set has x, y)"),
+        (["--task", "pair-classify", "--num-labels", "1"], "q\td\tyes\nq\te\tno\n",
+         "q\td\tyes\n", "labels must be 0/1 or irrelevant/relevant, got no, yes"),
+        (["--task", "multi-label", "--num-labels", "2"], "a\tx\n", "a\tx\n",
+         "--num-labels is for --task pair-classify"),
+    ],
+)  # fmt: skip
+def test_bad_files_of_the_other_heads_exit_2_with_one_error_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_bert: Path,
+    task: list[str], train: str, dev: str, says: str,
+) -> None:  # fmt: skip
+    (tmp_path / "train.txt").write_text(train, encoding="utf-8")
+    (tmp_path / "dev.txt").write_text(dev, encoding="utf-8")
+
+    code, err = _run(capsys, *_args(tiny_bert, tmp_path / "train.txt", tmp_path / "dev.txt",
+                                    tmp_path / "out", *task))  # fmt: skip
+
+    assert code == 2
+    assert err.startswith("error: ") and says in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

@@ -10,12 +10,15 @@ import pytest
 from backend.tokenization import BertTokenizer
 from export.tiny import tiny_vocab
 from finetune.pipeline import (
+    UNCUT,
     bucket_boundaries,
     bucketed_batches,
+    longest_first,
     make_tokenizer,
     naive_batches,
     optimised_dataset,
     padding_tokens,
+    pair_token_ids,
     token_ids,
 )
 from modelformat.buckets import bucket_for, buckets
@@ -101,3 +104,27 @@ def test_skip_resumes_the_same_epoch_order(tokenizer: BertTokenizer) -> None:
         return [labels.numpy().tolist() for _, labels in batches]
 
     assert order(2) == order(0)[2:]
+
+
+# -- sentence pairs (issue 22) -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("lengths", "budget", "kept"),
+    [((3, 4, 10), 10, (3, 4)), ((10, 3, 8), 8, (5, 3)), ((5, 5, 7), 7, (4, 3)),
+     ((2, 30, 10), 10, (2, 8)), ((6, 6, 0), 0, (0, 0))],
+)  # fmt: skip
+def test_longest_first_cuts_the_longer_segment_first(
+    lengths: tuple[int, int, int], budget: int, kept: tuple[int, int]
+) -> None:
+    assert longest_first(*lengths) == kept
+
+
+def test_pairs_get_token_types_one_on_the_second_segment() -> None:
+    full = make_tokenizer(tiny_vocab(), True, UNCUT)
+
+    [ids], [types] = pair_token_ids(full, ["where is my order"], ["track it " * 40], 16)
+
+    assert len(ids) == len(types) == 16
+    cls, sep = full.cls_id, full.sep_id
+    first = full.encode(["where is my order"])[0].ids.tolist()  # [CLS] … [SEP], 6 tokens
+    assert ids[: len(first)].tolist() == first and ids[-1] == sep and ids[0] == cls
+    assert types.tolist() == [0] * len(first) + [1] * (16 - len(first))
