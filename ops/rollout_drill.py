@@ -61,7 +61,10 @@ from ops.rolloutmetrics import AGREEMENT_COUNT, AGREEMENT_SUM, GatewayMetrics
 
 TICKETS = REPO / "data" / "tickets" / "test.tsv"
 DEFAULT_CHECKPOINT = REPO / "run" / "finetune-demo" / "tickets-v1"
-LABELS_CACHE_S = 1.0  # the drill's gateway re-reads labels and routing at least this often
+# the drill's gateway re-reads labels and routing at least this often
+LABELS_CACHE_S = 1.0
+# what TensorFlow's import prints on stderr in push_model's child (not the rollout's words)
+TF_NOISE = ("WARNING: All log messages before absl", "I0000 00:00:")
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,10 @@ class Drill:
                 "GATEWAY_DEFAULT_MODEL": args.model, "GATEWAY_WORKERS": str(args.workers),
                 "GATEWAY_LABELS_CACHE_S": str(LABELS_CACHE_S),
                 "GATEWAY_STATUS_CACHE_S": str(LABELS_CACHE_S), "GATEWAY_ACCESS_LOG": "",
+                # A shadow backlog drains into the next step: the new version's first requests
+                # there wait behind it and its p99 with them. 8 per worker drains within the
+                # reader wait (the default 64 held the good version's p99 at 2x stable's).
+                "GATEWAY_SHADOW_QUEUE": str(args.shadow_queue),
             }  # fmt: skip
             gateway, url = stack.start_gateway(
                 "grpc", grpc_port, rest_port, self.base, self.config, self.work,
@@ -383,7 +390,8 @@ class Drill:
         )  # fmt: skip
         assert proc.stdout is not None
         for line in proc.stdout:
-            self.say(f"  | {line.rstrip()}")
+            if not line.startswith(TF_NOISE):
+                self.say(f"  | {line.rstrip()}")
         code = proc.wait()
         events = [e for e in read_log(self.log) if e["time"] >= started]
         self.mark(f"rollout of the {which} version: exit {code}")
@@ -397,7 +405,7 @@ class Drill:
         args = self.args
         labels = serverconfig.version_labels(serverconfig.read(self.config))[args.model]
         stable = labels["stable"]
-        shadow = max(self.rollouts["bad"]["events"][0]["version"], stable)
+        shadow = max((e["version"] for e in self.rollouts["bad"]["events"]), default=stable)
         routing = rollout.routing_path_for(self.config)
         before = rollout.read_routing(routing).route(args.model)
         self.mark(f"shadow cost: {args.windows} windows of {args.window_s:g}s each way, "
@@ -610,8 +618,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--workers", type=int, default=2, help="gunicorn workers of the gateway")
     p.add_argument("--steps", default="shadow:100,25,50,100")
-    p.add_argument("--hold-s", type=float, default=20.0)
-    p.add_argument("--min-samples", type=int, default=100)
+    p.add_argument("--hold-s", type=float, default=30.0)
+    p.add_argument("--min-samples", type=int, default=200)
+    p.add_argument("--shadow-queue", type=int, default=8, help="GATEWAY_SHADOW_QUEUE")
     p.add_argument("--min-agreement", type=float, default=0.9)
     p.add_argument("--reader-wait", type=float, default=LABELS_CACHE_S + 2.0,
                    help="the rollout's wait for the gateways after a routing write")  # fmt: skip
