@@ -864,8 +864,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if extra and not args.checkpoint:
         parser.error("arguments after -- go to the exporter: they need --checkpoint")
     pushing = args.from_dir is not None or args.checkpoint is not None
-    if args.revert and (pushing or args.version is not None):
-        parser.error("--revert takes no --version, --from-dir or --checkpoint")
+    # The interrupted command plus --revert must work, --version and all; a push must not.
+    if args.revert and pushing:
+        parser.error("--revert takes no --from-dir or --checkpoint (nothing to publish)")
     if not args.revert:
         if args.version is None and not pushing:
             parser.error("--version is required (or --from-dir / --checkpoint, or --revert)")
