@@ -311,6 +311,7 @@ class Outcome:
     labels_moved_at: float | None = None  # time.monotonic() once the label write was applied
     unloaded: list[int] = field(default_factory=list)  # versions the shrink write dropped
     reader_wait_s: float = 0.0  # seconds waited for readers before a version left the policy
+    new_version: int | None = None  # the version published (a rollout goes on with it)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> Outcome:
@@ -392,6 +393,7 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             if gone:
                 outcome.reader_wait_s += wait_for_readers(config_path, args.reader_wait, gone)
             publish(args, plan, model_dir, extra)
+            outcome.new_version = plan.new_version
         try:
             apply_config(server, config_path, writes.pin, writes.load, args.timeout)
             for version in sorted({*plan.labels.values(), plan.new_version or 0} - {0}):

@@ -4,6 +4,20 @@
   rollout.py --name minilm-intent --version 3 --prometheus http://prometheus:9090 \\
       --steps shadow:100,5,25,50,100 --hold-s 600 --hold-requests 2000 --min-agreement 0.95
   rollout.py --name minilm-intent --revert          # undo an interrupted rollout's weights
+  rollout.py --name minilm-intent --from-dir exported/7 --gateway http://gw-1:8000  # push + roll
+  rollout.py --name minilm-intent --checkpoint ckpt/ --gateway ... -- --precision bf16
+
+``--from-dir`` / ``--checkpoint`` (instead of ``--version``) publish the new version first, the
+way push_model does it but with no label, and then roll it out. Without a routing entry the
+gateways send requests naming no version to the newest AVAILABLE version, so a version pushed
+before its rollout would serve default traffic unvetted from the moment it loads until the first
+step is written. So before publishing, the model's default traffic is pinned to the stable
+version (``weights: {stable: 100}``, written under the config lock) and the push waits
+``--reader-wait`` for every gateway to read the pin; a model that already has a routing entry
+keeps it (its weights name versions, so a new one gets no default traffic either). The rollout
+records the pin as the entry before it: a rollback puts the pin back, a promotion removes it. If
+the push fails the pin written for it is removed again; a crash between the pin and the push
+leaves the pin (default traffic stays on stable): run the same command again.
 
 Each step rewrites the model's entry in the routing file beside models.config (``routing.yaml``,
 ``modelformat.routing``): ``shadow:P`` keeps the stable version (the one ``--from-label`` names)
@@ -604,17 +618,22 @@ def restore_route(state: State) -> tuple[ModelRoute | None, str]:
 # the label move and the availability check, against the model servers
 
 
+def push_args(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    """Return push_model's arguments for this rollout's servers and config, with ``changes``."""
+    base = dict(
+        name=args.name, config=args.config, base_path=args.base_path, server=args.server,
+        timeout=args.timeout, keep=args.keep, reader_wait=args.reader_wait,
+        lock_timeout=args.lock_timeout, dry_run=False, promote=None, rollback=None, to=None,
+        checkpoint=None, from_dir=None, label=None, version=None, set_label=None,
+    )  # fmt: skip
+    return argparse.Namespace(**{**base, **changes})
+
+
 def promote_with_push(args: argparse.Namespace) -> Promote:
     """Return the label move push_model --promote makes (lock, history, replicas, reader wait)."""
 
     def promote(model: str, label: str, version: int) -> None:
-        push_args = argparse.Namespace(
-            name=model, config=args.config, base_path=args.base_path, server=args.server,
-            timeout=args.timeout, keep=args.keep, reader_wait=args.reader_wait,
-            lock_timeout=args.lock_timeout, dry_run=False, promote=None, rollback=None, to=None,
-            checkpoint=None, from_dir=None, label=None, version=None, set_label=(label, version),
-        )  # fmt: skip
-        push.run(push_args, [])
+        push.run(push_args(args, name=model, set_label=(label, version)), [])
 
     return promote
 
@@ -671,17 +690,102 @@ def available_on_replicas(
     return check
 
 
+def pin_to_stable(settings: Settings) -> bool:
+    """Pin the model's default traffic to its stable version unless it has a routing entry.
+
+    Returns whether a pin was written. OpsError if the model has no such label or a rollout of
+    it is in progress (resume that one with --version).
+    """
+    s = settings
+    try:
+        with serverconfig.config_lock(s.config_path, s.lock_timeout_s, say):
+            state = load_states(state_path_for(s.routing)).get(s.model)
+            if state is not None:
+                raise OpsError(
+                    f"a rollout of {s.model} v{state.version} is in progress: resume it with "
+                    f"--version {state.version} (no --from-dir/--checkpoint), or --revert it"
+                )
+            rollout = Rollout(s, GatewayMetrics([]), _never, _never)
+            labels = rollout.labels()
+            if s.from_label not in labels:
+                raise OpsError(
+                    f"{s.model} has no label {s.from_label!r} (labels: {labels or 'none'}): "
+                    "a rollout needs the version to compare with"
+                )
+            stable = labels[s.from_label]
+            entry = read_routing(s.routing).route(s.model)
+            if entry is not None:
+                say(f"{s.model} keeps its routing entry ({entry}): no new version gets default "
+                    "traffic from it")  # fmt: skip
+                return False
+            write_route(s.routing, s.model, ModelRoute(((stable, 100.0),)))
+    except FormatError as exc:  # the lock held too long
+        raise OpsError(str(exc)) from exc
+    say(
+        f"pinned {s.model}'s default traffic to {s.from_label}=v{stable} in {s.routing} before "
+        "publishing (without it the newest AVAILABLE version, the new one, would serve it)"
+    )
+    return True
+
+
+def push_new_version(args: argparse.Namespace, settings: Settings, extra: list[str]) -> int:
+    """Pin default traffic to stable, wait for the gateways, publish the new version (no label).
+
+    Returns the published version. A failed push removes the pin it wrote and raises OpsError.
+    """
+    pinned = pin_to_stable(settings)
+    if pinned:
+        Rollout(settings, GatewayMetrics([]), _never, _never).wait_for_readers()
+    pushed = push_args(args, checkpoint=args.checkpoint, from_dir=args.from_dir)
+    try:
+        outcome = push.run(pushed, extra)
+    except (OpsError, KeyboardInterrupt):
+        if pinned:
+            try:
+                with serverconfig.config_lock(settings.config_path, settings.lock_timeout_s, say):
+                    write_route(settings.routing, settings.model, None)
+            except FormatError as exc:
+                raise OpsError(f"the push failed and the pin could not be removed: {exc}") from exc
+            say(f"the push failed: {settings.model}'s pin removed")
+        raise
+    if outcome.new_version is None:
+        raise OpsError("push_model published no version")
+    return outcome.new_version
+
+
+def _never(*_args: Any) -> None:
+    raise AssertionError("not used before the rollout starts")
+
+
 # ---------------------------------------------------------------------------------------------
 # the command line
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Return the parsed arguments (errors exit with the usage, as argparse does)."""
+    """Return the parsed arguments (errors exit with the usage, as argparse does).
+
+    Arguments after ``--`` go to ``python -m export build`` with ``--checkpoint`` (``args.extra``).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(
         prog="rollout.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--name", required=True, help="model name in models.config")
-    parser.add_argument("--version", type=int, help="the new version (pushed and AVAILABLE)")
+    new = parser.add_mutually_exclusive_group()
+    new.add_argument("--version", type=int, help="the new version (pushed and AVAILABLE)")
+    new.add_argument(
+        "--from-dir", type=Path,
+        help="publish this exported version directory first (default traffic pinned to the "
+        "stable version before it is published), then roll it out",
+    )  # fmt: skip
+    new.add_argument(
+        "--checkpoint", type=Path,
+        help="export this checkpoint as the next version first (pinned as with --from-dir)",
+    )  # fmt: skip
     parser.add_argument(
         "--from-label", default="stable",
         help="the label naming the version to compare with and to move when promoting (stable)",
@@ -756,9 +860,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", type=int, default=2, help="as push_model: newest versions kept")
     parser.add_argument("--lock-timeout", type=float, default=600.0, help="as push_model")
     args = parser.parse_args(argv)
+    args.extra = extra
+    if extra and not args.checkpoint:
+        parser.error("arguments after -- go to the exporter: they need --checkpoint")
+    pushing = args.from_dir is not None or args.checkpoint is not None
+    # The interrupted command plus --revert must work, --version and all; a push must not.
+    if args.revert and pushing:
+        parser.error("--revert takes no --from-dir or --checkpoint (nothing to publish)")
     if not args.revert:
-        if args.version is None:
-            parser.error("--version is required (or --revert)")
+        if args.version is None and not pushing:
+            parser.error("--version is required (or --from-dir / --checkpoint, or --revert)")
         if not args.gateway and not args.prometheus:
             parser.error("name the metrics: --gateway URL (each one) or --prometheus URL")
         try:
@@ -808,6 +919,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        if args.from_dir is not None or args.checkpoint is not None:
+            settings.version = push_new_version(args, settings, args.extra)
+            say(f"v{settings.version} published; the rollout starts")
         outcome = rollout.revert() if args.revert else rollout.run()
     except OpsError as exc:
         print(f"rollout: error: {exc}", file=sys.stderr)

@@ -525,6 +525,76 @@ def test_readme_push_command_makes_a_valid_job(objs: list[Obj], tmp_path: Path) 
     assert env["PUSH_ARGS"] == args
 
 
+def rollout_command(objs: list[Obj]) -> list[str]:
+    """Return rollout.py's argv from the rollout template's shell script."""
+    script = container(find(objs, "CronJob", "rollout"), "rollout")["command"][-1]
+    line = script[script.index("exec python") :].replace("\\\n", " ")
+    return shlex.split(line.splitlines()[0])[1:]
+
+
+def rollout_flags() -> set[str]:
+    """Return the flags rollout.py's argument parser declares (read from its source)."""
+    source = (REPO / "ops" / "rollout.py").read_text()
+    return set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
+
+
+def test_rollout_template_never_fires_and_names_rollout_flags(objs: list[Obj]) -> None:
+    spec = find(objs, "CronJob", "rollout")["spec"]
+    assert spec["suspend"] is True and spec["concurrencyPolicy"] == "Forbid"
+    argv = rollout_command(objs)
+    assert argv[:2] == ["python", "scripts/rollout.py"] and argv[-1] == "$ROLLOUT_ARGS"
+    used = {arg for arg in argv if arg.startswith("--")}
+    assert used <= rollout_flags(), f"rollout.py has no {used - rollout_flags()}"
+
+
+def test_rollout_writes_the_routing_file_the_gateways_read(objs: list[Obj]) -> None:
+    from backend.settings import load_settings
+    from ops.rollout import routing_path_for
+
+    argv = rollout_command(objs)
+    options = dict(zip(argv[2::2], argv[3::2], strict=False))
+    job = container(find(objs, "CronJob", "rollout"), "rollout")
+    assert options["--config"] == tfs_flags(objs)["model_config_file"]
+    assert options["--base-path"] == models_mount(job)["mountPath"] == "/models"
+    assert "--routing" not in options  # routing.yaml beside --config, as the gateways default
+    settings = load_settings(environ=gateway_env(objs))
+    gateway_routing = settings.routing_file or str(
+        Path(settings.model_config_file).with_name("routing.yaml")
+    )
+    assert str(routing_path_for(Path(options["--config"]))) == gateway_routing
+    gateway = container(find(objs, "Deployment", "gateway"), "gateway")
+    assert gateway_routing.startswith(models_mount(gateway)["mountPath"] + "/")
+    # It writes there (and its log and state) at run time: the volume, read-write.
+    assert not models_mount(job).get("readOnly")
+    assert options["--log"].startswith("/models/")
+    env = {e["name"]: e.get("value") for e in job["env"]}
+    headless = find(objs, "Service", "tf-serving-headless")["metadata"]["name"]
+    assert options["--server"] == "$ROLLOUT_SERVER" and env["ROLLOUT_SERVER"] == f"{headless}:8500"
+    assert options["--prometheus"] == "$ROLLOUT_PROMETHEUS"
+    assert env["ROLLOUT_PROMETHEUS"].startswith("http://")
+    envfrom = {e["configMapRef"]["name"] for e in job["envFrom"]}
+    assert envfrom == {find(objs, "ConfigMap", "gateway-env")["metadata"]["name"]}
+
+
+def test_readme_rollout_command_makes_a_valid_job(objs: list[Obj], tmp_path: Path) -> None:
+    import kubernetes_validate
+
+    cronjob = find(objs, "CronJob", "rollout")
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "rollout-1", "namespace": cronjob["metadata"]["namespace"]},
+        "spec": cronjob["spec"]["jobTemplate"]["spec"],
+    }
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    assert pod_spec(cronjob)["automountServiceAccountToken"] is False
+    readme = (K8S / "README.md").read_text()
+    examples = re.findall(r'(?:rollout |ROLLOUT_ARGS=)"(--[^"]+)"', readme)
+    assert len(examples) >= 3, "a push and rollout, a rollout of a pushed version, a revert"
+    used = {arg for example in examples for arg in example.split() if arg.startswith("--")}
+    assert used <= rollout_flags(), f"rollout.py has no {used - rollout_flags()}"
+
+
 def seed_script(objs: list[Obj], models: Path, seed: Path) -> str:
     """Return the models-seed Job's script with its two mount paths moved under tmp dirs."""
     job = find(objs, "Job", "models-seed")
@@ -684,10 +754,10 @@ def test_policy_selectors_select_the_pods_they_mean(objs: list[Obj]) -> None:
         if "podSelector" in peer
     ]
     selected = {w for sel in peers for w, lab in labels.items() if matches(sel, lab)}
-    assert selected == {"gateway", "push-model"}
+    assert selected == {"gateway", "push-model", "rollout"}
 
 
-def test_only_the_gateway_and_the_push_job_reach_tf_serving(objs: list[Obj]) -> None:
+def test_only_the_gateway_and_the_push_and_rollout_jobs_reach_tf_serving(objs: list[Obj]) -> None:
     labels = pod_labels(objs)
     ports = port_numbers(objs, "tf-serving")
     grpc, rest = ports["grpc"], ports["http"]
@@ -698,7 +768,7 @@ def test_only_the_gateway_and_the_push_job_reach_tf_serving(objs: list[Obj]) -> 
         port: {n for n, (ns, lab) in sources.items() if allowed(objs, ns, lab, "tf-serving", port)}
         for port in (grpc, rest, ports["ready"])
     }
-    assert reach[grpc] == {"gateway", "push-model"}  # the admin API
+    assert reach[grpc] == {"gateway", "push-model", "rollout"}  # the admin API
     assert reach[rest] == {"gateway"}
     assert reach[ports["ready"]] == set()  # kubelet probes only
 
@@ -716,6 +786,6 @@ def test_clients_reach_the_gateway_and_monitoring_reaches_only_metrics(objs: lis
     assert monitoring == "monitoring"  # the overlay names it (the base holds a placeholder)
     assert allowed(objs, monitoring, {}, "tf-serving", tfs["http"])
     assert not allowed(objs, monitoring, {}, "tf-serving", tfs["grpc"])
-    for job in ("push-model", "models-seed"):
+    for job in ("push-model", "rollout", "models-seed"):
         for number in port_numbers(objs, job).values() or [8000]:
             assert not allowed(objs, "default", {}, job, number)
