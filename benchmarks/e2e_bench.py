@@ -593,6 +593,7 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"layer {a['layers']:.2f}; {cpu_class}; " + how + _cpu_text(g, roles)))  # fmt: skip
     if "embed ours" in s and "embed infinity" in s:
         o, i = s["embed ours"], s["embed infinity"]
+        ours_idle = i["cores"]["model server"] + i["cores"]["gateway"]
         out.append(
             Row(
                 "e2e :embed minilm through the gateway vs infinity /embeddings (same weights)",
@@ -607,7 +608,9 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
                 + "; CPU ms/request: ours "
                 + _cpu_text(o, roles)
                 + "; infinity "
-                + _cpu_text(i, ("infinity", "load generator")),
+                + _cpu_text(i, ("infinity", "load generator"))
+                + f"; idle neighbour: infinity {o['cores'].get('infinity', 0.0):.2f} cores "
+                f"during our cells, model server + gateway {ours_idle:.2f} during infinity's",
             )
         )
     else:
@@ -705,7 +708,8 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         "# Where the graph's gain goes between the graph and the client (issue 23)",
         "",
         f"Measured {result['stamp']} on {describe}; `make bench` (`scripts/bench.py --only "
-        "e2e_bench`); figures in `results/e2e_breakdown.json`, plot `results/e2e_breakdown.png`.",
+        "e2e_bench`); every figure in `results/e2e_breakdown.json` (git-ignored), plot "
+        "`results/e2e_breakdown.png`.",
         f"Model: {result['source']}.",
         "",
         table,
@@ -800,12 +804,16 @@ def run(ctx: BenchContext) -> list[Row]:
     from ops.stack import start_gateway, start_modelserver
 
     say("starting modelserver (batching file) + gunicorn (docker/gunicorn.conf.py) ...")
-    server, grpc_port, rest_port = start_modelserver(config, work)
+    # Loading two MiniLM exports with warm-up took 161 s for one of them on a loaded 2-core host
+    # (load average 20): 300 s, the helper's default, was not enough for the whole config.
+    server, grpc_port, rest_port = start_modelserver(config, work, timeout_s=1200)
     processes: list[ServerProcess] = [server]
     infinity: _Infinity | None = None
     result: dict[str, Any] = {"source": source, "graph": graph}
     try:
-        gateway_proc, gateway = start_gateway("grpc", grpc_port, rest_port, base, config, work)
+        gateway_proc, gateway = start_gateway(
+            "grpc", grpc_port, rest_port, base, config, work, timeout_s=600
+        )
         processes.append(gateway_proc)
         watched = _Watched({"gateway": [gateway_proc.pid], "model server": [server.pid]})
         direct = _Direct(base, MODEL, FULL)
