@@ -9,7 +9,7 @@ MODELS ?= models
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup protos models run stop test lint bench clean loadtest drills profile finetune-demo
+.PHONY: setup protos models run stop test lint bench clean loadtest drills profile finetune-demo infinity-env
 
 setup: $(STAMP) protos
 
@@ -48,6 +48,19 @@ test: setup lint models
 
 bench: models
 	$(PY) scripts/bench.py --base-path $(MODELS)
+
+# infinity (infinity-emb), the peer e2e_bench compares :embed with, in its own git-ignored environment: it needs
+# transformers<5, the product pins 5.x. Every package pinned (benchmarks/infinity-requirements.txt, torch the same
+# 2.13.0 as the product's tests). e2e_bench skips its row with a line saying why when this is missing.
+INFINITY_VENV := .venv-infinity
+infinity-env: $(INFINITY_VENV)/.installed
+$(INFINITY_VENV)/.installed: benchmarks/infinity-requirements.txt
+	@command -v $(PY_SYS) >/dev/null || { echo "need $(PY_SYS)"; exit 1; }
+	test -x $(INFINITY_VENV)/bin/python || $(PY_SYS) -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/python -m pip install -q --upgrade pip==25.3
+	$(INFINITY_VENV)/bin/python -m pip install -q --no-deps -r benchmarks/infinity-requirements.txt
+	$(INFINITY_VENV)/bin/python -m pip check
+	touch $@
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

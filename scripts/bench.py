@@ -26,6 +26,7 @@ MODULES = [
     "gateway_load_bench",
     "finetune_bench",
     "early_exit_bench",
+    "e2e_bench",
 ]
 
 
