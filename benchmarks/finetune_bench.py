@@ -138,6 +138,7 @@ def _trainer(ctx: BenchContext, vocab: list[str], precision: str, pipeline: str)
     from finetune.modeling import build_model, head_weights
     from finetune.pipeline import make_tokenizer
     from finetune.precision import training_precision
+    from finetune.tasks import Task, TaskOptions
     from finetune.training import TrainConfig, Trainer
 
     path = Path(tempfile.mkdtemp(dir=ctx.work_dir)) / "bert-mini"
@@ -149,7 +150,8 @@ def _trainer(ctx: BenchContext, vocab: list[str], precision: str, pipeline: str)
     model = build_model(ckpt, weights, chosen.compute_dtype)
     config = TrainConfig(batch_size=BATCH, pipeline=pipeline, verbose=False)
     trainer = Trainer(model, make_tokenizer(vocab, True, MAX_SEQ_LEN), config, chosen,
-                      Path(tempfile.mkdtemp(dir=ctx.work_dir)), lambda _m: None)  # fmt: skip
+                      Path(tempfile.mkdtemp(dir=ctx.work_dir)), lambda _m: None,
+                      task=Task(TaskOptions()))  # fmt: skip
     trainer.prepare(1000)
     return trainer
 

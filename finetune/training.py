@@ -124,8 +124,8 @@ def make_optimizer(config: TrainConfig, total_steps: int, precision: TrainingPre
 class Trainer:
     """Trains a ``BertModule`` on tokenized splits; state lives under ``state_dir``.
 
-    ``task`` (finetune/tasks.py) gives the loss, the targets and the dev figure that picks the
-    best epoch; without one it is single-label classification by dev accuracy.
+    ``task`` (a finetune/tasks.py ``Task``; single-label classification is ``Task(TaskOptions())``)
+    gives the loss, the targets and the dev figure that picks the best epoch.
     """
 
     def __init__(
@@ -136,14 +136,10 @@ class Trainer:
         precision: TrainingPrecision,
         state_dir: Path,
         say: Say,
-        task: Any = None,
+        task: Any,
     ) -> None:
         import tensorflow as tf
 
-        if task is None:
-            from finetune.tasks import Task, TaskOptions
-
-            task = Task(TaskOptions())
         self.task = task
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.state_dir, self.say = state_dir, say
