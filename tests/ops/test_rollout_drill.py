@@ -120,6 +120,8 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
         "--model", MODEL, "--clients", "4", "--steps", "shadow:100,50,100", "--hold-s", "3",
         "--min-samples", "30", "--gap", "1", "--windows", "1", "--window-s", "3",
         "--probe", "40", "--report", str(report), "--plot", str(plot),
+        # a tiny model answers in milliseconds: its p99 is scheduling noise, not the version's
+        "--max-latency-ratio", "20",
     )  # fmt: skip
     failed = [name for name, ok in result["checks"].items() if not ok]
     assert not failed, f"{failed}\n{output[-5000:]}"
