@@ -74,7 +74,8 @@ def _reference_logits(checkpoint: Path, pairs: list[list[str]]) -> np.ndarray:
     from transformers import BertForSequenceClassification, BertTokenizerFast
 
     tokenizer = BertTokenizerFast(str(checkpoint / "vocab.txt"), do_lower_case=True)
-    model = BertForSequenceClassification.from_pretrained(str(checkpoint)).eval()
+    ckpt = str(checkpoint)
+    model = BertForSequenceClassification.from_pretrained(ckpt, local_files_only=True).eval()
     batch = tokenizer([a for a, _ in pairs], [b for _, b in pairs], truncation=True,
                       max_length=MAX_LEN, padding=True, return_tensors="pt")  # fmt: skip
     with torch.no_grad():
