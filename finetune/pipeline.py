@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from backend.bucketing import pad_batch
-from backend.tokenization import BertTokenizer
+from backend.tokenization import BertTokenizer, longest_first
 from modelformat.buckets import bucket_for, buckets
 
 PIPELINES = ("optimised", "naive")
@@ -70,9 +70,9 @@ def pair_token_ids(
     """Return each pair's ids ``[CLS] a [SEP] b [SEP]`` and token types (1 on ``b [SEP]``).
 
     ``full`` is a tokenizer that never cuts (``make_tokenizer(..., max_seq_len=UNCUT)``). A pair
-    longer than ``max_seq_len`` loses tokens from the end of its longer segment first, one at a
-    time (transformers' ``truncation="longest_first"``), so a long answer never pushes the question
-    out.
+    longer than ``max_seq_len`` loses tokens from the end of its longer segment first
+    (``backend.tokenization.longest_first``: the gateway's rule, HF tokenizers' ``longest_first``),
+    so a long answer never pushes the question out and training cuts pairs as serving does.
     """
     budget = max_seq_len - 3
     ids, types = [], []
@@ -84,21 +84,6 @@ def pair_token_ids(
         ids.append(np.asarray(row, np.int32))
         types.append(np.asarray([0] * (keep_a + 2) + [1] * (keep_b + 1), np.int32))
     return ids, types
-
-
-def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
-    """Return how many tokens of each segment fit ``budget``: the longer loses one at a time
-    (``b`` on a tie), as transformers' ``longest_first`` truncation does."""
-    excess = len_a + len_b - max(budget, 0)
-    if excess <= 0:
-        return len_a, len_b
-    # the longer segment alone first, down to the shorter one's length; then both in turn
-    first = min(excess, abs(len_a - len_b))
-    len_a, len_b = (len_a - first, len_b) if len_a > len_b else (len_a, len_b - first)
-    excess -= first
-    len_b -= (excess + 1) // 2  # ties take from b first
-    len_a -= excess // 2
-    return max(len_a, 0), max(len_b, 0)
 
 
 def bucket_boundaries(max_seq_len: int) -> list[int]:
