@@ -15,6 +15,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -22,7 +23,7 @@ from ops.procs import REPO, ServerProcess, child_env, http_ok, port_open, stop_g
 
 STATE_DIR = REPO / ".stack"
 SERVING_CONFIG = REPO / "serving_config"
-DEMO_REQUESTS = [
+DEMO_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "POST",
         "/v1/models/minilm-intent:classify",
@@ -30,6 +31,42 @@ DEMO_REQUESTS = [
     ),
     ("POST", "/v1/models/minilm:embed", {"texts": ["hello world", "你好，世界"]}),
 ]
+# `make finetune-heads` (finetune/heads_demo.py) exports these; `make run` serves those that exist
+HEAD_REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "minilm-pairs": (
+        "/v1/models/minilm-pairs:rerank",
+        {
+            "query": "I was charged twice for my order",
+            "documents": [
+                "Tracking not updating: a parcel's status can pause for a day between scans.",
+                "If you see two charges for one order, one of them is usually a pending "
+                "authorisation that disappears within a few days.",
+                "Reset or change your password from the sign-in page.",
+            ],
+        },
+    ),
+    "minilm-ner": (
+        "/v1/models/minilm-ner:tag",
+        {"texts": ["Order 4417-2290 arrived broken, refund €49.99 to jane.doe@example.com"]},
+    ),
+    "minilm-topics": (
+        "/v1/models/minilm-topics:classify",
+        {"texts": ["I was charged twice and the app crashes when I open my invoices"]},
+    ),
+}
+
+
+def served_heads(base_path: Path) -> list[str]:
+    """Return the head models of HEAD_REQUESTS that have a version under ``base_path``."""
+    from modelformat.layout import list_versions
+
+    return [name for name in HEAD_REQUESTS if list_versions(base_path / name)]
+
+
+def demo_requests(base_path: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    """Return the requests `make run` shows: the demo models', then each served head's."""
+    heads = [("POST", *HEAD_REQUESTS[name]) for name in served_heads(base_path)]
+    return [*DEMO_REQUESTS, *heads]
 
 
 @dataclass(frozen=True)
@@ -52,6 +89,16 @@ def local_model_config(base_path: Path, state_dir: Path) -> Path:
     text = re.sub(
         r'base_path:\s*"/models/([^"]+)"', lambda m: f'base_path: "{models_dir / m.group(1)}"', text
     )
+    heads = [name for name in served_heads(base_path) if f'name: "{name}"' not in text]
+    if heads:  # not in the committed config: a model with no version would never be ready
+        text = text.rstrip()
+        assert text.endswith("}"), "models.config ends with model_config_list's brace"
+        entries = "".join(
+            f'  config {{\n    name: "{name}"\n    base_path: "{models_dir / name}"\n'
+            f'    model_platform: "tensorflow"\n  }}\n'
+            for name in heads
+        )
+        text = f"{text[:-1]}{entries}}}\n"
     out = state_dir / "models.config"
     out.write_text(text)
     return out
@@ -124,9 +171,9 @@ def stop_stack(state_dir: Path = STATE_DIR) -> None:
         print(f"stopped {name}")
 
 
-def show_requests(port: int) -> None:
+def show_requests(port: int, base_path: Path) -> None:
     """Send the demo requests to the gateway and print each with its answer."""
-    for method, path, body in DEMO_REQUESTS:
+    for method, path, body in demo_requests(base_path):
         print(f"\n$ curl -s localhost:{port}{path} -d '{json.dumps(body, ensure_ascii=False)}'")
         resp = requests.request(method, f"http://127.0.0.1:{port}{path}", json=body, timeout=30)
         answer = resp.json()
@@ -152,7 +199,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         stop_stack()
         return 1
-    show_requests(ports.gateway)
+    show_requests(ports.gateway, args.base_path)
     print(
         f"\nThe stack is running: gateway http://localhost:{ports.gateway}, model server "
         f"gRPC :{ports.grpc} / REST :{ports.rest}. Logs in {STATE_DIR}. Stop it with `make stop`."
