@@ -9,7 +9,7 @@ MODELS ?= models
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup protos models run stop test lint bench clean loadtest drills profile finetune-demo infinity-env
+.PHONY: setup protos models run stop test lint bench clean loadtest drills profile finetune-demo finetune-heads infinity-env
 
 setup: $(STAMP) protos
 
@@ -89,6 +89,11 @@ finetune-demo: models
 	    --texts data/tickets/train.tsv --dev data/tickets/dev.tsv --out $(FINETUNE_CKPT)/tickets-v1-exits
 	$(PY) -m export build --checkpoint $(FINETUNE_CKPT)/tickets-v1-exits --name minilm-intent \
 	    --base-path $(MODELS) --task classify --early-exit --max-seq-len 128 --precision auto
+
+# the other heads (issue 22): a cross-encoder, a tagger, a multi-label classifier (~40 min on 2 AVX2 cores)
+finetune-heads: models
+	rm -rf $(FINETUNE_CKPT)/heads
+	$(PY) -m finetune.heads_demo --base-path $(MODELS) --keep $(FINETUNE_CKPT)/heads
 
 # Where the gateway's CPU goes under load (py-spy, GIL holder only): results/profile/gateway.{md,png}.
 profile: models
