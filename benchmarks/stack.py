@@ -108,9 +108,12 @@ class Stack:
             proc.stop()
 
 
-def interleaved(calls: list[Callable[[], object]], n: int) -> list[list[float]]:
-    """Return each call's wall times, the calls taken in turn so all see the same noise."""
-    for _ in range(max(5, n // 10)):  # warm connections, caches and the model
+def interleaved(
+    calls: Sequence[Callable[[], object]], n: int, warmup: int | None = None
+) -> list[list[float]]:
+    """Return each call's wall times, the calls taken in turn so all see the same noise, after
+    ``warmup`` untimed rounds (default: a tenth of ``n``, at least 5)."""
+    for _ in range(max(5, n // 10) if warmup is None else warmup):  # connections, caches, model
         for call in calls:
             call()
     times: list[list[float]] = [[] for _ in calls]
