@@ -42,6 +42,7 @@ class Stack:
         models: list[str],
         upstreams: Sequence[str] = ("grpc", "rest"),
         load_timeout_s: float = 300,
+        settings: dict[str, str] | None = None,
     ) -> None:
         config = write_config(base, models, ctx.work_dir / "gateway-bench.config")
         self.grpc_port, self.rest_port = free_port(), free_port()
@@ -68,6 +69,7 @@ class Stack:
                 GATEWAY_WORKERS="1",
                 GATEWAY_THREADS="4",
                 GATEWAY_ACCESS_LOG="",  # logging every request is not what we measure
+                **(settings or {}),
             )
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
             cmd = python_cmd("-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),

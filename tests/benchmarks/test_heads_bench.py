@@ -26,7 +26,8 @@ def test_max_len_parts_refuses_too_little_text() -> None:
         max_len_parts(lambda text: len(text.split()), ["a b c"], budget=2)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.slow  # two tiny exports + a stack: ~35 s idle, 71 s at load average 10
+@pytest.mark.timeout(300)
 def test_quick_run_gives_every_row_well_formed(tmp_path: Path) -> None:
     ctx = BenchContext(base_path=tmp_path / "no-demo-models", work_dir=tmp_path, quick=True)
     rows = {r.figure: r for r in run(ctx)}
