@@ -45,7 +45,7 @@ from backend.routing import RoutingTable, routing_file_for
 from backend.schemas import ClassifyRequest, EmbedRequest, TagRequest
 from backend.settings import Settings
 from backend.shadow import ShadowJob, ShadowRunner
-from backend.tagging import tag_text
+from backend.tagging import tag_text, window_stride
 from backend.tokenization import Encoded, FirstSegmentTooLong, TokenWindow
 from backend.versions import (
     AssetCache,
@@ -242,7 +242,7 @@ class Gateway:
 
         def encode(assets: ModelAssets) -> list[Encoded]:
             windows.clear()
-            stride = (assets.max_seq_len - 2) // 4  # windows overlap by a quarter
+            stride = window_stride(assets.max_seq_len)
             for text in request.texts:
                 windows.append(assets.tokenizer.tag_windows(text, stride, truncate=cut))
             return [window.encoded for text_windows in windows for window in text_windows]

@@ -31,6 +31,12 @@ STRATEGIES = ("none", "simple", "first", "max", "average")
 IGNORED = ("O",)
 
 
+def window_stride(max_seq_len: int) -> int:
+    """Return how many tokens consecutive windows of a long text share: a quarter of a window
+    of ``max_seq_len`` (its [CLS] and [SEP] left out)."""
+    return (max_seq_len - 2) // 4
+
+
 def token_scores(logits: np.ndarray) -> np.ndarray:
     """Return the softmax of ``logits`` [seq, labels] as the pipeline computes it (float32)."""
     logits = logits.astype(np.float32, copy=False)

@@ -12,25 +12,23 @@ exports tiny random models into ctx.work_dir.
 
 from __future__ import annotations
 
-import http.client
 import json
 import random
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import psutil
 import requests
 
 from benchmarks import BenchContext, Row, median, percentile
-from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
+from benchmarks.stack import Http, Stack, gateway_batch, interleaved
+from ops.procs import REPO, child_env
 
 TEXT = "my card was charged twice"
 _WORDS_TEXT = (
@@ -53,145 +51,7 @@ def _models(ctx: BenchContext) -> tuple[Path, str, str]:
     return base, "tiny-intent", "tiny-embed"
 
 
-def _config(base: Path, models: list[str], path: Path) -> Path:
-    """Write a ModelServerConfig serving the newest version of each model; return its path."""
-    entries = "".join(
-        f'  config {{ name: "{m}" base_path: "{base / m}" model_platform: "tensorflow" }}\n'
-        for m in models
-    )
-    path.write_text(f"model_config_list {{\n{entries}}}\n", encoding="utf-8")
-    return path
-
-
-class _Stack:
-    """A modelserver and two gunicorn gateways (grpc, rest) on free ports."""
-
-    def __init__(self, ctx: BenchContext, base: Path, models: list[str]) -> None:
-        config = _config(base, models, ctx.work_dir / "gateway-bench.config")
-        self.grpc_port, self.rest_port = free_port(), free_port()
-        self.processes: list[ServerProcess] = []
-        self.server = self._spawn(
-            ctx,
-            "modelserver",
-            python_cmd("-m", "modelserver", f"--port={self.grpc_port}",
-                       f"--rest_api_port={self.rest_port}", f"--model_config_file={config}"),
-            child_env(),
-        )  # fmt: skip
-        self.rest_url = f"http://127.0.0.1:{self.rest_port}"
-        for model in models:
-            self.server.wait_until(lambda m=model: self._available(m) is not None, 300)
-        self.gateways: dict[str, str] = {}
-        for upstream in ("grpc", "rest"):
-            port = free_port()
-            env = child_env(
-                GATEWAY_UPSTREAM=upstream,
-                GATEWAY_TFS_GRPC=f"127.0.0.1:{self.grpc_port}",
-                GATEWAY_TFS_REST=self.rest_url,
-                GATEWAY_MODEL_BASE_PATH=str(base),
-                GATEWAY_BIND=f"127.0.0.1:{port}",
-                GATEWAY_WORKERS="1",
-                GATEWAY_THREADS="4",
-                GATEWAY_ACCESS_LOG="",  # logging every request is not what we measure
-            )
-            env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-            cmd = python_cmd("-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),
-                             "backend.app:create_app()")  # fmt: skip
-            proc = self._spawn(ctx, f"gateway-{upstream}", cmd, env)
-            url = f"http://127.0.0.1:{port}"
-            proc.wait_until(lambda u=url: _ok(f"{u}/healthz"), 60)
-            self.gateways[upstream] = url
-
-    def _spawn(self, ctx: BenchContext, name: str, cmd: list[str], env: dict[str, str]) -> Any:
-        proc = ServerProcess(cmd, ctx.work_dir / f"{name}.log", env=env)
-        self.processes.append(proc)
-        return proc
-
-    def _available(self, model: str) -> int | None:
-        try:
-            reply = requests.get(f"{self.rest_url}/v1/models/{model}", timeout=2).json()
-        except (requests.RequestException, ValueError):
-            return None
-        versions = [
-            int(s["version"])
-            for s in reply.get("model_version_status", [])
-            if s["state"] == "AVAILABLE"
-        ]
-        return max(versions) if versions else None
-
-    def version(self, model: str) -> int:
-        found = self._available(model)
-        assert found is not None
-        return found
-
-    def worker_pids(self, upstream: str) -> list[int]:
-        proc = self.processes[1 + ["grpc", "rest"].index(upstream)]
-        return [child.pid for child in psutil.Process(proc.proc.pid).children()]
-
-    def stop(self) -> None:
-        for proc in reversed(self.processes):
-            proc.stop()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=1).ok
-    except requests.RequestException:
-        return False
-
-
-def _interleaved(calls: list[Callable[[], object]], n: int) -> list[list[float]]:
-    """Return each call's wall times, the calls taken in turn so all see the same noise."""
-    for _ in range(max(5, n // 10)):  # warm connections, caches and the model
-        for call in calls:
-            call()
-    times: list[list[float]] = [[] for _ in calls]
-    for _ in range(n):
-        for call, samples in zip(calls, times, strict=True):
-            started = time.perf_counter()
-            call()
-            samples.append(time.perf_counter() - started)
-    return times
-
-
-@dataclass(frozen=True)
-class Direct:
-    """What the gateway sends upstream for some texts: its batch and the signature it calls."""
-
-    inputs: dict[str, np.ndarray]
-    signature: str | None
-    order: tuple[int, ...]  # the batch's rows by index into the texts (the gateway sorts them)
-
-    def describe(self) -> str:
-        shape = "×".join(str(d) for d in self.inputs["input_ids"].shape)
-        return f"[{shape}] int32 ×{len(self.inputs)} → {self.signature or 'serving_default'}"
-
-
-def gateway_batch(base: Path, model: str, version: int, texts: list[str]) -> Direct:
-    """Return the one batch the gateway sends for ``texts``, built with the gateway's own code."""
-    from backend.bucketing import pad_batch, plan_chunks
-    from backend.settings import load_settings
-    from backend.versions import load_assets
-
-    settings = load_settings(environ=child_env())  # what the stack's gateways read
-    assets = load_assets(base, model, version)
-    encoded = assets.tokenizer.encode(texts)
-    chunks = plan_chunks(
-        [int(e.ids.shape[0]) for e in encoded],
-        settings.max_batch_size,
-        assets.max_seq_len,
-        bucketing=settings.bucketing,
-        bucket_lens=sorted(assets.bucket_signatures) or None,
-    )
-    if len(chunks) != 1:
-        raise ValueError(f"{len(texts)} texts make {len(chunks)} upstream calls; expected one")
-    [chunk] = chunks
-    rows = [encoded[i].ids for i in chunk.indices]
-    inputs = pad_batch(rows, chunk.seq_len, assets.tokenizer.pad_id)
-    signature = assets.bucket_signatures.get(chunk.seq_len) if settings.bucketing else None
-    return Direct(inputs, signature, chunk.indices)
-
-
-def _overhead(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[Row]:
+def _overhead(ctx: BenchContext, stack: Stack, base: Path, model: str) -> list[Row]:
     """Return the overhead rows (grpc and rest) for one short text."""
     from backend.clients.grpc_client import GrpcClient
 
@@ -202,8 +62,8 @@ def _overhead(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[
     inputs, signature = batch.inputs, batch.signature or "serving_default"
     n = 60 if ctx.quick else 300
     # http.client keep-alive connections: a thin client, so the figures are the servers' time.
-    gateways = {name: _Http(url) for name, url in stack.gateways.items()}
-    upstream_http = _Http(stack.rest_url)
+    gateways = {name: Http(url) for name, url in stack.gateways.items()}
+    upstream_http = Http(stack.rest_url)
     body = orjson.dumps({"texts": [TEXT]})
     grpc_client = GrpcClient(f"127.0.0.1:{stack.grpc_port}")
     rest_body = orjson.dumps(
@@ -222,7 +82,7 @@ def _overhead(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[
         gateway = gateways[upstream]
         # The floor: an HTTP round trip to the same gunicorn that does no work (/healthz), on
         # the same keep-alive client, interleaved with the pairs.
-        d, g, f = _interleaved(
+        d, g, f = interleaved(
             [direct[upstream], partial(gateway.call, "POST", path, body),
              partial(gateway.call, "GET", "/healthz")], n,
         )  # fmt: skip
@@ -254,15 +114,15 @@ def _overhead(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[
     return rows
 
 
-def _client_shapes(ctx: BenchContext, stack: _Stack, model: str) -> list[Row]:
+def _client_shapes(ctx: BenchContext, stack: Stack, model: str) -> list[Row]:
     """Return the cost of /v1/embeddings against :embed for the same texts, and rerank texts/s."""
-    gateway = _Http(stack.gateways["grpc"])
+    gateway = Http(stack.gateways["grpc"])
     texts = _corpus(8, seed=11)
     n = 30 if ctx.quick else 150
     ours = orjson.dumps({"texts": texts})
     theirs = orjson.dumps({"input": texts, "model": model})
     packed = orjson.dumps({"input": texts, "model": model, "encoding_format": "base64"})
-    embed_t, openai_t, base64_t = _interleaved(
+    embed_t, openai_t, base64_t = interleaved(
         [partial(gateway.call, "POST", f"/v1/models/{model}:embed", ours),
          partial(gateway.call, "POST", "/v1/embeddings", theirs),
          partial(gateway.call, "POST", "/v1/embeddings", packed)], n,
@@ -272,7 +132,7 @@ def _client_shapes(ctx: BenchContext, stack: _Stack, model: str) -> list[Row]:
            f"{e:.2f} ms, /v1/embeddings {o:.2f} ms (float), {b:.2f} ms (base64)")  # fmt: skip
     docs = _corpus(32, seed=12)
     rerank = orjson.dumps({"model": model, "query": TEXT, "documents": docs})
-    (rerank_t,) = _interleaved([partial(gateway.call, "POST", "/v2/rerank", rerank)], n // 3)
+    (rerank_t,) = interleaved([partial(gateway.call, "POST", "/v2/rerank", rerank)], n // 3)
     per_s = 33 / median(rerank_t)
     return [
         Row("/v1/embeddings ÷ :embed, same 8 texts (p50)", f"{o / e:.2f}×",
@@ -281,29 +141,6 @@ def _client_shapes(ctx: BenchContext, stack: _Stack, model: str) -> list[Row]:
             f"{median(rerank_t) * 1000:.1f} ms per request", "",
             f"{n // 3} sequential requests, {model} (cosine; query and documents in one call)"),
     ]  # fmt: skip
-
-
-class _Http:
-    """One keep-alive HTTP/1.1 connection (http.client: far less client time than requests)."""
-
-    def __init__(self, url: str) -> None:
-        host, port = url.removeprefix("http://").split(":")
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
-
-    def call(self, method: str, path: str, body: bytes | None = None) -> bytes:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        try:
-            self.conn.request(method, path, body=body, headers=headers)
-            response = self.conn.getresponse()
-        except (http.client.RemoteDisconnected, ConnectionError):
-            # The server closed an idle keep-alive connection (gunicorn: after 5 s): reconnect.
-            self.conn.close()
-            self.conn.request(method, path, body=body, headers=headers)
-            response = self.conn.getresponse()
-        data = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"{method} {path}: {response.status} {data[:200]!r}")
-        return data
 
 
 def _worker_stages_ms(gateway_url: str) -> dict[str, float]:
@@ -340,7 +177,7 @@ def _corpus(n: int = 256, seed: int = 7) -> list[str]:
     return texts
 
 
-def _bucketing(ctx: BenchContext, stack: _Stack, base: Path, model: str) -> list[Row]:
+def _bucketing(ctx: BenchContext, stack: Stack, base: Path, model: str) -> list[Row]:
     """Return the bucketing-vs-padding throughput row (gateway pipeline, in-process, grpc)."""
     from backend.schemas import EmbedRequest
     from backend.service import Gateway
@@ -401,7 +238,7 @@ def _probe(kind: str) -> dict[str, Any]:
     return result
 
 
-def _footprint(ctx: BenchContext, stack: _Stack) -> list[Row]:
+def _footprint(ctx: BenchContext, stack: Stack) -> list[Row]:
     """Return RSS and import-time rows: our worker vs one importing tensorflow-serving-api."""
     rss = [psutil.Process(pid).memory_info().rss for pid in stack.worker_pids("grpc")]
     repeats = 1 if ctx.quick else 3
@@ -427,7 +264,7 @@ def run(ctx: BenchContext) -> list[Row]:
     """Run the gateway benchmarks and return their rows."""
     base, classify_model, embed_model = _models(ctx)
     print("gateway_bench: starting modelserver + gateways ...", flush=True)
-    stack = _Stack(ctx, base, [classify_model, embed_model])
+    stack = Stack(ctx, base, [classify_model, embed_model])
     try:
         print("gateway_bench: overhead ...", flush=True)
         rows = _overhead(ctx, stack, base, classify_model)

@@ -27,7 +27,8 @@ import psutil
 import requests
 
 from benchmarks import BenchContext, Row, median
-from benchmarks.gateway_bench import Direct, _models, _Stack, gateway_batch
+from benchmarks.gateway_bench import _models
+from benchmarks.stack import Direct, Stack, gateway_batch
 from export.hardware import usable_cores
 from ops.load import (
     Cell,
@@ -79,7 +80,7 @@ def cpu_delta(before: CpuSnapshot, after: CpuSnapshot) -> float:
 
 
 def check_same_answers(
-    stack: _Stack, model: str, version: int, texts: list[str], direct: Direct
+    stack: Stack, model: str, version: int, texts: list[str], direct: Direct
 ) -> None:
     """Raise unless the direct call returns the logits the gateway returns for ``texts``."""
     from backend.clients.grpc_client import GrpcClient
@@ -111,7 +112,7 @@ def check_same_answers(
 class _Pids:
     """The process trees measured: the grpc gateway (master + workers) and the model server."""
 
-    def __init__(self, stack: _Stack) -> None:
+    def __init__(self, stack: Stack) -> None:
         self.workers = len(stack.worker_pids("grpc"))
         self.gateway = [psutil.Process(stack.worker_pids("grpc")[0]).ppid()]
         self.server = [stack.server.pid]
@@ -128,7 +129,7 @@ def _check(send: Sender, version: int) -> None:
 
 def _cpu_rows(
     ctx: BenchContext,
-    stack: _Stack,
+    stack: Stack,
     pids: _Pids,
     model: str,
     version: int,
@@ -219,7 +220,7 @@ def _measure(
 
 
 def _saturation_rows(
-    ctx: BenchContext, stack: _Stack, pids: _Pids, base: Path, model: str, version: int, texts: int
+    ctx: BenchContext, stack: Stack, pids: _Pids, base: Path, model: str, version: int, texts: int
 ) -> list[Row]:
     """Return gateway ÷ direct gRPC throughput at saturation and the generator's CPU rows."""
     text_list = make_texts(texts, WORDS)
@@ -296,7 +297,7 @@ def run(ctx: BenchContext) -> list[Row]:
     """Run the gateway load benchmarks and return their rows."""
     base, classify_model, _ = _models(ctx)
     print("gateway_load_bench: starting modelserver + gateways ...", flush=True)
-    stack = _Stack(ctx, base, [classify_model])
+    stack = Stack(ctx, base, [classify_model])
     try:
         version = stack.version(classify_model)
         pids = _Pids(stack)
@@ -321,7 +322,7 @@ def _fast_model_rows(ctx: BenchContext) -> list[Row]:
 
     base = ctx.work_dir / "fast-model"
     export_tiny_model(base, "tiny-intent", task="classify", version=1, max_seq_len=128)
-    stack = _Stack(ctx, base, ["tiny-intent"])
+    stack = Stack(ctx, base, ["tiny-intent"])
     try:
         return _cpu_rows(ctx, stack, _Pids(stack), "tiny-intent", 1, 1, kind="tiny 2-layer model")
     finally:

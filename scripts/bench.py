@@ -27,6 +27,7 @@ MODULES = [
     "finetune_bench",
     "early_exit_bench",
     "e2e_bench",
+    "heads_bench",
 ]
 
 
