@@ -192,7 +192,7 @@ def _fits(served: Served, firsts: set[str]) -> set[str]:
 def score_ner(served: Served) -> dict[str, Any]:
     """Return span-exact entity F1 (micro and per type) of the entities :tag answers on
     test.jsonl (aggregation ``first``, the gateway's windows)."""
-    from backend.tagging import tag_text
+    from backend.tagging import tag_text, window_stride
     from finetune.metrics import entity_f1
 
     texts, gold = [], []
@@ -200,7 +200,7 @@ def score_ner(served: Served) -> dict[str, Any]:
         row = json.loads(line)
         texts.append(row["text"])
         gold.append([(e["start"], e["end"], e["label"]) for e in row["entities"]])
-    stride = (served.max_seq_len - 2) // 4  # backend/service.py's windows
+    stride = window_stride(served.max_seq_len)  # the gateway's windows
     windows = [served.tokenizer.tag_windows(text, stride) for text in texts]
     flat = [w.encoded for text_windows in windows for w in text_windows]
     logits = iter(served.run(flat, "logits"))
