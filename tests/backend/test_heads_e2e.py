@@ -13,7 +13,9 @@ the tagger the entities of pipeline("token-classification") under every aggregat
 from __future__ import annotations
 
 import functools
+import multiprocessing
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,20 +69,30 @@ TEXTS = [
 ]
 
 
+def _export(checkpoints: dict[str, Path], base: Path) -> None:
+    """Export every head to ``base`` as version 1 (run in a child process, see ``stack``)."""
+    from export.build import build
+
+    for name, checkpoint in checkpoints.items():
+        build(checkpoint, name, base, version=1, task=HEADS[name].get("task", "classify"),
+              max_seq_len=MAX_LEN, warmup=False)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Return {gateways: {transport: Gateway}, checkpoints}: the tiny heads exported, served by
     one model server, behind a gRPC and a REST gateway."""
-    from export.build import build
     from export.tiny import write_hf_checkpoint
 
     root = tmp_path_factory.mktemp("heads")
-    base, checkpoints = root / "models", {}
-    for name, head in HEADS.items():
-        task = head.get("task", "classify")
-        checkpoints[name] = write_hf_checkpoint(root / name, **head)
-        build(checkpoints[name], name, base, version=1, task=task, max_seq_len=MAX_LEN,
-              warmup=False)  # fmt: skip
+    base = root / "models"
+    checkpoints = {name: write_hf_checkpoint(root / name, **head) for name, head in HEADS.items()}
+    # TensorFlow exports in a child while torch loads the references here: on two cores the
+    # two take about as long as the exports alone (and torch and TF never share a process).
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        exported = pool.submit(_export, checkpoints, base)
+        _load_references(checkpoints)
+        exported.result()
     config = root / "models.config"
     config.write_text(model_config(base, {}, list(HEADS)), encoding="utf-8")
     logs = root / "logs"
@@ -90,9 +102,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         for name in HEADS:
             server.wait_available(name, 1)
-        for transport in TRANSPORTS:
-            env = gateway_env(server, transport, base, config)
-            gateways[transport] = Gateway(env, logs, workers=1)
+        with ThreadPoolExecutor(len(TRANSPORTS)) as starting:  # both gateways start at once
+            started = {
+                transport: starting.submit(
+                    Gateway, gateway_env(server, transport, base, config), logs, workers=1
+                )
+                for transport in TRANSPORTS
+            }
+        gateways = {t: f.result() for t, f in started.items() if f.exception() is None}
+        for future in started.values():
+            future.result()  # raises a gateway's failure to start (the others are stopped below)
         yield {"gateways": gateways, "checkpoints": checkpoints}
     finally:
         for gateway in gateways.values():
@@ -131,6 +150,16 @@ def _token_classifier(checkpoint: Path) -> Any:
     from transformers import BertForTokenClassification
 
     return BertForTokenClassification.from_pretrained(str(checkpoint), local_files_only=True).eval()
+
+
+def _load_references(checkpoints: dict[str, Path]) -> None:
+    """Load transformers' model of every checkpoint (and the tagger's pipelines) into the caches."""
+    for name, checkpoint in checkpoints.items():
+        if HEADS[name].get("task") == "tag":
+            for strategy in STRATEGIES:
+                _pipeline(checkpoint, strategy)
+        else:
+            _sequence_classifier(checkpoint)
 
 
 def _reference_logits(checkpoint: Path, inputs: list[str] | list[list[str]]) -> np.ndarray:
