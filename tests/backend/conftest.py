@@ -40,6 +40,7 @@ def minilm_vocab_file() -> Path:
 # -- end-to-end: tiny models, a real modelserver, real gunicorn gateways ------------------------
 
 INTENT, EMBED = "tiny-intent", "tiny-embed"
+TAGGER = "tiny-tagger"  # a BIO token classifier: what :tag serves (schemathesis's tag model)
 # v1: a 3-layer classifier; v2: the same checkpoint exported with early exits (students after
 # layers 1 and 2), so v2 at speed 0 must answer as v1 does.
 EXITS, EXIT_LAYERS = "tiny-exits", 3
@@ -54,8 +55,8 @@ def other_vocab() -> list[str]:
 
 @pytest.fixture(scope="session")
 def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Return a base path with tiny-intent v1, v2 (another vocabulary), tiny-embed v1 and
-    tiny-exits v1 (no exits), v2 (the same weights with early exits)."""
+    """Return a base path with tiny-intent v1, v2 (another vocabulary), tiny-embed v1,
+    tiny-exits v1 (no exits), v2 (the same weights with early exits) and tiny-tagger v1."""
     from export.tiny import export_tiny_model
 
     base = tmp_path_factory.mktemp("models")
@@ -64,6 +65,7 @@ def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
         base, INTENT, task="classify", version=2, seed=1, vocab=other_vocab(), warmup=False
     )
     export_tiny_model(base, EMBED, task="embed", version=1, seed=2, warmup=False)
+    export_tiny_model(base, TAGGER, task="tag", version=1, seed=3, max_seq_len=32, warmup=False)
     for version, early_exit in ((1, False), (2, True)):
         export_tiny_model(
             base, EXITS, version=version, seed=5, layers=EXIT_LAYERS, warmup=False,
@@ -76,7 +78,8 @@ def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def config_file(model_base: Path) -> Path:
     """Return the serving config (all versions, labels stable=1, canary=2)."""
     path = model_base / "models.config"
-    path.write_text(model_config(model_base, LABELS, [INTENT, EMBED, EXITS]), encoding="utf-8")
+    models = [INTENT, EMBED, EXITS, TAGGER]
+    path.write_text(model_config(model_base, LABELS, models), encoding="utf-8")
     return path
 
 
@@ -95,6 +98,7 @@ def modelserver(config_file: Path, log_dir: Path) -> Iterator[ModelServer]:
         server.wait_available(EMBED, 1)
         server.wait_available(EXITS, 1)
         server.wait_available(EXITS, 2)
+        server.wait_available(TAGGER, 1)
         yield server
     finally:
         server.stop()

@@ -19,17 +19,17 @@ from backend.postprocessing import classifications, positive_index
 from backend.tagging import STRATEGIES, merge_overlapping, tag_text
 from backend.tokenization import BertTokenizer, FirstSegmentTooLong, longest_first
 from modelformat.heads import Head, head_from_info
+from tests.backend.heads_reference import (
+    LONG,
+    TAG_TEXTS,
+    assert_same_entities,
+    reference_entities,
+    token_pipeline,
+)
+from tests.backend.heads_reference import hf_tokenizer as reference_tokenizer
 
 MAX_LEN = 32
 TAGS = ["O", "B-ORDER", "I-ORDER", "B-PRODUCT", "I-PRODUCT"]
-TEXTS = [
-    "my order 12345 never arrived, please help",
-    "Thé órder of my pâckage is still läte today",  # accents: lowercased and stripped
-    "我的订单还没到 and the package is lost",  # CJK: one token per character
-    "hello 😀 my  card\twas charged   twice 🎉🎉",  # emoji ([UNK]) and odd whitespace
-    "  refunding the ordered items, shipping tracking",  # word pieces (##ing, ##ed)
-]
-LONG = " ".join(["my order was charged twice and the package never arrived"] * 9)  # > 3 windows
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +39,7 @@ def tokenizer(tiny_vocab_file: Path) -> BertTokenizer:
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(tiny_vocab_file: Path) -> Any:
-    from transformers import BertTokenizerFast
-
-    return BertTokenizerFast(str(tiny_vocab_file), do_lower_case=True, model_max_length=MAX_LEN)
+    return reference_tokenizer(tiny_vocab_file, MAX_LEN)
 
 
 # -- sentence pairs ---------------------------------------------------------------------------
@@ -176,13 +174,6 @@ def tagger(tiny_vocab_file: Path) -> Any:
     return model
 
 
-def _pipeline(model: Any, tokenizer: Any, strategy: str) -> Any:
-    from transformers import pipeline
-
-    return pipeline("token-classification", model=model, tokenizer=tokenizer,
-                    aggregation_strategy=strategy, device="cpu")  # fmt: skip
-
-
 def _ours(text: str, windows: list, model: Any, strategy: str, unk_id: int) -> list[dict]:
     import torch
 
@@ -194,24 +185,16 @@ def _ours(text: str, windows: list, model: Any, strategy: str, unk_id: int) -> l
     return tag_text(text, windows, rows, strategy, TAGS, unk_id)
 
 
-def _comparable(entities: list[dict], text: str, strategy: str) -> list[tuple]:
-    key = "entity" if strategy == "none" else "entity_group"
-    return [(e[key], e["start"], e["end"], text[e["start"] : e["end"]]) for e in entities]
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
+@pytest.mark.parametrize("text", TAG_TEXTS, ids=range(len(TAG_TEXTS)))
 def test_entities_match_the_transformers_pipeline(
     text: str, strategy: str, tagger: Any, tokenizer: BertTokenizer, hf_tokenizer: Any
 ) -> None:
-    want = _pipeline(tagger, hf_tokenizer, strategy)(text)
+    want = token_pipeline(tagger, hf_tokenizer, strategy)(text)
 
     got = _ours(text, tokenizer.tag_windows(text, 7), tagger, strategy, tokenizer.unk_id)
 
-    assert [(e["label"], e["start"], e["end"], e["text"]) for e in got] == _comparable(
-        want, text, strategy
-    )
-    assert [e["score"] for e in got] == pytest.approx([float(e["score"]) for e in want], abs=1e-5)
+    assert_same_entities(got, reference_entities(want, text, strategy), atol=1e-5)
     assert any(e["label"] != "O" for e in got)  # the tagger does find entities
 
 
@@ -223,29 +206,24 @@ def test_windowed_entities_match_the_pipeline_with_stride(
     is its aggregate_overlapping_entities (the pipeline refuses stride with 'none')."""
     stride = (MAX_LEN - 2) // 4
     windows = tokenizer.tag_windows(LONG, stride)
-    want = _pipeline(tagger, hf_tokenizer, strategy)(LONG, stride=stride)
+    want = token_pipeline(tagger, hf_tokenizer, strategy)(LONG, stride=stride)
 
     got = _ours(LONG, windows, tagger, strategy, tokenizer.unk_id)
 
     assert len(windows) > 3 and not windows[0].encoded.truncated
-    assert [(e["label"], e["start"], e["end"]) for e in got] == [
-        (e["entity_group"], e["start"], e["end"]) for e in want
-    ]
-    assert [e["score"] for e in got] == pytest.approx([float(e["score"]) for e in want], abs=1e-4)
+    assert_same_entities(got, reference_entities(want, LONG, strategy), atol=1e-4)
 
 
 def test_truncated_tagging_matches_the_pipeline_without_stride(
     tagger: Any, tokenizer: BertTokenizer, hf_tokenizer: Any
 ) -> None:
     windows = tokenizer.tag_windows(LONG, 7, truncate=True)
-    want = _pipeline(tagger, hf_tokenizer, "simple")(LONG)
+    want = token_pipeline(tagger, hf_tokenizer, "simple")(LONG)
 
     got = _ours(LONG, windows, tagger, "simple", tokenizer.unk_id)
 
     assert len(windows) == 1 and windows[0].encoded.truncated
-    assert [(e["label"], e["start"], e["end"]) for e in got] == [
-        (e["entity_group"], e["start"], e["end"]) for e in want
-    ]
+    assert_same_entities(got, reference_entities(want, LONG, "simple"), atol=1e-4)
 
 
 def test_overlapping_entities_keep_the_longer_then_the_more_confident() -> None:

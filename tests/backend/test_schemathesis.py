@@ -1,7 +1,8 @@
 """The OpenAPI document tells the truth (issue 21 item 7): schemathesis (pinned) generates
 requests from /openapi.json and sends them to a live gunicorn gateway over a real model server,
 every route and every check on: no 5xx, every answer matches its schema and a documented status,
-schema-valid requests accepted, schema-violating ones refused, Allow headers true."""
+schema-valid requests accepted, schema-violating ones refused, Allow headers true. Each route that
+names a model gets one of its kind (tests/schemathesis.toml), :tag a real token classifier."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ops.procs import REPO, child_env
-from tests.backend.conftest import EMBED, INTENT
+from tests.backend.conftest import EMBED, INTENT, TAGGER
 from tests.backend.stack import Gateway
 
 CONFIG = REPO / "tests" / "schemathesis.toml"
@@ -19,7 +20,7 @@ CONFIG = REPO / "tests" / "schemathesis.toml"
 def test_schemathesis_finds_no_difference_between_the_schema_and_the_gateway(
     grpc_gateway: Gateway, tmp_path: Path
 ) -> None:
-    env = child_env(ST_CLASSIFY_MODEL=INTENT, ST_EMBED_MODEL=EMBED)
+    env = child_env(ST_CLASSIFY_MODEL=INTENT, ST_EMBED_MODEL=EMBED, ST_TAG_MODEL=TAGGER)
     env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(tmp_path / "hypothesis")
     cmd = [
         str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(CONFIG), "run",
@@ -30,6 +31,12 @@ def test_schemathesis_finds_no_difference_between_the_schema_and_the_gateway(
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "Tested: 14" in output, output[-3000:]  # every route of the document
+    tagged = [
+        line
+        for line in grpc_gateway.process.log_path.read_text().splitlines()
+        if f'"/v1/models/{TAGGER}:tag","status":200' in line and "schemathesis" in line
+    ]
+    assert tagged, "schemathesis got no :tag answer from the tag model"
 
 
 def test_the_schema_says_what_the_gateway_refuses(grpc_gateway: Gateway) -> None:
