@@ -9,7 +9,9 @@ write assets and warmup records, fsync, rename. Any failure removes the temporar
 The gate (export/gates.py; export/README.md for what each head's rule measures and why):
 embeddings need a minimum cosine to FP32; single-label classifiers keep every *decisive* argmax
 and a bounded score drift; sigmoid heads keep every decisive per-label decision; regression heads
-a bounded score error; tag heads the same BIO entities.
+a bounded score error; tag heads the same BIO entities. An early-exit fp16/bf16 export is also
+gated at its default speed (0.8 when 0) and at 1: the same exit layers, and the softmax rule on
+the rows that leave at the same layer.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from export import __version__
+from export import __version__, gates
 from export.checkpoint import Checkpoint, read_checkpoint
 from export.errors import ExportError
 from export.gates import Tolerance, gate_metric, measure, within, worse
@@ -72,15 +74,18 @@ class BuildResult:
 
     def summary(self) -> str:
         """Return the one-line summary the CLI prints last."""
-        figures = ", ".join(
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in self.conversion.items()
-            if k not in ("reference", "probe_shape", "metric")
-        )
+
+        def show(figures: dict[str, Any], skip: tuple[str, ...]) -> str:
+            return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in figures.items() if k not in skip)  # fmt: skip
+
+        figures = show(self.conversion, ("reference", "probe_shape", "metric", "early_exit"))
+        exits = "".join(f"; at speed {e['speed']:g}: {show(e, ('speed',))}"
+                        for e in self.conversion.get("early_exit", ()))  # fmt: skip
         return (
             f"published {self.path} ({self.size_bytes / 1e6:.1f} MB, "
             f"{self._precision()}) in {self.wall_s:.1f}s; "
-            f"vs fp32: {figures}"
+            f"vs fp32: {figures}{exits}"
         )
 
 
@@ -195,6 +200,10 @@ def build(
     )
     probe = _probe_batch(ckpt, max_seq_len, exits is not None)
     expected = _run(reference.serve, probe)
+    # fp32 saves the reference itself; a converted graph's students and exits are gated too
+    converted = exits is not None and precision != "fp32"
+    speeds = gates.exit_gate_speeds(default_speed) if converted else ()
+    at_speeds = gates.exit_probes(lambda feeds: _run(reference.serve, feeds), probe, speeds)
 
     try:
         with temp_version(model_dir, version) as temp:
@@ -205,7 +214,7 @@ def build(
                 labels=out_labels, zero_shot_scale=scale, probe=probe, expected=expected,
                 tolerance=tolerance, warmup=warmup, say=say, choice=choice,
                 verified=verified_on(cpu, gpus),
-                early_exit=_early_exit_info(exits, ckpt, default_speed),
+                early_exit=_early_exit_info(exits, ckpt, default_speed), exit_probes=at_speeds,
             )  # fmt: skip
     except OSError as exc:  # disk full, read-only, permissions: the temp dir is already gone
         where = exc.filename or model_dir
@@ -343,6 +352,7 @@ def _write_version(
     verified: dict[str, Any],
     early_exit: dict[str, Any] | None = None,
     head: Head | None = None,
+    exit_probes: Sequence[gates.ExitProbe] = (),
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
@@ -367,6 +377,9 @@ def _write_version(
     figures = gauge("serving_default")
     # The probe's length is always a bucket (min(64, max_seq_len)): check that signature too.
     probe_sig = bucket_signatures.get(str(probe["input_ids"].shape[1]))
+    checked = ["serving_default", *([probe_sig] if probe_sig else [])]
+    exit_figures = [gates.measure_exits(p, [_run(loaded.signatures[s], p.feeds) for s in checked],
+                                        len(target.layers)) for p in exit_probes]  # fmt: skip
     if probe_sig is not None:
         bucket_figures = gauge(probe_sig)
         figures = {k: worse(k, v, bucket_figures[k]) for k, v in figures.items()}
@@ -375,12 +388,20 @@ def _write_version(
         "metric": gate_metric(figures),
         "reference": "fp32",
         "probe_shape": list(probe["input_ids"].shape),
+        **({"early_exit": exit_figures} if exit_figures else {}),
     }
     say("conversion: " + ", ".join(f"{k}={v}" for k, v in figures.items()))
     if not within(figures, tolerance):
         raise ExportError(
             f"{precision} conversion error beyond tolerance ({tolerance}): {figures}; not published"
         )
+    for at in exit_figures:
+        if bad := gates.exit_violations(at, tolerance):
+            raise ExportError(f"{precision} early-exit conversion beyond tolerance at speed "
+                              f"{at['speed']:g} ({', '.join(bad)}; {tolerance}): {at}; "
+                              "not published")  # fmt: skip
+        if at["early_rows"] == 0:
+            say(f"warning: no probe row leaves before the last layer at speed {at['speed']:g}")
     info = {
         "name": name,
         "task": task,

@@ -15,11 +15,16 @@ within ``Tolerance``. Each head is held to what its readers answer (export/READM
   same, except entities that touch a token whose FP32 top-two probabilities are closer than
   ``DECISIVE_GAP`` (a tie at 16-bit precision), and ``|Δprobability|`` over real tokens is bounded
   (``max_token_prob_diff``).
+
+An early-exit export is also gated at the speeds of ``exit_gate_speeds`` (its default speed, and
+1), where the students answer and the exit decisions matter: every row whose FP32 exit is not a
+tie (no FP32 normalised entropy up to its exit within ``EXIT_MARGIN`` of the speed) leaves at the
+same layer, and the rows that leave at the same layer are held to the softmax rule above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +41,15 @@ DECISION_MARGIN = 0.01
 LOWER_IS_WORSE = (
     "argmax_agreement", "decisive_agreement", "min_cosine", "decision_agreement",
     "decisive_decision_agreement", "entity_agreement", "decisive_entity_agreement",
-    "token_agreement",
+    "token_agreement", "exit_agreement", "decisive_exit_agreement",
 )  # fmt: skip
+# The speed an early-exit export is gated at when its default is 0 (which never exits): the speed
+# the README quotes (the fastest within a point of the full model on the demo).
+EXIT_GATE_SPEED = 0.8
+# A row is an exit tie when an FP32 normalised entropy at a layer up to its exit is closer than
+# this to the exit threshold (its speed): 16-bit rounding may move its exit. A |Δp| of 0.01 (the
+# default bound) moves a 2-label entropy by 0.040 at 0.3, 0.029 at 0.5, 0.016 at 0.8 (README).
+EXIT_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -217,3 +229,100 @@ def within(figures: dict[str, Any], tolerance: Tolerance) -> bool:
     if metric == "decisive_entity_agreement":
         return bool(figures["max_token_prob_diff"] <= tolerance.max_token_prob_diff)
     return bool(figures["max_abs_prob_diff"] <= tolerance.max_prob_diff)
+
+
+Outputs = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ExitProbe:
+    """The probe at one ``speed``: its feeds, the FP32 outputs, and which rows' exits are steady."""
+
+    speed: float
+    feeds: Outputs
+    expected: Outputs
+    steady: np.ndarray  # bool [rows]: the FP32 exit layer is the same at speed ± EXIT_MARGIN
+
+
+def exit_gate_speeds(default_speed: float) -> tuple[float, ...]:
+    """Return the speeds an early-exit conversion is gated at, ascending.
+
+    The model's default speed (``EXIT_GATE_SPEED`` when it is 0, which never exits) is what the
+    gateway sends; 1 makes nearly every row leave after layer 1, so the first student is compared
+    on the whole probe even when the probe's random rows are too unsure to leave at the default.
+    """
+    return tuple(sorted({float(default_speed) if default_speed > 0 else EXIT_GATE_SPEED, 1.0}))
+
+
+def exit_probes(
+    reference: Callable[[Outputs], Outputs], probe: Outputs, speeds: Sequence[float]
+) -> list[ExitProbe]:
+    """Return the FP32 ``reference``'s answers to ``probe`` at each speed, with its exit ties.
+
+    The exit rule is ``entropy < speed`` at each layer (export/exits.py), so a row's exit layer
+    is the same at ``speed - EXIT_MARGIN`` and ``speed + EXIT_MARGIN`` exactly when none of its
+    entropies up to that exit lies within the margin of the speed: such a row is steady.
+    """
+
+    def at(speed: float) -> Outputs:
+        rows = len(probe["input_ids"])
+        return {**probe, "speed": np.full(rows, min(1.0, max(0.0, speed)), np.float32)}
+
+    out = []
+    for speed in speeds:
+        low = reference(at(speed - EXIT_MARGIN))["exit_layer"]
+        high = reference(at(speed + EXIT_MARGIN))["exit_layer"]
+        feeds = at(speed)
+        out.append(ExitProbe(speed, feeds, reference(feeds), np.asarray(low == high)))
+    return out
+
+
+def exit_figures(
+    expected: Outputs, got: Outputs, steady: np.ndarray, num_layers: int
+) -> dict[str, Any]:
+    """Return how the converted early-exit outputs ``got`` differ from FP32's at one speed.
+
+    ``exit_rows``: how many probe rows leave after each layer 1..L in FP32 (``early_rows``: before
+    the last); ``exit_agreement``: the share leaving at the same layer (``decisive_`` over the
+    ``steady`` rows, the rest are ``exit_ties``); then the softmax figures over the rows that leave
+    at the same layer (``same_exit_rows``), so a student is compared with itself.
+    """
+    want, have = np.asarray(expected["exit_layer"]), np.asarray(got["exit_layer"])
+    same = want == have
+    steady = np.asarray(steady, bool)
+    counts = np.bincount(want, minlength=num_layers + 1)[1 : num_layers + 1]
+    figures: dict[str, Any] = {
+        "exit_rows": [int(n) for n in counts],
+        "early_rows": int((want < num_layers).sum()),
+        "exit_agreement": float(same.mean()),
+        "decisive_exit_agreement": float(same[steady].mean()) if steady.any() else 1.0,
+        "exit_ties": int((~steady).sum()),
+        "same_exit_rows": int(same.sum()),
+    }
+    if same.any():
+        rows = {k: expected[k][same] for k in ("logits", "probabilities")}
+        figures.update(_softmax_figures(rows, {k: got[k][same] for k in rows}, None))
+    else:  # nothing to compare: the exit rule above has already failed every steady row
+        figures.update(max_abs_prob_diff=0.0, max_abs_logit_diff=0.0, argmax_agreement=1.0,
+                       decisive_agreement=1.0)  # fmt: skip
+    return figures
+
+
+def measure_exits(probe: ExitProbe, outputs: Sequence[Outputs], num_layers: int) -> dict[str, Any]:
+    """Return ``{"speed": ..., **exit_figures}``, the worst over the converted ``outputs``.
+
+    ``outputs`` are the converted graph's answers to ``probe.feeds``, one per signature checked.
+    """
+    each = [exit_figures(probe.expected, got, probe.steady, num_layers) for got in outputs]
+    worst = each[0]
+    for other in each[1:]:
+        worst = {k: v if isinstance(v, list) else worse(k, v, other[k]) for k, v in worst.items()}
+    return {"speed": probe.speed, **worst}
+
+
+def exit_violations(figures: dict[str, Any], tolerance: Tolerance) -> list[str]:
+    """Return the names of the early-exit figures beyond ``tolerance`` (empty: publishable)."""
+    bad = [k for k in ("decisive_exit_agreement", "decisive_agreement") if figures[k] < 1.0]
+    if figures["max_abs_prob_diff"] > tolerance.max_prob_diff:
+        bad.append("max_abs_prob_diff")
+    return bad

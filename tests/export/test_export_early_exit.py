@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import export.build
 from export.build import build
 from export.checkpoint import read_checkpoint
 from export.errors import ExportError
+from export.gates import Tolerance, exit_violations
 from export.model import BertModule, normalized_entropy, pool, run
 from export.tiny import write_hf_checkpoint
 from export.warmup import read_warmup_records, token_batch
@@ -201,3 +203,47 @@ def test_runs_through_the_tf1_session_loader_tf_serving_uses(exits_version: Any)
     want = run(tf.saved_model.load(str(exits_version.path)).signatures["seq_16"], feeds)
     np.testing.assert_array_equal(got["exit_layer"], want["exit_layer"])
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-5)
+
+
+# Emulated bf16 (AVX2) on this random 4-layer model drifts 0.017 from fp32 at speed 0 already,
+# beyond the default 0.01 (fp16: 0.0004): the bf16 case is about the exit figures, not that bound.
+CONVERSIONS = [("fp16", Tolerance()), ("bf16", Tolerance(max_prob_diff=0.05))]
+
+
+@pytest.mark.parametrize(("precision", "tolerance"), CONVERSIONS)
+def test_a_converted_early_exit_export_is_also_gated_where_rows_exit(
+    exits_ckpt: Path, exits_version: Any, tmp_path: Path, precision: str, tolerance: Tolerance
+) -> None:
+    result = build(exits_ckpt, "ee", tmp_path, max_seq_len=64, early_exit=True, warmup=False,
+                   precision=precision, tolerance=tolerance)  # fmt: skip
+    at_speeds = result.model_info["conversion"]["early_exit"]
+    assert [at["speed"] for at in at_speeds] == [0.8, 1.0]  # default 0: gated at 0.8, and 1
+    for at in at_speeds:
+        assert sum(at["exit_rows"]) == 8 and len(at["exit_rows"]) == LAYERS
+        assert at["early_rows"] > 0  # the probe's rows really leave early: students compared
+        assert at["decisive_exit_agreement"] == 1.0 and exit_violations(at, tolerance) == []
+    assert at_speeds[1]["exit_rows"][0] > 0  # speed 1: the first student answers
+    assert "; at speed 0.8: exit_rows=" in result.summary()
+    assert "early_exit" not in exits_version.conversion  # fp32 is the reference itself
+
+
+def test_a_converted_student_that_exits_elsewhere_is_refused(
+    exits_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first student made overconfident in the converted graph only: speed 0 never asks it."""
+    original = export.build._build_modules
+
+    def broken_modules(ckpt: Any, *args: Any, **kwargs: Any) -> Any:
+        reference, _, labels, scale = original(ckpt, *args, **kwargs)
+        weights = dict(ckpt.weights)
+        weights["exit_0/classifier/kernel"] = weights["exit_0/classifier/kernel"] * 50.0
+        target = BertModule(ckpt.config, weights, task="classify", precision="fp16",
+                            pooling="cls", early_exit=ckpt.exits)  # fmt: skip
+        return reference, target, labels, scale
+
+    monkeypatch.setattr(export.build, "_build_modules", broken_modules)
+    with pytest.raises(ExportError, match=r"early-exit conversion beyond tolerance at speed "
+                                          r"0\.8 \(decisive_exit_agreement"):  # fmt: skip
+        build(exits_ckpt, "broken", tmp_path, max_seq_len=64, early_exit=True, warmup=False,
+              precision="fp16")  # fmt: skip
+    assert not (tmp_path / "broken").exists() or not any((tmp_path / "broken").iterdir())

@@ -13,7 +13,19 @@ import export.build
 from export.build import build
 from export.checkpoint import read_checkpoint
 from export.errors import ExportError
-from export.gates import Tolerance, bio_entities, gate_metric, measure, within
+from export.gates import (
+    EXIT_GATE_SPEED,
+    EXIT_MARGIN,
+    Tolerance,
+    bio_entities,
+    exit_figures,
+    exit_gate_speeds,
+    exit_probes,
+    exit_violations,
+    gate_metric,
+    measure,
+    within,
+)
 from export.tiny import write_hf_checkpoint
 from export.warmup import token_batch
 from modelformat.heads import MULTI, REGRESSION, Head
@@ -187,3 +199,64 @@ def test_build_refuses_a_broken_tag_conversion_and_publishes_nothing(
         build(checkpoints["tag"], "t", tmp_path, task="tag", precision="bf16", max_seq_len=32,
               warmup=False)  # fmt: skip
     assert not (tmp_path / "t").exists() or not any((tmp_path / "t").iterdir())
+
+
+def _exit_outputs(layers: list[int], probs: list[list[float]]) -> dict[str, np.ndarray]:
+    p = np.array(probs, np.float32)
+    return {"logits": np.log(p), "probabilities": p, "exit_layer": np.array(layers, np.int32)}
+
+
+def test_exit_gate_speeds_are_the_default_or_08_and_one() -> None:
+    assert exit_gate_speeds(0.0) == (EXIT_GATE_SPEED, 1.0) == (0.8, 1.0)
+    assert exit_gate_speeds(0.25) == (0.25, 1.0)
+    assert exit_gate_speeds(1.0) == (1.0,)
+
+
+def test_exit_figures_count_exits_per_layer_and_compare_rows_that_leave_together() -> None:
+    fp32 = _exit_outputs([1, 2, 4, 4], [[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
+    got = _exit_outputs([1, 2, 4, 4], [[0.895, 0.105], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
+    figures = exit_figures(fp32, got, np.ones(4, bool), num_layers=4)
+    assert figures["exit_rows"] == [1, 1, 0, 2] and figures["early_rows"] == 2
+    assert figures["exit_agreement"] == figures["decisive_exit_agreement"] == 1.0
+    assert figures["max_abs_prob_diff"] == pytest.approx(0.005, abs=1e-6)
+    assert exit_violations(figures, Tolerance()) == []
+
+
+def test_a_steady_row_leaving_at_another_layer_is_refused_and_named() -> None:
+    fp32 = _exit_outputs([1, 4], [[0.9, 0.1], [0.3, 0.7]])
+    moved = _exit_outputs([1, 2], [[0.9, 0.1], [0.6, 0.4]])  # row 1 leaves early, argmax flipped
+    figures = exit_figures(fp32, moved, np.array([True, True]), num_layers=4)
+    assert figures["decisive_exit_agreement"] == 0.5 and figures["same_exit_rows"] == 1
+    assert figures["max_abs_prob_diff"] == 0.0  # only rows that left together are compared
+    assert exit_violations(figures, Tolerance(max_prob_diff=1.0)) == ["decisive_exit_agreement"]
+    # the same move on a row whose FP32 exit is a tie (entropy within the margin) is forgiven
+    tie = exit_figures(fp32, moved, np.array([True, False]), num_layers=4)
+    assert tie["exit_agreement"] == 0.5 and tie["decisive_exit_agreement"] == 1.0
+    assert tie["exit_ties"] == 1 and exit_violations(tie, Tolerance()) == []
+
+
+def test_a_student_answering_differently_at_the_same_exit_is_refused() -> None:
+    fp32 = _exit_outputs([2, 2], [[0.9, 0.1], [0.52, 0.48]])
+    got = _exit_outputs([2, 2], [[0.3, 0.7], [0.48, 0.52]])  # row 0 decisive and flipped
+    figures = exit_figures(fp32, got, np.ones(2, bool), num_layers=3)
+    assert figures["decisive_agreement"] == 0.0 and figures["argmax_agreement"] == 0.0
+    assert exit_violations(figures, Tolerance()) == ["decisive_agreement", "max_abs_prob_diff"]
+
+
+def test_exit_probes_mark_rows_within_the_margin_of_the_speed_as_ties() -> None:
+    """A numpy model of the graph's rule: leave at the first layer whose entropy < speed."""
+    entropies = np.array([[0.5, 0.1], [0.79, 0.1], [0.9, 0.84], [0.95, 0.95], [0.82, 0.7]])
+
+    def reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        leaves = entropies < feeds["speed"][:, None]
+        layer = np.where(leaves.any(1), leaves.argmax(1) + 1, 3).astype(np.int32)
+        probs = np.full((len(layer), 2), 0.5, np.float32)
+        return {"logits": probs, "probabilities": probs, "exit_layer": layer}
+
+    probe = {"input_ids": np.zeros((5, 4), np.int32)}
+    (at,) = exit_probes(reference, probe, [0.8])
+    assert at.speed == 0.8 and at.feeds["speed"].tolist() == pytest.approx([0.8] * 5)
+    assert at.expected["exit_layer"].tolist() == [1, 1, 3, 3, 2]
+    # 0.79 and 0.84 and 0.82 lie within EXIT_MARGIN of 0.8; 0.5, 0.9, 0.95 do not
+    assert at.steady.tolist() == [True, False, False, True, False]
+    assert EXIT_MARGIN == 0.05
