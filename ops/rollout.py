@@ -297,14 +297,42 @@ class Rollout:
         self.promote(state.model, state.from_label, state.version)
         with self.locked() as states:
             self.owned(states, state)
-            write_route(s.routing, s.model, None)
+            route, note = self.entry_after_promotion(state)
+            write_route(s.routing, s.model, route)
             del states[s.model]
-        say(
-            f"promoted: {state.from_label}=v{state.version}; {s.model}'s routing entry removed "
-            "(default traffic: the newest AVAILABLE version)"
-        )
+        say(f"promoted: {state.from_label}=v{state.version}; {note}")
         self.log("promoted", state)
         return "promoted"
+
+    def entry_after_promotion(self, state: State) -> tuple[ModelRoute | None, str]:
+        """Return the model's routing entry once the new version is promoted, and what it means.
+
+        None (the weights reset) when the new version is the newest the config serves: without
+        an entry the gateways send default traffic to the newest AVAILABLE version, and the
+        gateways' version states are at most 2 x GATEWAY_STATUS_CACHE_S (+ one fetch) old, while
+        the new version has been AVAILABLE since before its first step. A newer version in the
+        policy would take the default traffic then: the entry stays pinned to the promoted one.
+        """
+        try:
+            config = serverconfig.read(self.s.config_path)
+        except FormatError as exc:
+            raise OpsError(f"{self.s.config_path}: {exc}") from exc
+        newer = [
+            v
+            for m in config.model_config_list.config
+            if m.name == state.model
+            for v in m.model_version_policy.specific.versions
+            if v > state.version
+        ]
+        if newer:
+            return ModelRoute(((state.version, 100.0),)), (
+                f"{state.model}'s routing entry keeps v{state.version} at 100 % (v"
+                f"{max(newer)}, newer, is in the policy: without the entry it would serve)"
+            )
+        return None, (
+            f"{state.model}'s routing entry removed (default traffic: the newest AVAILABLE "
+            f"version, v{state.version})"
+        )
 
     def roll_back(self, state: State, reason: str) -> str:
         """Put the routing entry back (label unmoved, nothing unloaded) and clear the state."""
@@ -338,7 +366,8 @@ class Rollout:
                     )
                 )
             if state.phase == PROMOTING and self.labels().get(state.from_label) == state.version:
-                route, note = None, "the label had already moved: entry removed, promotion complete"
+                route, note = self.entry_after_promotion(state)
+                note = f"the label had already moved: promotion complete; {note}"
             else:
                 route, note = restore_route(state)
             write_route(s.routing, s.model, route)

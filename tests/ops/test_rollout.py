@@ -532,6 +532,22 @@ def test_errors_or_a_slow_p99_roll_back_at_the_first_weighted_step(
     assert says in " ".join(decision["reasons"])
 
 
+def test_a_promotion_keeps_the_new_version_pinned_when_a_newer_one_is_in_the_policy(
+    serving: Path, gateway: FakeGateway
+) -> None:
+    # v3 is loaded too: with the entry removed, the gateways would send default traffic (the
+    # newest AVAILABLE version) to v3, which no rollout vetted, not to the promoted v2.
+    config = serving / "models.config"
+    config.write_text(CONFIG.replace("versions: 2 }", "versions: 2 versions: 3 }"))
+    gateway.versions[3] = Behaviour()
+    promote = Promotions()
+    assert make_rollout(serving, GatewayMetrics([gateway.url]), promote).run() == "promoted"
+    assert promote.calls == [(MODEL, "stable", 2)]
+    routing = routing_format.parse((serving / "routing.yaml").read_text())
+    assert routing.route(MODEL) == ModelRoute(((2, 100.0),))
+    assert not rollout.state_path_for(serving / "routing.yaml").exists()
+
+
 def test_a_step_measures_only_after_the_shadow_backlog_of_the_step_before_drained(
     serving: Path, gateway: FakeGateway, capsys: pytest.CaptureFixture[str]
 ) -> None:
