@@ -16,6 +16,7 @@ from modelserver.core import Core
 from modelserver.errors import ServingError
 from modelserver.flags import Flags
 from modelserver.grpc_service import build_grpc_server
+from modelserver.loading import on_load_thread
 from modelserver.manager import ModelManager
 from modelserver.metrics import LOAD_ATTEMPT_COUNT, LOAD_LATENCY, WARMUP_LATENCY, Metrics
 from modelserver.rest_server import RestApi, build_rest_server
@@ -49,6 +50,9 @@ def make_loader(flags: Flags, metrics: Metrics) -> Any:
     import time
 
     def load(path: Path) -> LoadedVersion:
+        return on_load_thread(lambda: load_here(path), flags.load_nice, name=f"load-{path.name}")
+
+    def load_here(path: Path) -> LoadedVersion:
         started = time.perf_counter()
         try:
             servable = LoadedVersion(path)
@@ -61,7 +65,7 @@ def make_loader(flags: Flags, metrics: Metrics) -> Any:
         )
         if flags.enable_model_warmup:
             warm_start = time.perf_counter()
-            run_warmup(servable, flags.num_request_iterations_for_warmup)
+            run_warmup(servable, flags.num_request_iterations_for_warmup, flags.warmup_duty_cycle)
             metrics.observe(
                 WARMUP_LATENCY,
                 (("model_path", str(path)), ("status", "OK")),
