@@ -76,16 +76,21 @@ def make_loader(flags: Flags, metrics: Metrics) -> Any:
     return load
 
 
-def _set_tf_threads(flags: Flags) -> None:
-    """Apply --tensorflow_{intra,inter}_op_parallelism before any model loads (0: TF's choice)."""
-    if not (flags.tensorflow_intra_op_parallelism or flags.tensorflow_inter_op_parallelism):
-        return
+def _start_tf(flags: Flags) -> None:
+    """Apply --tensorflow_{intra,inter}_op_parallelism (0: TF's choice), then start TensorFlow.
+
+    Started here, on the main thread at normal priority: a thread inherits its creator's nice
+    value, and loads run on threads lowered by --load_nice (``modelserver.loading``), so pools
+    TensorFlow made during the first load would serve every request at the load's priority.
+    """
     import tensorflow as tf
 
     if flags.tensorflow_intra_op_parallelism:
         tf.config.threading.set_intra_op_parallelism_threads(flags.tensorflow_intra_op_parallelism)
     if flags.tensorflow_inter_op_parallelism:
         tf.config.threading.set_inter_op_parallelism_threads(flags.tensorflow_inter_op_parallelism)
+    square = tf.ones([8, 8])
+    tf.function(lambda: tf.reduce_sum(square @ square))()  # the intra- and inter-op pools
 
 
 class ModelServer:
@@ -154,7 +159,7 @@ class ModelServer:
         """Load the initial models, then open the ports (clients see refused, not 404, before)."""
         for name in self.flags.ignored:
             log.warning("--%s is accepted for compatibility and has no effect here", name)
-        _set_tf_threads(self.flags)
+        _start_tf(self.flags)
         self.manager.start_polling(self.flags.file_system_poll_wait_seconds)
         try:
             self.manager.apply_config(self.config, initial=True)

@@ -84,3 +84,55 @@ def test_the_load_flags_default_to_serving_first_and_refuse_a_duty_cycle_out_of_
     assert flags.load_nice > 0 and 0 < flags.warmup_duty_cycle < 1
     with pytest.raises(SystemExit):
         parse_flags(["--warmup_duty_cycle", "0"])
+
+
+def _threads(pid: int) -> dict[int, tuple[int, int]]:
+    """Return ``{tid: (nice, CPU ticks)}`` of every thread of process ``pid``."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        found[int(task.name)] = (int(fields[16]), int(fields[11]) + int(fields[12]))
+    return found
+
+
+def test_requests_are_served_by_threads_at_normal_priority_after_a_lowered_load(
+    tmp_path: Path,
+) -> None:
+    # Threads inherit their creator's nice value: had TensorFlow made its pools during the first
+    # load (on a lowered thread), every request would run at the load's priority ever after.
+    import requests
+
+    from export.tiny import export_tiny_model
+    from tests.backend.stack import ModelServer
+
+    export_tiny_model(tmp_path / "models", "tiny", task="classify", version=1, seed=0)
+    config = tmp_path / "models.config"
+    config.write_text(
+        f'model_config_list {{ config {{ name: "tiny" base_path: "{tmp_path / "models" / "tiny"}" '
+        'model_platform: "tensorflow" } }\n'
+    )
+    server = ModelServer(config, tmp_path)
+    try:
+        server.wait_available("tiny", 1)
+        pid = server.process.pid
+        meta = requests.get(f"{server.rest_url}/v1/models/tiny/metadata", timeout=30).json()
+        sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        body = {"inputs": {name: [[1] * 64] * 8 for name in sig["inputs"]}}
+        before = _threads(pid)
+        for _ in range(100):
+            url = f"{server.rest_url}/v1/models/tiny:predict"
+            reply = requests.post(url, json=body, timeout=30)
+            assert reply.status_code == 200, reply.text
+        after = _threads(pid)
+    finally:
+        server.stop()
+    normal = before[pid][0]
+    busy_lowered = {
+        tid: ticks - before.get(tid, (0, 0))[1]
+        for tid, (nice, ticks) in after.items()
+        if nice != normal and ticks > before.get(tid, (0, 0))[1]
+    }
+    assert not busy_lowered, f"lowered threads served requests (tid: CPU ticks): {busy_lowered}"
