@@ -119,7 +119,7 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
         "rollout_drill.py", tmp_path / "drill.json", "--checkpoint", str(checkpoint),
         "--model", MODEL, "--clients", "4", "--steps", "shadow:100,50,100", "--hold-s", "3",
         "--min-samples", "30", "--gap", "1", "--windows", "1", "--window-s", "3",
-        "--probe", "40", "--report", str(report), "--plot", str(plot),
+        "--probe", "40", "--report", str(report), "--plot", str(plot), "--capacity-s", "3",
         # a tiny model answers in milliseconds: its p99 is scheduling noise, not the version's
         "--max-latency-ratio", "20",
     )  # fmt: skip
@@ -136,4 +136,5 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
     assert any("agreement (top1)" in reason for reason in bad[0]["reasons"])
     assert {w["shadow"] for w in result["windows"]} == {True, False}
     assert "pinned tiny's default traffic to stable=v1" in output
+    assert "requests/s open-loop" in output
     assert "## Rollout drill" in report.read_text() and plot.stat().st_size > 0
