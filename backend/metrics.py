@@ -136,6 +136,13 @@ SHADOW_REQUESTS = Counter(
     "Shadow requests by outcome: compared, error (the shadow failed) or dropped (queue full).",
     ["model", "served_version", "shadow_version", "outcome"],
 )
+SHADOW_QUEUE = Gauge(
+    "gateway_shadow_queue_depth",
+    "Shadow requests queued or running, summed over live workers: a rollout waits for 0 before "
+    "it measures a step (a backlog from the step before would mix into it).",
+    ["model"],
+    multiprocess_mode="livesum",
+)
 AGREEMENT_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
 SHADOW_AGREEMENT = Histogram(
     "gateway_shadow_agreement",

@@ -50,8 +50,10 @@ class Settings:
     default_speed: float | None = None
     # weights and shadow per model (backend/routing.py); empty: routing.yaml beside the config
     routing_file: str = ""
-    # shadow requests waiting per worker before more are dropped; each shadow call's deadline
-    shadow_queue_size: int = 64
+    # shadow requests that may wait per worker behind the one running before more are dropped
+    # (0: one in flight, none waiting, so shadows only use the worker's spare moments and never
+    # build a backlog that drains into the next rollout step); each shadow call's deadline
+    shadow_queue_size: int = 0
     shadow_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -59,10 +61,11 @@ class Settings:
             raise SettingsError(
                 f"GATEWAY_UPSTREAM must be one of {UPSTREAMS}, not {self.upstream!r}"
             )
-        for name in ("max_batch_size", "max_concurrent_chunks", "max_body_bytes",
-                     "shadow_queue_size"):  # fmt: skip
+        for name in ("max_batch_size", "max_concurrent_chunks", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1")
+        if self.shadow_queue_size < 0:
+            raise SettingsError("shadow_queue_size must be at least 0")
         if self.max_texts_per_request < 1 or self.max_text_chars < 1:
             raise SettingsError("max_texts_per_request and max_text_chars must be at least 1")
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:

@@ -2,7 +2,8 @@
 
 The client's answer never waits for the shadow: ``ShadowRunner.submit`` puts the job on a bounded
 queue and returns (a full queue drops the shadow, counted as ``dropped``, never the client's
-request); one daemon thread per worker runs the jobs through the gateway's own request path and
+request; ``gateway_shadow_queue_depth`` counts the jobs queued or running); one daemon thread per
+worker runs the jobs through the gateway's own request path and
 compares the shadow's answer with the one the client got. Comparisons are by label *name*, not
 index, so a version whose ``id2label`` swaps two labels disagrees exactly where it would mislead
 a client. Results go to the ``gateway_shadow_*`` metrics per (model, served version, shadow
@@ -120,7 +121,11 @@ class ShadowRunner:
     """A bounded queue and one daemon thread per worker process that run and compare shadows."""
 
     def __init__(self, queue_size: int) -> None:
-        self._queue: queue.Queue[ShadowJob] = queue.Queue(maxsize=queue_size)
+        # One job runs at a time (one thread); ``queue_size`` more may wait behind it. 0 keeps
+        # the shadow to the worker's spare moments: a shadow arriving while one runs is dropped
+        # (and counted) instead of piling work onto a busy model server.
+        self._limit = queue_size + 1
+        self._queue: queue.Queue[ShadowJob] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._lock = threading.Lock()
@@ -128,11 +133,14 @@ class ShadowRunner:
     def submit(self, job: ShadowJob) -> bool:
         """Queue ``job`` without waiting; return False (and count it dropped) when full."""
         self._ensure_thread()
-        try:
+        with self._lock:
+            # unfinished_tasks: queued + running (task_done comes after the run)
+            if self._queue.unfinished_tasks >= self._limit:
+                self._count(job, "dropped")
+                return False
+            # before the put: the thread may finish the job (and dec) at once
+            metrics.child(metrics.SHADOW_QUEUE, job.model).inc()
             self._queue.put_nowait(job)
-        except queue.Full:
-            self._count(job, "dropped")
-            return False
         return True
 
     def join(self, timeout_s: float) -> bool:
@@ -163,6 +171,7 @@ class ShadowRunner:
             except Exception:  # a shadow must never take the worker's thread down
                 log.exception("shadow request for %s v%s failed", job.model, job.shadow_version)
             finally:
+                metrics.child(metrics.SHADOW_QUEUE, job.model).dec()
                 self._queue.task_done()
 
     def _run(self, job: ShadowJob) -> None:

@@ -234,8 +234,9 @@ class LabelTable:
 class _Fetch:
     """One GetModelStatus call in flight, shared by every thread that needs its answer."""
 
-    def __init__(self, generation: int) -> None:
+    def __init__(self, generation: int, background: bool = False) -> None:
         self.generation = generation
+        self.background = background  # callers get the last answer meanwhile
         self.done = threading.Event()
         self.statuses: list[VersionStatus] = []
         self.error: BaseException | None = None
@@ -247,7 +248,14 @@ class StatusCache:
     Single flight: when the entry is missing, one thread fetches and the others wait for its
     answer (or its error), at most ``wait_s``, instead of each calling the model server. When the
     entry has expired, the last answer is served while one background fetch refreshes it, so a
-    slow refresh (a hung replica) never holds a request. An unknown model's 404 is cached for
+    slow refresh (a hung replica) never holds a request; but only an answer less than
+    ``2 * ttl_s`` old is served so (or while the refresh it started runs). An older one was
+    fetched before a quiet spell: a worker whose default requests all went to versions the
+    routing file named never asked, and serving the answer it kept from before a version loaded
+    once the routing entry was removed sent default traffic to the old version (a rollout's
+    promotion did). Such an answer is refetched in the foreground, as a missing one is, so the
+    newest AVAILABLE version a request resolves to is at most ``2 * ttl_s`` plus one fetch old.
+    An unknown model's 404 is cached for
     ``ttl_s`` too, so requests for it don't fan out to every replica each time.
     ``invalidate`` bumps the model's generation, so a fetch that started before it can't store
     its older answer.
@@ -281,8 +289,13 @@ class StatusCache:
                 raise missing[1]
             flight = self._flights.get(model)
             leader = flight is None
+            if hit is not None and not (
+                now - hit[0] < 2 * self.ttl_s or (flight is not None and flight.background)
+            ):
+                hit = None  # too old to serve while refreshing: fetch it as if missing
             if flight is None:
-                flight = self._flights[model] = _Fetch(self._generations.get(model, 0))
+                flight = _Fetch(self._generations.get(model, 0), background=hit is not None)
+                self._flights[model] = flight
         if hit is not None:
             # Expired: serve the last answer; one background fetch brings the next.
             if leader:

@@ -36,6 +36,9 @@ class Flags:
     rest_api_enable_cors_support: bool
     tensorflow_intra_op_parallelism: int
     tensorflow_inter_op_parallelism: int
+    # ours, not the binary's: how a version loads while others serve (modelserver/loading.py)
+    load_nice: int = 10
+    warmup_duty_cycle: float = 0.5
     ignored: tuple[str, ...] = ()
 
 
@@ -80,11 +83,19 @@ def parse_flags(argv: Sequence[str] | None = None) -> Flags:
         add(f"--{name}", type=_bool, nargs="?", const=True, default=default)
     add("--tensorflow_intra_op_parallelism", type=int, default=0, help="0: TF picks")
     add("--tensorflow_inter_op_parallelism", type=int, default=0, help="0: TF picks")
+    # Ours (the binary loads in C++ on --num_load_threads, off the serving path's GIL): a load
+    # runs on its own thread at this nice increment, and replays warmup records for at most
+    # this share of the wall time, so serving keeps the CPU it needs meanwhile.
+    add("--load_nice", type=int, default=10, help="nice increment of the loading thread (0: off)")
+    add("--warmup_duty_cycle", type=float, default=0.5,
+        help="share of wall time warmup replay may take (1: the binary's)")  # fmt: skip
     # Accepted so scripts written for the binary run unchanged; they change nothing here.
     for name in IGNORED_FLAGS:
         add(f"--{name}", default=None, help=argparse.SUPPRESS)
     args = vars(parser.parse_args(argv))
     ignored = tuple(name for name in IGNORED_FLAGS if args.pop(name) is not None)
+    if not 0 < args["warmup_duty_cycle"] <= 1:
+        parser.error("--warmup_duty_cycle must be in (0, 1]")
     return Flags(**args, ignored=ignored)
 
 

@@ -16,6 +16,7 @@ from modelserver.core import Core
 from modelserver.errors import ServingError
 from modelserver.flags import Flags
 from modelserver.grpc_service import build_grpc_server
+from modelserver.loading import on_load_thread
 from modelserver.manager import ModelManager
 from modelserver.metrics import LOAD_ATTEMPT_COUNT, LOAD_LATENCY, WARMUP_LATENCY, Metrics
 from modelserver.rest_server import RestApi, build_rest_server
@@ -49,6 +50,9 @@ def make_loader(flags: Flags, metrics: Metrics) -> Any:
     import time
 
     def load(path: Path) -> LoadedVersion:
+        return on_load_thread(lambda: load_here(path), flags.load_nice, name=f"load-{path.name}")
+
+    def load_here(path: Path) -> LoadedVersion:
         started = time.perf_counter()
         try:
             servable = LoadedVersion(path)
@@ -61,7 +65,7 @@ def make_loader(flags: Flags, metrics: Metrics) -> Any:
         )
         if flags.enable_model_warmup:
             warm_start = time.perf_counter()
-            run_warmup(servable, flags.num_request_iterations_for_warmup)
+            run_warmup(servable, flags.num_request_iterations_for_warmup, flags.warmup_duty_cycle)
             metrics.observe(
                 WARMUP_LATENCY,
                 (("model_path", str(path)), ("status", "OK")),
@@ -72,16 +76,21 @@ def make_loader(flags: Flags, metrics: Metrics) -> Any:
     return load
 
 
-def _set_tf_threads(flags: Flags) -> None:
-    """Apply --tensorflow_{intra,inter}_op_parallelism before any model loads (0: TF's choice)."""
-    if not (flags.tensorflow_intra_op_parallelism or flags.tensorflow_inter_op_parallelism):
-        return
+def _start_tf(flags: Flags) -> None:
+    """Apply --tensorflow_{intra,inter}_op_parallelism (0: TF's choice), then start TensorFlow.
+
+    Started here, on the main thread at normal priority: a thread inherits its creator's nice
+    value, and loads run on threads lowered by --load_nice (``modelserver.loading``), so pools
+    TensorFlow made during the first load would serve every request at the load's priority.
+    """
     import tensorflow as tf
 
     if flags.tensorflow_intra_op_parallelism:
         tf.config.threading.set_intra_op_parallelism_threads(flags.tensorflow_intra_op_parallelism)
     if flags.tensorflow_inter_op_parallelism:
         tf.config.threading.set_inter_op_parallelism_threads(flags.tensorflow_inter_op_parallelism)
+    square = tf.ones([8, 8])
+    tf.function(lambda: tf.reduce_sum(square @ square))()  # the intra- and inter-op pools
 
 
 class ModelServer:
@@ -150,7 +159,7 @@ class ModelServer:
         """Load the initial models, then open the ports (clients see refused, not 404, before)."""
         for name in self.flags.ignored:
             log.warning("--%s is accepted for compatibility and has no effect here", name)
-        _set_tf_threads(self.flags)
+        _start_tf(self.flags)
         self.manager.start_polling(self.flags.file_system_poll_wait_seconds)
         try:
             self.manager.apply_config(self.config, initial=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -68,8 +69,17 @@ def _check_lengths(path: Path) -> None:
             offset = end
 
 
-def run_warmup(servable: LoadedVersion, iterations: int = 1) -> int:
-    """Replay the warmup records against ``servable``; return how many ran. Errors fail the load."""
+def run_warmup(
+    servable: LoadedVersion,
+    iterations: int = 1,
+    duty_cycle: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Replay the warmup records against ``servable``; return how many ran. Errors fail the load.
+
+    With ``duty_cycle`` < 1 each record is followed by a pause, so replay takes at most that
+    share of the wall time (``modelserver.loading``: serving shares TensorFlow's threads).
+    """
     path = servable.path / WARMUP_FILE
     if not path.is_file():
         log.info("No warmup data file found at %s", path)
@@ -92,8 +102,11 @@ def run_warmup(servable: LoadedVersion, iterations: int = 1) -> int:
         request = entry.predict_log.request
         inputs = {alias: to_numpy(t, alias) for alias, t in request.inputs.items()}
         plan = servable.plan(request.model_spec.signature_name, inputs, request.output_filter)
+        started = time.perf_counter()
         for _ in range(iterations):
             servable.run(plan)
+        if duty_cycle < 1:
+            sleep((time.perf_counter() - started) * (1 / duty_cycle - 1))
     log.info(
         "Finished reading warmup data for model at %s. Number of warmup records read: %d.",
         path,

@@ -5,12 +5,16 @@ and the per-second timeline.
 from __future__ import annotations
 
 import itertools
+import json
+import sys
+import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 import requests
@@ -237,3 +241,21 @@ def print_checks(checks: dict[str, bool]) -> None:
     """Print one ``[PASS]``/``[FAIL]`` line per check, as every drill ends."""
     for name, passed in checks.items():
         print(f"[{'PASS' if passed else 'FAIL'}] {name}")
+
+
+def run_in_tmp(name: str, json_path: Path | None, run: Callable[[Path], dict[str, Any]]) -> int:
+    """Run a drill in a fresh temporary directory; return its exit status.
+
+    0 when every one of the result's ``checks`` passed, 1 otherwise or when the drill failed
+    (``OpsError``, ``RuntimeError``, ``TimeoutError``: printed as ``<name>: error: ...``). The
+    result goes to ``json_path`` as JSON when one is given.
+    """
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"{name.replace('_', '-')}-") as tmp:
+            result = run(Path(tmp))
+    except (OpsError, RuntimeError, TimeoutError) as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 1
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=1, default=str))
+    return 0 if all(result["checks"].values()) else 1

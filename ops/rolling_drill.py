@@ -33,8 +33,6 @@ import argparse
 import json
 import shutil
 import signal
-import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -479,12 +477,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        with tempfile.TemporaryDirectory(prefix="rolling-drill-") as tmp:
-            result = Drill(args, Path(tmp)).run()
-    except (OpsError, RuntimeError, TimeoutError) as exc:
-        print(f"rolling_drill: error: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
-    return 0 if all(result["checks"].values()) else 1
+    return drills.run_in_tmp("rolling_drill", args.json, lambda work: Drill(args, work).run())

@@ -10,9 +10,11 @@ swapped in its ``labels`` (``export.build(..., labels=[...])``): numerically the
 the export gate passes it, but two intents answer under each other's name. The two swapped are
 the ones stable predicts most often on the tickets.
 
-A model server and a gunicorn gateway run on the drill's copy; ``--clients`` closed-loop clients
-send the tickets of data/tickets/test.tsv (one per request, naming no version: the traffic the
-routing file splits) for the whole run. Then, one after another:
+A model server and a gunicorn gateway run on the drill's copy. ``--clients`` closed-loop clients
+measure the stack's capacity first (``--capacity-s``); then an open-loop load of
+``--load-fraction`` of that capacity (at most ``--clients`` in flight) sends the tickets of
+data/tickets/test.tsv (one per request, naming no version: the traffic the routing file splits)
+for the whole run. Then, one after another:
 
 1. ``rollout.py --from-dir <good>``: default traffic pinned to stable, the good version pushed
    with no label, and rolled out through ``--steps``; expected: promoted (stable moves to it);
@@ -20,6 +22,20 @@ routing file splits) for the whole run. Then, one after another:
 3. ``--windows`` interleaved windows of ``--window-s`` seconds with and without a shadow at
    100 % (the bad version shadows the stable one): each window's client p50 and the model
    server's CPU seconds per second.
+
+The shadow's cost, and the trade-off the drill states: a 100 % shadow sends every default request
+to the model server twice. The gateway keeps the shadow out of the client's path (after the
+answer, one shadow in flight per worker with ``GATEWAY_SHADOW_QUEUE=0``, the rest dropped and
+counted), but the model server's CPU is shared: under a closed loop that saturates it (the first
+real run: 16 clients on 2 cores) the second call can only come out of the clients' share, and
+p50 rose 16 %. So the drill loads the stack open-loop at a fraction of its measured capacity,
+the way a service is run with headroom, and the shadow fills that headroom: the load with the
+shadow, ``2 x --load-fraction`` at most, stays under 1, and what does not fit is dropped, not
+queued. What the target needs is spare capacity for the shadow, not a setting: at a load near
+capacity the rollout gets fewer shadow samples per second (dropped ones are counted and printed)
+rather than slower clients, except for the one in flight per gateway worker. The same headroom
+keeps a version's load (TensorFlow import of the SavedModel and its warmup batches, on the
+serving cores) from pushing queued client requests past the gateway's timeout.
 
 Checks (exit status 1 if one fails): no failed client request; the good version promoted; the
 bad one rolled back at its shadow step; no client answer ever came from the bad version; none came
@@ -34,30 +50,23 @@ answers over time.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import requests
 
 from modelformat import layout, serverconfig
 from modelformat.routing import ModelRoute, Shadow
-from ops import drills, modelconfig, rollout, stack
+from ops import drills, modelconfig, rollout, rolloutreport, stack
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env
-from ops.rolloutmetrics import AGREEMENT_COUNT, AGREEMENT_SUM, GatewayMetrics
+from ops.ticketload import Clients, Reply, Sampler, classify, measure_capacity, read_tickets
 
 TICKETS = REPO / "data" / "tickets" / "test.tsv"
 DEFAULT_CHECKPOINT = REPO / "run" / "finetune-demo" / "tickets-v1"
@@ -65,150 +74,6 @@ DEFAULT_CHECKPOINT = REPO / "run" / "finetune-demo" / "tickets-v1"
 LABELS_CACHE_S = 1.0
 # what TensorFlow's import prints on stderr in push_model's child (not the rollout's words)
 TF_NOISE = ("WARNING: All log messages before absl", "I0000 00:00:")
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One client request as the client saw it (times: ``time.monotonic()``)."""
-
-    started: float
-    finished: float
-    status: int  # 0: no HTTP answer
-    version: int | None
-    label: str = ""  # the top-1 label of the answer
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200 and self.version is not None
-
-
-@dataclass
-class Clients:
-    """Closed-loop clients sending one ticket per ``:classify`` request, naming no version."""
-
-    url: str
-    model: str
-    texts: list[str]
-    clients: int
-    timeout_s: float = 60.0
-    replies: list[Reply] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.clients)
-        ]
-
-    def start(self) -> Clients:
-        """Start the clients; return self."""
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> list[Reply]:
-        """Stop the clients; return every reply in start order."""
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=self.timeout_s + 5)
-        return sorted(self.replies, key=lambda r: r.started)
-
-    def since(self, t: float) -> list[Reply]:
-        """Return the replies started at or after ``t`` so far."""
-        with self._lock:
-            return [r for r in self.replies if r.started >= t]
-
-    def _run(self, index: int) -> None:
-        session = requests.Session()
-        endpoint = f"{self.url}/v1/models/{self.model}:classify"
-        i = index * 7919  # each client walks the tickets from its own offset
-        while not self._stop.is_set():
-            text = self.texts[i % len(self.texts)]
-            i += 1
-            reply = classify(session, endpoint, text, self.timeout_s)
-            with self._lock:
-                self.replies.append(reply)
-            if reply.status == 0:
-                time.sleep(0.05)  # the gateway is gone: do not spin
-
-
-def classify(session: requests.Session, endpoint: str, text: str, timeout_s: float) -> Reply:
-    """Send one ticket; return what came back."""
-    started = time.monotonic()
-    try:
-        resp = session.post(
-            endpoint, data=orjson.dumps({"texts": [text]}),
-            headers={"Content-Type": "application/json"}, timeout=timeout_s,
-        )  # fmt: skip
-    except requests.RequestException as exc:
-        return Reply(started, time.monotonic(), 0, None, error=type(exc).__name__)
-    finished = time.monotonic()
-    try:
-        payload = orjson.loads(resp.content)
-        version = int(payload["model"]["version"]) if resp.status_code == 200 else None
-        label = str(payload["predictions"][0]["label"]) if version is not None else ""
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
-        return Reply(started, finished, resp.status_code, None, error="unexpected body")
-    error = "" if version is not None else str(payload.get("error", payload))[:80]
-    return Reply(started, finished, resp.status_code, version, label, error)
-
-
-class Sampler:
-    """Every second: the gateway's cumulative top-1 agreement, and the model server's CPU time."""
-
-    def __init__(self, url: str, model: str, server_pid: int):
-        self.metrics = GatewayMetrics([url])
-        self.model = model
-        self.pid = server_pid
-        self.rows: list[tuple[float, float, float, float]] = []  # (t, sum, count, cpu seconds)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                samples = self.metrics.snapshot(self.model)
-            except OpsError:
-                samples = {}
-            total = count = 0.0
-            for (name, labels), value in samples.items():
-                if dict(labels).get("measure") == "top1":
-                    total += value if name == AGREEMENT_SUM else 0.0
-                    count += value if name == AGREEMENT_COUNT else 0.0
-            self.rows.append((time.monotonic(), total, count, cpu_seconds(self.pid)))
-            self._stop.wait(1.0)
-
-    def cpu_between(self, start: float, end: float) -> float:
-        """Return the model server's CPU seconds per second between two times (NaN if unknown)."""
-        inside = [(t, cpu) for t, _, _, cpu in self.rows if start <= t <= end]
-        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-            return float("nan")
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-
-
-def cpu_seconds(pid: int) -> float:
-    """Return user + system CPU seconds of process ``pid`` and its waited-for children."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def read_tickets(path: Path) -> list[str]:
-    """Return the ticket texts of a ``text<TAB>label`` file with a header."""
-    with open(path, encoding="utf-8", newline="") as fh:
-        return [row["text"] for row in csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)]
 
 
 class Drill:
@@ -329,9 +194,9 @@ class Drill:
                 "GATEWAY_DEFAULT_MODEL": args.model, "GATEWAY_WORKERS": str(args.workers),
                 "GATEWAY_LABELS_CACHE_S": str(LABELS_CACHE_S),
                 "GATEWAY_STATUS_CACHE_S": str(LABELS_CACHE_S), "GATEWAY_ACCESS_LOG": "",
-                # A shadow backlog drains into the next step: the new version's first requests
-                # there wait behind it and its p99 with them. 8 per worker drains within the
-                # reader wait (the default 64 held the good version's p99 at 2x stable's).
+                # 0: one shadow in flight per worker, none waiting; the rest are dropped and
+                # counted, so a shadow only takes the model server's spare capacity and leaves
+                # no backlog to drain into the next step (the rollout waits for it anyway).
                 "GATEWAY_SHADOW_QUEUE": str(args.shadow_queue),
             }  # fmt: skip
             gateway, url = stack.start_gateway(
@@ -341,11 +206,18 @@ class Drill:
             self.url = url
             bad_labels = self.swapped_labels(stable_dir, texts, url)
             (bad_dir,) = self.export(ckpt, [(self.staging, 3, bad_labels)])
+            capacity = measure_capacity(url, args.model, texts, args.clients, args.capacity_s)
+            self.rate = args.load_fraction * capacity
+            self.say(
+                f"capacity: {capacity:.1f} answers/s with {args.clients} closed-loop clients "
+                f"({args.capacity_s:g}s); the drill's load: {args.load_fraction:g} of it, "
+                f"{self.rate:.1f} requests/s open-loop (at most {args.clients} in flight)"
+            )
             sampler = Sampler(url, args.model, server.pid).start()
-            clients = Clients(url, args.model, texts, args.clients).start()
+            clients = Clients(url, args.model, texts, args.clients, rate=self.rate).start()
             self.t0 = time.monotonic()
             self.wall0 = time.time()
-            self.mark(f"{args.clients} clients start (tickets of {args.tickets.name})")
+            self.mark(f"clients start: {self.rate:.1f} requests/s (tickets of {args.tickets.name})")
             time.sleep(args.gap)
             self.rollouts["good"] = self.roll("good", good_dir)
             time.sleep(args.gap)
@@ -492,99 +364,13 @@ class Drill:
         for name, passed in checks.items():
             self.say(f"[{'PASS' if passed else 'FAIL'}] {name}")
         if self.args.plot:
-            self.plot(replies, sampler, {"good": good_v, "bad": bad_v})
+            versions = {"good": good_v, "bad": bad_v}
+            rolloutreport.plot(self.args, self.t0, self.events, replies, sampler, versions)
+            self.say(f"plot: {self.args.plot}")
         if self.args.report:
-            self.append_report(result)
+            rolloutreport.append_report(self.args, self.wall0, self.lines, result)
+            self.say(f"report appended to {self.args.report}")
         return result
-
-    def plot(self, replies: list[Reply], sampler: Sampler, versions: dict[str, Any]) -> None:
-        """Draw agreement and each version's share of the answers per 2 s over time."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        step = 2.0
-        t_end = max((r.finished for r in replies), default=self.t0) - self.t0
-        edges = [i * step for i in range(int(t_end / step) + 1)]
-        shares: dict[int, list[float]] = {}
-        buckets: list[Counter[int]] = [Counter() for _ in edges]
-        for r in replies:
-            if r.version is not None and r.ok and r.finished >= self.t0:
-                buckets[min(len(edges) - 1, int((r.finished - self.t0) / step))][r.version] += 1
-        for v in sorted({v for b in buckets for v in b}):
-            shares[v] = [b[v] / max(1, sum(b.values())) * 100 for b in buckets]
-        agree_t: list[float] = []
-        agree: list[float] = []
-        rows = [row for row in sampler.rows if row[0] >= self.t0]
-        for (t1, s1, c1, _), (t2, s2, c2, _) in zip(rows, rows[2:], strict=False):
-            if c2 > c1:
-                if agree_t and (t2 + t1) / 2 - self.t0 - agree_t[-1] > 3 * step:
-                    agree_t.append(float("nan"))  # no shadow in between: no line across
-                    agree.append(float("nan"))
-                agree_t.append((t2 + t1) / 2 - self.t0)
-                agree.append((s2 - s1) / (c2 - c1))
-        fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6))
-        top.plot(agree_t, agree, ".-", color="tab:purple")
-        top.axhline(self.args.min_agreement, color="grey", ls="--", lw=1)
-        top.set_ylabel("shadow top-1 agreement")
-        top.set_ylim(-0.05, 1.05)
-        names = {1: "v1 (stable)", versions["good"]: f"v{versions['good']} (good)",
-                 versions["bad"]: f"v{versions['bad']} (labels swapped)"}  # fmt: skip
-        for v in sorted({*shares, *(v for v in versions.values() if v is not None)}):
-            values = shares.get(v, [0.0] * len(edges))
-            bottom.plot(edges, values, label=names.get(v, f"v{v}") + ("" if v in shares else
-                        ": no answer"), ls="-" if v in shares else ":")  # fmt: skip
-        bottom.set_ylabel("share of client answers (%)")
-        bottom.set_xlabel("seconds since the clients started")
-        bottom.legend(loc="center left")
-        for t, text in self.events:
-            if any(word in text for word in ("decision", "promoted", "rolled_back")):
-                for ax in (top, bottom):
-                    ax.axvline(t, color="tab:red" if "rolled" in text else "lightgrey", lw=0.8)
-            if text.startswith(("good: promoted", "bad: rolled_back", "shadow cost: ")):
-                top.annotate(text.split(":")[0] + (" rolled back" if "rolled" in text else
-                             " promoted" if "promoted" in text else ""), (t, 0.45),
-                             rotation=90, fontsize=8, ha="right")  # fmt: skip
-        fig.suptitle(f"rollout drill: {self.args.model}, {self.args.clients} clients")
-        fig.tight_layout()
-        self.args.plot.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(self.args.plot, dpi=100)
-        self.say(f"plot: {self.args.plot}")
-
-    def append_report(self, result: dict[str, Any]) -> None:
-        """Append the run as a section of ``--report`` (markdown)."""
-        a = self.args
-        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.wall0))
-        rows = "\n".join(
-            f"| {i + 1} | {'100 %' if w['shadow'] else 'off'} | {w['p50_ms']} | "
-            f"{w['requests']} | {w['server_cpu_s_per_s']} |"
-            for i, w in enumerate(result["windows"])
-        )
-        text = f"""
-## Rollout drill: a good version promoted, a bad one rolled back at the shadow step (issue 24)
-
-`python scripts/rollout_drill.py --spawn {a.spawn} --model {a.model} --clients {a.clients}`
-(measured {when} on {platform.machine()}, {os.cpu_count()} cores shared with other jobs).
-Stable v1, good v{result["versions"]["good"]} and bad v{result["versions"]["bad"]} are exports
-of one fine-tuned checkpoint ({a.checkpoint.name}); the bad one has two labels swapped.
-Steps `{a.steps}`, hold {a.hold_s:g} s, at least {a.min_samples} samples, agreement >=
-{a.min_agreement:g}.
-
-```
-{chr(10).join(self.lines)}
-```
-
-Shadow cost, interleaved windows of {a.window_s:g} s (client p50 of requests inside the window,
-model-server CPU seconds per second):
-
-| window | shadow | client p50 (ms) | requests | model server CPU (s/s) |
-|---:|---|---:|---:|---:|
-{rows}
-"""
-        with open(a.report, "a", encoding="utf-8") as fh:
-            fh.write(text)
-        self.say(f"report appended to {a.report}")
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -621,7 +407,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", default="shadow:100,25,50,100")
     p.add_argument("--hold-s", type=float, default=30.0)
     p.add_argument("--min-samples", type=int, default=200)
-    p.add_argument("--shadow-queue", type=int, default=8, help="GATEWAY_SHADOW_QUEUE")
+    p.add_argument("--shadow-queue", type=int, default=0, help="GATEWAY_SHADOW_QUEUE")
+    p.add_argument("--load-fraction", type=float, default=0.4,
+                   help="the open-loop load, a fraction of the capacity measured first: a "
+                   "100 %% shadow doubles the model server's work")  # fmt: skip
+    p.add_argument("--capacity-s", type=float, default=10.0,
+                   help="seconds of closed-loop load that measure the capacity")  # fmt: skip
     p.add_argument("--min-agreement", type=float, default=0.9)
     # the rollout's default; tests on tiny models (p99 of a few ms, all noise) pass a loose one
     p.add_argument("--max-latency-ratio", type=float, default=1.5)
@@ -645,12 +436,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        with tempfile.TemporaryDirectory(prefix="rollout-drill-") as tmp:
-            result = Drill(args, Path(tmp)).run()
-    except (OpsError, RuntimeError, TimeoutError) as exc:
-        print(f"rollout_drill: error: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
-    return 0 if all(result["checks"].values()) else 1
+    return drills.run_in_tmp("rollout_drill", args.json, lambda work: Drill(args, work).run())

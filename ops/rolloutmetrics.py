@@ -34,6 +34,7 @@ LATENCY_BUCKET = "gateway_version_request_seconds_bucket"
 SHADOW_REQUESTS = "gateway_shadow_requests_total"
 AGREEMENT_SUM = "gateway_shadow_agreement_sum"
 AGREEMENT_COUNT = "gateway_shadow_agreement_count"
+SHADOW_QUEUE = "gateway_shadow_queue_depth"  # a gauge: read as it is, never as an increase
 
 # sample name -> the labels the figures need (besides ``model``); the Prometheus source sums by them
 NEEDED_LABELS: dict[str, tuple[str, ...]] = {
@@ -42,6 +43,7 @@ NEEDED_LABELS: dict[str, tuple[str, ...]] = {
     SHADOW_REQUESTS: ("served_version", "shadow_version", "outcome"),
     AGREEMENT_SUM: ("served_version", "shadow_version", "measure"),
     AGREEMENT_COUNT: ("served_version", "shadow_version", "measure"),
+    SHADOW_QUEUE: ("model",),
 }
 # The agreement measure that decides, in this order: the first with samples (a classifier's top-1,
 # an embedding model's cosine, a tagger's entities).
@@ -156,6 +158,15 @@ class PrometheusMetrics:
 def promql_string(value: str) -> str:
     """Return ``value`` as a PromQL string literal."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def shadow_backlog(samples: Samples, model: str) -> float:
+    """Return the shadow requests of ``model`` queued or running in every gateway now."""
+    return sum(
+        value
+        for (name, labels), value in samples.items()
+        if name == SHADOW_QUEUE and dict(labels).get("model") == model
+    )
 
 
 def increase(before: Samples, after: Samples) -> Samples:

@@ -48,7 +48,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         for version in (1, 2, 3):
             server.wait_available(ROUTED, version)
         env = gateway_env(server, "grpc", base, config)
-        env.update(GATEWAY_LABELS_CACHE_S="0.2", GATEWAY_DEFAULT_MODEL=ROUTED)
+        # shadows queue here (the default, 0, drops those that arrive while one runs): the
+        # comparison tests count every request's shadow
+        env.update(GATEWAY_LABELS_CACHE_S="0.2", GATEWAY_DEFAULT_MODEL=ROUTED,
+                   GATEWAY_SHADOW_QUEUE="64")  # fmt: skip
         gateways.append(Gateway(env, logs, workers=2))
         yield {"gateway": gateways[0], "routing": routing_file, "env": env, "logs": logs}
     finally:

@@ -78,6 +78,7 @@ def test_a_shadow_that_hangs_never_delays_the_client_and_a_full_queue_drops_shad
     app.extensions["gateway"] = gateway
     labels = (INTENT, "1", "2", "dropped")
     dropped = metrics.child(metrics.SHADOW_REQUESTS, *labels)
+    depth = metrics.child(metrics.SHADOW_QUEUE, INTENT)
     before = dropped._value.get()
     client = app.test_client()
     client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["warm up"]})  # shadow 1 hangs
@@ -93,6 +94,38 @@ def test_a_shadow_that_hangs_never_delays_the_client_and_a_full_queue_drops_shad
         # One shadow is hanging, two wait in the queue: every later one is dropped at once.
         assert dropped._value.get() - before >= 8 - 2
         assert max(times) < 1.0  # each far below the shadow's 2 s
+        assert depth._value.get() == 3  # the running one and the two waiting: what rollouts read
     finally:
         gateway.shadows.join(timeout_s=30)
         gateway.close()
+    assert depth._value.get() == 0
+
+
+def test_a_queue_of_0_keeps_one_shadow_in_flight_and_drops_the_rest(
+    modelserver: ModelServer, model_base: Path, config_file: Path, tmp_path: Path
+) -> None:
+    routing_file = tmp_path / "routing.yaml"
+    routing_file.write_text(f"{INTENT}:\n  weights: {{1: 1}}\n  shadow: {{version: 2}}\n")
+    config = {
+        "tfs_grpc_target": modelserver.grpc_target, "model_base_path": str(model_base),
+        "model_config_file": str(config_file), "routing_file": str(routing_file),
+        "shadow_queue_size": 0, "shadow_timeout_s": 30,
+    }  # fmt: skip
+    app = create_app(config)
+    settings = app.extensions["gateway_settings"]
+    gateway = Gateway(settings, client=HangingVersion(make_client(settings), 2, delay_s=1.0))
+    app.extensions["gateway"] = gateway
+    outcome = {o: metrics.child(metrics.SHADOW_REQUESTS, INTENT, "1", "2", o)
+               for o in ("dropped", "compared")}  # fmt: skip
+    before = {o: c._value.get() for o, c in outcome.items()}
+    client = app.test_client()
+    try:
+        for _ in range(5):
+            reply = client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["hello"]})
+            assert reply.status_code == 200
+    finally:
+        assert gateway.shadows.join(timeout_s=30)
+        gateway.close()
+    # the first shadow runs (hanging 1 s); the four that arrive meanwhile have nowhere to wait
+    assert outcome["compared"]._value.get() - before["compared"] == 1
+    assert outcome["dropped"]._value.get() - before["dropped"] == 4

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,37 @@ def test_asset_cache_hits_skip_the_directory_check_within_the_recheck_window(
     assert cache.get("m", 3) is first  # within the window: no stat, the cached assets
     cache.recheck_s = 0.0
     assert cache.get("m", 3) is not first  # past it: the republished directory is seen
+
+
+def test_an_answer_kept_through_a_quiet_spell_is_refetched_before_it_is_served() -> None:
+    # A worker whose default requests all went to versions a routing file named asked for no
+    # states meanwhile; when the entry goes (a rollout's promotion), its first answer must come
+    # from the model server now, not from before the new version loaded.
+    answers = [_status(1), [VersionStatus(2, "AVAILABLE"), VersionStatus(1, "AVAILABLE")]]
+    fetch = GatedFetch()
+    fetch.release.set()
+    fetch.answer = answers[0]
+    cache = StatusCache(fetch, ttl_s=0.05)
+    assert cache.newest_available("m") == 1
+    fetch.answer = answers[1]  # v2 loads during the quiet spell
+    time.sleep(0.15)  # > 2 x ttl
+
+    assert cache.newest_available("m") == 2
+    assert fetch.calls == 2
+
+
+def test_a_recently_expired_answer_is_served_while_one_background_fetch_refreshes_it() -> None:
+    fetch = GatedFetch()
+    fetch.release.set()
+    cache = StatusCache(fetch, ttl_s=0.2)
+    assert cache.get("m") == _status(1)
+    fetch.release.clear()  # the refresh hangs (a slow replica)
+    fetch.answer = _status(2)
+    time.sleep(0.25)  # expired, but less than 2 x ttl old
+
+    started = time.monotonic()
+    assert cache.get("m") == _status(1)  # the last answer, at once
+    time.sleep(0.3)  # now over 2 x ttl old, its refresh still running: still served
+    assert cache.get("m") == _status(1)
+    assert time.monotonic() - started < 1.0
+    fetch.release.set()

@@ -534,7 +534,7 @@ def rollout_command(objs: list[Obj]) -> list[str]:
 
 def rollout_flags() -> set[str]:
     """Return the flags rollout.py's argument parser declares (read from its source)."""
-    source = (REPO / "ops" / "rollout.py").read_text()
+    source = (REPO / "ops" / "rolloutcli.py").read_text()
     return set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
 
 

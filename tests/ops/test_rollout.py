@@ -13,14 +13,14 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from modelformat import routing as routing_format
 from modelformat.routing import ModelRoute, Shadow
@@ -82,6 +82,10 @@ class FakeGateway:
     batch: int = 200
     measure: str = "top1"
     routes_seen: list[ModelRoute | None] = field(default_factory=list)
+    # reads during which a shadow backlog drains after the shadow goes (0: none): the queued
+    # shadows load the model server, so the new version answers slowly meanwhile
+    backlog_reads: int = 0
+    backlog: int = 0
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
@@ -103,6 +107,7 @@ class FakeGateway:
             ["model", "served_version", "shadow_version", "measure"], registry=self.registry,
             buckets=(0.5, 0.9, 1.0),
         )  # fmt: skip
+        self.depth = Gauge("gateway_shadow_queue_depth", "", ["model"], registry=self.registry)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -121,9 +126,14 @@ class FakeGateway:
                 self.routing_path.exists()
             ) else None  # fmt: skip
             if not self.routes_seen or self.routes_seen[-1] != route:
+                last = self.routes_seen[-1] if self.routes_seen else None
+                if last is not None and last.shadow is not None and route and not route.shadow:
+                    self.backlog = self.backlog_reads
                 self.routes_seen.append(route)
+            self.depth.labels(MODEL).set(self.backlog)
             if route is not None:
                 self.serve(route)
+            self.backlog = max(0, self.backlog - 1)
             return generate_latest(self.registry)
 
     def serve(self, route: ModelRoute) -> None:
@@ -131,6 +141,8 @@ class FakeGateway:
             share = route.share(version)
             n = round(self.batch * share)
             how = self.versions[version]
+            if self.backlog and version != 1:
+                how = replace(how, latency_s=0.3)  # queued behind the draining shadows
             errors = round(n * how.error_rate) if share >= how.errors_from_share else 0
             for status, count in (("200", n - errors), ("503", errors)):
                 if count:
@@ -518,6 +530,35 @@ def test_errors_or_a_slow_p99_roll_back_at_the_first_weighted_step(
     decision = [line for line in log_lines(serving) if line["event"] == "decision"][-1]
     assert (decision["step"], decision["verdict"]) == ("5", ROLLBACK)
     assert says in " ".join(decision["reasons"])
+
+
+def test_a_promotion_keeps_the_new_version_pinned_when_a_newer_one_is_in_the_policy(
+    serving: Path, gateway: FakeGateway
+) -> None:
+    # v3 is loaded too: with the entry removed, the gateways would send default traffic (the
+    # newest AVAILABLE version) to v3, which no rollout vetted, not to the promoted v2.
+    config = serving / "models.config"
+    config.write_text(CONFIG.replace("versions: 2 }", "versions: 2 versions: 3 }"))
+    gateway.versions[3] = Behaviour()
+    promote = Promotions()
+    assert make_rollout(serving, GatewayMetrics([gateway.url]), promote).run() == "promoted"
+    assert promote.calls == [(MODEL, "stable", 2)]
+    routing = routing_format.parse((serving / "routing.yaml").read_text())
+    assert routing.route(MODEL) == ModelRoute(((2, 100.0),))
+    assert not rollout.state_path_for(serving / "routing.yaml").exists()
+
+
+def test_a_step_measures_only_after_the_shadow_backlog_of_the_step_before_drained(
+    serving: Path, gateway: FakeGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The shadow step leaves queued shadows behind; while they drain, v2 answers at 0.3 s
+    # (p99 far over stable's x 1.5): measured then, the 5 % step would roll a good version back.
+    gateway.backlog_reads = 8
+    outcome = make_rollout(serving, GatewayMetrics([gateway.url]), Promotions()).run()
+    assert outcome == "promoted", capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "waiting for 8 queued shadow requests to drain before measuring" in out
+    assert "shadow backlog drained after" in out
 
 
 def test_too_few_samples_hold_until_the_step_timeout_then_roll_back(

@@ -9,7 +9,7 @@ import pytest
 
 from modelformat import routing as routing_format
 from modelformat.routing import ModelRoute
-from ops import rollout
+from ops import rollout, rolloutcli, rolloutpush
 from ops.modelconfig import OpsError
 from ops.procs import free_port
 from tests.ops.test_drills import run_drill
@@ -40,7 +40,7 @@ def route_of(config: Path) -> ModelRoute | None:
 
 
 def test_pin_sends_default_traffic_to_stable_before_the_new_version_exists(config: Path) -> None:
-    assert rollout.pin_to_stable(settings(config)) is True
+    assert rolloutpush.pin_to_stable(settings(config)) is True
     assert route_of(config) == ModelRoute(((1, 100.0),))
     # The file is a routing file the gateway parses.
     routing_format.parse(rollout.routing_path_for(config).read_text(), "routing.yaml")
@@ -49,13 +49,13 @@ def test_pin_sends_default_traffic_to_stable_before_the_new_version_exists(confi
 def test_pin_keeps_an_existing_routing_entry(config: Path) -> None:
     entry = ModelRoute(((1, 70.0), (2, 30.0)))
     rollout.write_route(rollout.routing_path_for(config), MODEL, entry)
-    assert rollout.pin_to_stable(settings(config)) is False
+    assert rolloutpush.pin_to_stable(settings(config)) is False
     assert route_of(config) == entry
 
 
 def test_pin_refuses_a_model_without_the_label(config: Path) -> None:
     with pytest.raises(OpsError, match="no label 'gold'"):
-        rollout.pin_to_stable(settings(config, from_label="gold"))
+        rolloutpush.pin_to_stable(settings(config, from_label="gold"))
     assert route_of(config) is None
 
 
@@ -63,20 +63,20 @@ def test_pin_refuses_while_a_rollout_of_the_model_is_in_progress(config: Path) -
     state_path = rollout.state_path_for(rollout.routing_path_for(config))
     rollout.write_states(state_path, {MODEL: rollout.State(MODEL, 2, "stable", 1, "shadow:100")})
     with pytest.raises(OpsError, match="resume it with --version 2"):
-        rollout.pin_to_stable(settings(config))
+        rolloutpush.pin_to_stable(settings(config))
     assert route_of(config) is None
 
 
 def test_a_failed_push_removes_the_pin_it_wrote(config: Path, tmp_path: Path) -> None:
     exported = tmp_path / "exported"
     exported.mkdir()
-    args = rollout.parse_args([
+    args = rolloutcli.parse_args([
         "--name", MODEL, "--from-dir", str(exported), "--gateway", "http://127.0.0.1:1",
         "--server", f"127.0.0.1:{free_port()}", "--config", str(config),
         "--base-path", str(tmp_path / "models"), "--reader-wait", "0", "--timeout", "1",
     ])  # fmt: skip
     with pytest.raises(OpsError):
-        rollout.push_new_version(args, rollout.settings_from(args), [])
+        rolloutpush.push_new_version(args, rolloutcli.settings_from(args), [])
     assert route_of(config) is None
     assert not (tmp_path / "models" / MODEL / "1").exists()
 
@@ -94,12 +94,12 @@ def test_rollout_arguments_for_a_push_are_checked(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        rollout.parse_args(["--name", MODEL, "--gateway", "http://gw:8000", *argv])
+        rolloutcli.parse_args(["--name", MODEL, "--gateway", "http://gw:8000", *argv])
     assert message in capsys.readouterr().err
 
 
 def test_arguments_after_the_dashes_go_to_the_exporter_with_a_checkpoint() -> None:
-    args = rollout.parse_args([
+    args = rolloutcli.parse_args([
         "--name", MODEL, "--checkpoint", "ckpt", "--gateway", "http://gw:8000", "--",
         "--precision", "bf16",
     ])  # fmt: skip
@@ -119,7 +119,7 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
         "rollout_drill.py", tmp_path / "drill.json", "--checkpoint", str(checkpoint),
         "--model", MODEL, "--clients", "4", "--steps", "shadow:100,50,100", "--hold-s", "3",
         "--min-samples", "30", "--gap", "1", "--windows", "1", "--window-s", "3",
-        "--probe", "40", "--report", str(report), "--plot", str(plot),
+        "--probe", "40", "--report", str(report), "--plot", str(plot), "--capacity-s", "3",
         # a tiny model answers in milliseconds: its p99 is scheduling noise, not the version's
         "--max-latency-ratio", "20",
     )  # fmt: skip
@@ -136,4 +136,5 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
     assert any("agreement (top1)" in reason for reason in bad[0]["reasons"])
     assert {w["shadow"] for w in result["windows"]} == {True, False}
     assert "pinned tiny's default traffic to stable=v1" in output
+    assert "requests/s open-loop" in output
     assert "## Rollout drill" in report.read_text() and plot.stat().st_size > 0
