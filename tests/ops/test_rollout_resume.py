@@ -77,11 +77,18 @@ def state(serving: Path) -> dict[str, Any] | None:
         return None
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    # A test run started in the background (`make test &`, nohup, some CI runners) hands its
+    # children SIGINT ignored, and Python then keeps ignoring it: Ctrl-C would never arrive.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_until_live(cmd: list[str], serving: Path, step: int) -> subprocess.Popen[str]:
     """Start the rollout; return it once the state says ``step`` is live (mid-hold)."""
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, preexec_fn=_ctrl_c_as_in_a_terminal,
+    )  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         now = state(serving)
