@@ -440,13 +440,19 @@ def publish(args: argparse.Namespace, plan: Plan, model_dir: Path, extra: list[s
     print(f"published {model_dir / str(plan.new_version)}")
 
 
+def split_exporter_args(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """Return (our arguments, the exporter's): ``argv`` (default: the command line's) cut at
+    the first ``--``; what follows goes to ``python -m export build``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     """Return the parsed arguments and the extra ones (after ``--``) meant for the exporter."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    argv, extra = split_exporter_args(argv)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -89,11 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Arguments after ``--`` go to ``python -m export build`` with ``--checkpoint`` (``args.extra``).
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    argv, extra = push.split_exporter_args(argv)
     parser = argparse.ArgumentParser(
         prog="rollout.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

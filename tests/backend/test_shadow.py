@@ -62,20 +62,33 @@ class HangingVersion:
         return getattr(self._client, name)
 
 
-def test_a_shadow_that_hangs_never_delays_the_client_and_a_full_queue_drops_shadows(
-    modelserver: ModelServer, model_base: Path, config_file: Path, tmp_path: Path
-) -> None:
+def _shadowing_app(
+    modelserver: ModelServer,
+    model_base: Path,
+    config_file: Path,
+    tmp_path: Path,
+    queue: int,
+    delay_s: float,
+) -> tuple[Any, Gateway]:
+    """Return (app, gateway): v1 serves, v2 shadows every default request and hangs ``delay_s``."""
     routing_file = tmp_path / "routing.yaml"
     routing_file.write_text(f"{INTENT}:\n  weights: {{1: 1}}\n  shadow: {{version: 2}}\n")
     config = {
         "tfs_grpc_target": modelserver.grpc_target, "model_base_path": str(model_base),
         "model_config_file": str(config_file), "routing_file": str(routing_file),
-        "shadow_queue_size": 2, "shadow_timeout_s": 30,
+        "shadow_queue_size": queue, "shadow_timeout_s": 30,
     }  # fmt: skip
     app = create_app(config)
     settings = app.extensions["gateway_settings"]
-    gateway = Gateway(settings, client=HangingVersion(make_client(settings), 2, delay_s=2.0))
+    gateway = Gateway(settings, client=HangingVersion(make_client(settings), 2, delay_s=delay_s))
     app.extensions["gateway"] = gateway
+    return app, gateway
+
+
+def test_a_shadow_that_hangs_never_delays_the_client_and_a_full_queue_drops_shadows(
+    modelserver: ModelServer, model_base: Path, config_file: Path, tmp_path: Path
+) -> None:
+    app, gateway = _shadowing_app(modelserver, model_base, config_file, tmp_path, 2, 2.0)
     labels = (INTENT, "1", "2", "dropped")
     dropped = metrics.child(metrics.SHADOW_REQUESTS, *labels)
     depth = metrics.child(metrics.SHADOW_QUEUE, INTENT)
@@ -104,17 +117,7 @@ def test_a_shadow_that_hangs_never_delays_the_client_and_a_full_queue_drops_shad
 def test_a_queue_of_0_keeps_one_shadow_in_flight_and_drops_the_rest(
     modelserver: ModelServer, model_base: Path, config_file: Path, tmp_path: Path
 ) -> None:
-    routing_file = tmp_path / "routing.yaml"
-    routing_file.write_text(f"{INTENT}:\n  weights: {{1: 1}}\n  shadow: {{version: 2}}\n")
-    config = {
-        "tfs_grpc_target": modelserver.grpc_target, "model_base_path": str(model_base),
-        "model_config_file": str(config_file), "routing_file": str(routing_file),
-        "shadow_queue_size": 0, "shadow_timeout_s": 30,
-    }  # fmt: skip
-    app = create_app(config)
-    settings = app.extensions["gateway_settings"]
-    gateway = Gateway(settings, client=HangingVersion(make_client(settings), 2, delay_s=1.0))
-    app.extensions["gateway"] = gateway
+    app, gateway = _shadowing_app(modelserver, model_base, config_file, tmp_path, 0, 1.0)
     outcome = {o: metrics.child(metrics.SHADOW_REQUESTS, INTENT, "1", "2", o)
                for o in ("dropped", "compared")}  # fmt: skip
     before = {o: c._value.get() for o, c in outcome.items()}
