@@ -140,9 +140,8 @@ def _grpc(stack: dict[str, Any]) -> str:
 def _sequence_classifier(checkpoint: Path) -> Any:
     from transformers import BertForSequenceClassification
 
-    return BertForSequenceClassification.from_pretrained(
-        str(checkpoint), local_files_only=True
-    ).eval()
+    model = BertForSequenceClassification.from_pretrained(str(checkpoint), local_files_only=True)
+    return model.eval()
 
 
 @functools.cache

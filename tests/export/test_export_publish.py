@@ -69,7 +69,7 @@ def unwritable(tmp_path: Path) -> Iterator[Path]:
             shutil.which("chattr") is None
             or subprocess.run(["chattr", "+i", str(model_dir)], capture_output=True).returncode
         ):
-            pytest.skip("running as root without chattr +i: cannot make a directory unwritable")
+            pytest.fail("as root, an unwritable directory needs chattr +i (e2fsprogs)")
         yield model_dir
         subprocess.run(["chattr", "-i", str(model_dir)], check=True)
     else:
@@ -111,14 +111,14 @@ def test_write_failure_midway_removes_temp_dir(
 
 @pytest.fixture()
 def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
-    """A real tmpfs of ``request.param`` bytes (needs root with mount rights; skipped otherwise)."""
+    """A real tmpfs of ``request.param`` bytes (needs root with mount rights: fails otherwise)."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
     if not IS_ROOT or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root")
+        pytest.fail("mounting a small tmpfs needs root and mount(8): a real ENOSPC can't be made")
     cmd = ["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(mount_point)]
     if subprocess.run(cmd, capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
+        pytest.fail(f"cannot mount a tmpfs here: {' '.join(cmd)} was refused")
     try:
         yield mount_point
     finally:
