@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from finetune.errors import FinetuneError
 from finetune.training import TrainConfig
 from modelformat.errors import FormatError
@@ -39,28 +41,53 @@ def minilm_dir() -> Path:
     return model
 
 
+class Served:
+    """An exported version read the way the gateway reads it: predictor, model.json, tokenizer."""
+
+    def __init__(self, path: Path) -> None:
+        from backend.tokenization import BertTokenizer
+        from export.predictor import PersistentPredictor
+
+        self.path = path
+        self.predictor = PersistentPredictor(path)
+        self.info: dict[str, Any] = self.predictor.model_info or {}
+        self.max_seq_len = int(self.info["max_seq_len"])
+        self.tokenizer = BertTokenizer.from_files(
+            path / "assets" / "vocab.txt", do_lower_case=bool(self.info["do_lower_case"]),
+            max_seq_len=self.max_seq_len,
+        )  # fmt: skip
+
+    def run(self, encoded: Sequence[Any], output: str) -> list[np.ndarray]:
+        """Return ``output`` of every encoded row, in order, run in bucket-padded batches."""
+        from finetune.pipeline import sorted_batches
+
+        rows = [e.ids for e in encoded]
+        types = (
+            [e.type_ids for e in encoded] if encoded and encoded[0].type_ids is not None else None
+        )
+        out: list[np.ndarray] = [np.empty(0)] * len(rows)
+        batches = sorted_batches(rows, EVAL_BATCH, self.max_seq_len, self.tokenizer.pad_id, types)
+        for chunk, feeds in batches:
+            values = self.predictor.predict(feeds)[output]
+            for j, i in enumerate(chunk):
+                out[i] = values[j]
+        return out
+
+
 def score_version(path: Path, texts: Sequence[str], labels: Sequence[str]) -> dict[str, Any]:
     """Return test accuracy and macro-F1 of one exported classify version, served as the gateway
     serves it (its own vocabulary, bucket-padded batches)."""
-    from backend.tokenization import BertTokenizer
-    from export.predictor import PersistentPredictor
     from finetune.metrics import scores
-    from finetune.pipeline import sorted_batches
 
-    predictor = PersistentPredictor(path)
-    info = predictor.model_info or {}
-    max_len = int(info["max_seq_len"])
-    tokenizer = BertTokenizer.from_files(path / "assets" / "vocab.txt",
-                                         do_lower_case=bool(info["do_lower_case"]),
-                                         max_seq_len=max_len)  # fmt: skip
-    rows = [e.ids for e in tokenizer.encode(list(texts))]
-    predicted = [0] * len(rows)
-    for chunk, feeds in sorted_batches(rows, EVAL_BATCH, max_len, tokenizer.pad_id):
-        for i, row in zip(chunk, predictor.predict(feeds)["logits"].argmax(-1), strict=True):
-            predicted[i] = int(row)
-    served_labels = list(info["labels"])
+    served = Served(path)
+    logits = served.run(served.tokenizer.encode(list(texts)), "logits")
+    predicted = [int(row.argmax(-1)) for row in logits]
+    served_labels = list(served.info["labels"])
     truth = [served_labels.index(label) for label in labels]
-    return {**scores(truth, predicted, served_labels), "zero_shot": bool(info.get("zero_shot"))}
+    return {
+        **scores(truth, predicted, served_labels),
+        "zero_shot": bool(served.info.get("zero_shot")),
+    }
 
 
 def zero_shot_version(model_dir: Path) -> Path | None:

@@ -29,14 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from finetune.demo import minilm_dir
+from finetune.demo import Served, minilm_dir
 from finetune.errors import FinetuneError
 from finetune.tasks import TaskOptions
 from finetune.training import TrainConfig
 from modelformat.errors import FormatError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-EVAL_BATCH = 32
 RANK_AT = 10
 Say = Callable[[str], None]
 
@@ -76,46 +75,6 @@ HEADS = {
         128, TrainConfig(epochs=3, batch_size=32, learning_rate=1e-4),
     ),
 }  # fmt: skip
-
-
-class Served:
-    """An exported version read the way the gateway reads it: predictor, model.json, tokenizer."""
-
-    def __init__(self, path: Path) -> None:
-        from backend.tokenization import BertTokenizer
-        from export.predictor import PersistentPredictor
-
-        self.path = path
-        self.predictor = PersistentPredictor(path)
-        self.info: dict[str, Any] = self.predictor.model_info or {}
-        self.max_seq_len = int(self.info["max_seq_len"])
-        self.tokenizer = BertTokenizer.from_files(
-            path / "assets" / "vocab.txt", do_lower_case=bool(self.info["do_lower_case"]),
-            max_seq_len=self.max_seq_len,
-        )  # fmt: skip
-
-    def run(self, encoded: Sequence[Any], output: str) -> list[np.ndarray]:
-        """Return ``output`` of every encoded row, in order, run in bucket-padded batches."""
-        from finetune.pipeline import sorted_batches
-
-        rows = [e.ids for e in encoded]
-        types = (
-            [e.type_ids for e in encoded] if encoded and encoded[0].type_ids is not None else None
-        )
-        out: list[np.ndarray] = [np.empty(0)] * len(rows)
-        batches = sorted_batches(rows, EVAL_BATCH, self.max_seq_len, self.tokenizer.pad_id, types)
-        for chunk, feeds in batches:
-            values = self.predictor.predict(feeds)[output]
-            for j, i in enumerate(chunk):
-                out[i] = values[j]
-        return out
-
-
-def _latest(model_dir: Path) -> Path | None:
-    from modelformat.layout import list_versions, version_dir
-
-    versions = list_versions(model_dir)
-    return version_dir(model_dir, versions[-1]) if versions else None
 
 
 # -- scoring, one function per head -------------------------------------------------------------
@@ -315,6 +274,8 @@ def _refused(n: int, what: str) -> str:
 def run_demo(base: Path, heads: Sequence[str], keep: Path | None, reuse: bool,
              precision: str, depth: int = 20) -> int:  # fmt: skip
     """Fine-tune, export and score ``heads``; print the tables; return the exit status."""
+    from modelformat.layout import latest_version, version_dir
+
     started = time.perf_counter()
 
     def say(message: str) -> None:
@@ -327,10 +288,11 @@ def run_demo(base: Path, heads: Sequence[str], keep: Path | None, reuse: bool,
             served = Served(train_and_export(name, base, root, reuse, precision, say))
             say(f"{name}: scoring {served.path} on the test split")
             if name == "pairs":
-                minilm = _latest(base / "minilm")
-                if minilm is None:
+                newest = latest_version(base / "minilm")
+                if newest is None:
                     raise FinetuneError(f"no minilm embedding model under {base}: make models")
-                figures[name] = score_pairs(served, Served(minilm), depth, say)
+                embedder = Served(version_dir(base / "minilm", newest))
+                figures[name] = score_pairs(served, embedder, depth, say)
             elif name == "ner":
                 figures[name] = score_ner(served)
             else:
