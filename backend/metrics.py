@@ -80,6 +80,11 @@ API_KEYS_STALE = Gauge(
     "1 while a worker serves the last good API keys because the keys file is unusable.",
     multiprocess_mode="livemax",
 )
+UPSTREAM_GROUP_REQUESTS = Histogram(
+    "gateway_upstream_group_requests",
+    "Requests sharing one upstream call (backend/grouping.py; 1: the call went alone).",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+)
 TEXTS_PER_REQUEST = Histogram(
     "gateway_texts_per_request",
     "Texts per inference request.",

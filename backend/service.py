@@ -40,6 +40,7 @@ from backend.errors import (
     UpstreamUnavailable,
     VersionNotFound,
 )
+from backend.grouping import UpstreamGroups
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
 from backend.routing import RoutingTable, routing_file_for
 from backend.schemas import ClassifyRequest, EmbedRequest, TagRequest
@@ -86,6 +87,11 @@ class Gateway:
             recheck_s=settings.labels_cache_s,
         )
         self.shadows = ShadowRunner(settings.shadow_queue_size)
+        self.groups = (
+            UpstreamGroups(settings.max_batch_size, settings.group_in_flight)
+            if settings.group_in_flight
+            else None
+        )
         self._pool = ThreadPoolExecutor(
             max_workers=max(4, settings.max_concurrent_chunks * 4), thread_name_prefix="chunk"
         )
@@ -567,11 +573,20 @@ class Gateway:
             if remaining <= 0:
                 raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S")
             signature = by_length.get(chunk.seq_len)
-            outputs, served = self._upstream_call(
-                lambda: self.client.predict(
-                    model, batch, version=version, timeout_s=remaining, signature_name=signature
-                )
-            )
+
+            def send(inputs: Any, timeout_s: float) -> tuple[Outputs, int]:
+                return self._upstream_call(
+                    lambda: self.client.predict(
+                        model, inputs, version=version, timeout_s=timeout_s,
+                        signature_name=signature,
+                    )
+                )  # fmt: skip
+
+            if self.groups is None:
+                outputs, served = send(batch, remaining)
+            else:  # concurrent requests of this kind share calls (backend/grouping.py)
+                kind = (model, version, signature, chunk.seq_len, tuple(sorted(batch)))
+                outputs, served = self.groups.call(kind, batch, send, deadline)
             if served not in (version, -1):
                 # Never return answers from a version other than the one we tokenized for.
                 raise UpstreamError(f"asked for version {version}, the model server used {served}")

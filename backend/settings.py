@@ -55,6 +55,9 @@ class Settings:
     # build a backlog that drains into the next rollout step); each shadow call's deadline
     shadow_queue_size: int = 0
     shadow_timeout_s: float = 10.0
+    # upstream calls of one kind (model, version, bucket) a worker runs at once; requests that
+    # arrive meanwhile share the next call (backend/grouping.py); 0: every request calls alone
+    group_in_flight: int = 2
 
     def __post_init__(self) -> None:
         if self.upstream not in UPSTREAMS:
@@ -64,8 +67,8 @@ class Settings:
         for name in ("max_batch_size", "max_concurrent_chunks", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1")
-        if self.shadow_queue_size < 0:
-            raise SettingsError("shadow_queue_size must be at least 0")
+        if self.shadow_queue_size < 0 or self.group_in_flight < 0:
+            raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
         if self.max_texts_per_request < 1 or self.max_text_chars < 1:
             raise SettingsError("max_texts_per_request and max_text_chars must be at least 1")
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
@@ -109,6 +112,7 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_ROUTING_FILE": "routing_file",
     "GATEWAY_SHADOW_QUEUE": "shadow_queue_size",
     "GATEWAY_SHADOW_TIMEOUT_S": "shadow_timeout_s",
+    "GATEWAY_GROUP_IN_FLIGHT": "group_in_flight",
 }
 
 _TRUE = {"1", "true", "yes", "on"}

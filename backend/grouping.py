@@ -1,0 +1,146 @@
+"""Concurrent requests of one worker share upstream calls (issue 23: the gateway's CPU per request).
+
+A gunicorn worker serves several requests at once (gthread). Each one-text request used to make
+its own Predict call, and one gRPC call costs the gateway about as much CPU as the rest of the
+request's own work (results/e2e_breakdown.md). ``UpstreamGroups`` lets requests that go to the
+same model, version and signature (one length bucket) share a call: natural batching, no timer.
+
+- A call with fewer than ``in_flight`` calls of its kind already running goes at once, alone:
+  one client never waits, and an idle gateway adds no latency. A full batch (``max_rows``: a
+  large request's chunks) has no room to share and always goes at once, as before.
+- Calls that arrive while ``in_flight`` are running queue; when one returns, the thread that made
+  it hands the queue (up to ``max_rows`` rows, whole requests) to the first queued request, which
+  sends it as one call and gives every member its rows of the answer. The wait is bounded by one
+  upstream call, and by each member's own deadline: a member past it leaves with a timeout.
+- A failed call fails every member with the same error (as TF Serving's own batching does).
+
+Every output of a served signature is batch-major (TF Serving's batching splits answers along
+the first dimension too), so a member's answer is its slice of the merged rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backend import metrics
+from backend.clients.base import Outputs
+from backend.errors import UpstreamTimeout
+
+Send = Callable[[Mapping[str, np.ndarray], float], tuple[Outputs, int]]
+
+
+@dataclass(eq=False)
+class _Member:
+    """One request's rows waiting for (or leading) a shared call."""
+
+    inputs: Mapping[str, np.ndarray]
+    rows: int
+    deadline: float
+    ready: threading.Event = field(default_factory=threading.Event)
+    group: list[_Member] | None = None  # set when this member must send the group
+    result: tuple[Outputs, int] | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Lane:
+    """The calls of one kind (model, version, signature, shape) in one worker."""
+
+    key: Hashable
+    running: int = 0
+    queue: list[_Member] = field(default_factory=list)
+
+
+class UpstreamGroups:
+    """Runs ``send`` for one request's batch, sharing the call with concurrent ones of its kind."""
+
+    def __init__(self, max_rows: int, in_flight: int) -> None:
+        self.max_rows = max_rows
+        self.in_flight = in_flight
+        self._lock = threading.Lock()
+        self._lanes: dict[Hashable, _Lane] = {}
+
+    def call(
+        self, key: Hashable, inputs: Mapping[str, np.ndarray], send: Send, deadline: float
+    ) -> tuple[Outputs, int]:
+        """Return (outputs for ``inputs``' rows, served version); ``send(batch, timeout_s)``
+        makes one upstream call. Raises what the shared call raised, or UpstreamTimeout."""
+        me = _Member(inputs, int(next(iter(inputs.values())).shape[0]), deadline)
+        if me.rows >= self.max_rows:  # a full batch has no room to share: it goes at once
+            metrics.UPSTREAM_GROUP_REQUESTS.observe(1)
+            return send(inputs, deadline - time.monotonic())
+        with self._lock:
+            lane = self._lanes.get(key) or self._lanes.setdefault(key, _Lane(key))
+            if lane.running < self.in_flight:
+                lane.running += 1
+                me.group = [me]
+            else:
+                lane.queue.append(me)
+        if me.group is None and not self._wait(lane, me):
+            raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S waiting for its call")
+        if me.group is not None:
+            self._lead(lane, me.group, send)
+        if me.error is not None:
+            raise me.error
+        assert me.result is not None
+        return me.result
+
+    def _wait(self, lane: _Lane, me: _Member) -> bool:
+        """Wait until a call answered ``me`` or made it the next sender; False past its deadline."""
+        if me.ready.wait(max(0.0, me.deadline - time.monotonic())):
+            return True
+        with self._lock:
+            if me in lane.queue:  # still waiting: leave the queue
+                lane.queue.remove(me)
+                return False
+        # Taken into a group meantime: lead it if it is ours to send (its other members wait
+        # on it), else the answer is on its way: report the timeout without waiting for it.
+        return me.group is not None
+
+    def _lead(self, lane: _Lane, group: list[_Member], send: Send) -> None:
+        """Send ``group`` as one call, give each member its rows, hand the queue on."""
+        try:
+            batch = (
+                group[0].inputs
+                if len(group) == 1
+                else {n: np.concatenate([m.inputs[n] for m in group]) for n in group[0].inputs}
+            )
+            metrics.UPSTREAM_GROUP_REQUESTS.observe(len(group))
+            outputs, served = send(batch, max(m.deadline for m in group) - time.monotonic())
+            start = 0
+            for member in group:
+                end = start + member.rows
+                member.result = ({k: v[start:end] for k, v in outputs.items()}, served)
+                start = end
+        except BaseException as exc:  # every member gets the call's error, as TF Serving's batching
+            for member in group:
+                member.error = exc
+        finally:
+            following = self._next_group(lane)
+            for member in group[1:]:
+                member.ready.set()
+            if following:
+                following[0].ready.set()
+
+    def _next_group(self, lane: _Lane) -> list[_Member]:
+        """Take the queue's first requests (≤ max_rows rows, at least one) as the next call,
+        its first member made its sender under the lock (so a timeout can't orphan it)."""
+        with self._lock:
+            taken: list[_Member] = []
+            rows = 0
+            while lane.queue and (not taken or rows + lane.queue[0].rows <= self.max_rows):
+                member = lane.queue.pop(0)
+                taken.append(member)
+                rows += member.rows
+            if taken:
+                taken[0].group = taken
+            else:
+                lane.running -= 1
+                if not lane.running:  # idle: forget it (versions come and go)
+                    del self._lanes[lane.key]
+            return taken

@@ -1,0 +1,206 @@
+"""Concurrent requests share upstream calls (backend/grouping.py).
+
+The class is tested alone with a ``send`` that records its batches and can be held (the only way
+to make calls overlap deterministically); then through a real gunicorn gateway and model server:
+answers under concurrency equal the answers of the same texts sent alone, and calls were shared.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+
+from backend.errors import UpstreamTimeout, UpstreamUnavailable
+from backend.grouping import UpstreamGroups
+from tests.backend.conftest import EXITS, INTENT
+from tests.backend.stack import Gateway
+
+
+class Upstream:
+    """A ``send`` that answers each row with its first input value (held while ``gate`` is
+    clear), recording every batch it was sent."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.batches: list[np.ndarray] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Semaphore(0)
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def __call__(self, inputs: Mapping[str, np.ndarray], timeout_s: float) -> Any:
+        with self.lock:
+            self.batches.append(inputs["x"][:, 0].copy())
+        self.entered.release()
+        self.gate.wait(timeout_s)
+        if self.fail is not None:
+            raise self.fail
+        return {"y": inputs["x"][:, :1] * 10, "z": inputs["x"][:, 0]}, 7
+
+
+def _rows(*values: int) -> dict[str, np.ndarray]:
+    return {"x": np.array([[v, 0] for v in values], np.int32)}
+
+
+def _start(groups: UpstreamGroups, send: Upstream, inputs: dict[str, np.ndarray],
+           pool: ThreadPoolExecutor, deadline_s: float = 10.0) -> Any:  # fmt: skip
+    return pool.submit(groups.call, "kind", inputs, send, time.monotonic() + deadline_s)
+
+
+def test_a_call_with_nothing_in_flight_goes_alone_at_once() -> None:
+    groups, send = UpstreamGroups(max_rows=8, in_flight=1), Upstream()
+    outputs, served = groups.call("kind", _rows(3, 4), send, time.monotonic() + 5)
+    assert served == 7 and outputs["z"].tolist() == [3, 4]
+    assert [b.tolist() for b in send.batches] == [[3, 4]]
+    assert not groups._lanes  # an idle kind is forgotten
+
+
+def test_requests_arriving_during_a_call_share_the_next_one_and_get_their_own_rows() -> None:
+    groups, send = UpstreamGroups(max_rows=8, in_flight=1), Upstream()
+    send.gate.clear()
+    with ThreadPoolExecutor(8) as pool:
+        first = _start(groups, send, _rows(1), pool)
+        assert send.entered.acquire(timeout=5)
+        later = [_start(groups, send, _rows(10 * i, 10 * i + 1), pool) for i in range(1, 4)]
+        while len(groups._lanes["kind"].queue) < 3:
+            time.sleep(0.01)
+        send.gate.set()
+        answers = [f.result(timeout=5) for f in [first, *later]]
+    assert [b.tolist() for b in send.batches] == [[1], [10, 11, 20, 21, 30, 31]]
+    assert [a[0]["z"].tolist() for a in answers] == [[1], [10, 11], [20, 21], [30, 31]]
+    assert [a[0]["y"].ravel().tolist() for a in answers[1:]] == [[100, 110], [200, 210],
+                                                                 [300, 310]]  # fmt: skip
+    assert {a[1] for a in answers} == {7}
+
+
+def test_a_shared_call_never_exceeds_max_rows() -> None:
+    groups, send = UpstreamGroups(max_rows=4, in_flight=1), Upstream()
+    send.gate.clear()
+    with ThreadPoolExecutor(8) as pool:
+        first = _start(groups, send, _rows(0), pool)
+        assert send.entered.acquire(timeout=5)
+        later = [_start(groups, send, _rows(i, i, i), pool) for i in range(1, 4)]
+        while len(groups._lanes["kind"].queue) < 3:
+            time.sleep(0.01)
+        send.gate.set()
+        for f in [first, *later]:
+            f.result(timeout=5)
+    assert [len(b) for b in send.batches] == [1, 3, 3, 3]  # 3 + 3 > 4: one request a call
+
+
+def test_in_flight_calls_go_at_once_before_any_request_waits() -> None:
+    groups, send = UpstreamGroups(max_rows=8, in_flight=2), Upstream()
+    send.gate.clear()
+    with ThreadPoolExecutor(4) as pool:
+        both = [_start(groups, send, _rows(i), pool) for i in (1, 2)]
+        assert send.entered.acquire(timeout=5) and send.entered.acquire(timeout=5)
+        send.gate.set()
+        assert [f.result(timeout=5)[0]["z"].tolist() for f in both] == [[1], [2]]
+
+
+def test_a_failed_shared_call_fails_its_members_and_the_next_call_still_goes() -> None:
+    error = UpstreamUnavailable("model server down")
+    groups, send = UpstreamGroups(max_rows=8, in_flight=1), Upstream(fail=error)
+    send.gate.clear()
+    with ThreadPoolExecutor(8) as pool:
+        first = _start(groups, send, _rows(1), pool)
+        assert send.entered.acquire(timeout=5)
+        later = [_start(groups, send, _rows(i), pool) for i in (2, 3)]
+        while len(groups._lanes["kind"].queue) < 2:
+            time.sleep(0.01)
+        send.gate.set()
+        for f in [first, *later]:
+            with pytest.raises(UpstreamUnavailable):
+                f.result(timeout=5)
+    send.fail = None
+    assert groups.call("kind", _rows(9), send, time.monotonic() + 5)[0]["z"].tolist() == [9]
+
+
+def test_a_waiting_request_leaves_at_its_deadline_and_is_never_sent() -> None:
+    groups, send = UpstreamGroups(max_rows=8, in_flight=1), Upstream()
+    send.gate.clear()
+    with ThreadPoolExecutor(4) as pool:
+        first = _start(groups, send, _rows(1), pool)
+        assert send.entered.acquire(timeout=5)
+        started = time.monotonic()
+        late = _start(groups, send, _rows(2), pool, deadline_s=0.3)
+        with pytest.raises(UpstreamTimeout):
+            late.result(timeout=5)
+        assert time.monotonic() - started < 2
+        send.gate.set()
+        first.result(timeout=5)
+    assert [b.tolist() for b in send.batches] == [[1]]
+    assert not groups._lanes
+
+
+# -- through the real stack --------------------------------------------------------------------
+
+TEXTS = [
+    "my card was charged twice", "where is my parcel", "reset my password please",
+    "the app crashes", "refund", "hello there", "cancel my order now", "wrong item",
+]  # fmt: skip
+
+
+def _post(gateway: Gateway, model: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = requests.post(f"{gateway.url}/v1/models/{model}:classify", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _shared_calls(gateway: Gateway) -> tuple[float, float]:
+    text = requests.get(f"{gateway.url}/metrics", timeout=10).text
+    figures = {
+        name: sum(
+            float(v)
+            for v in re.findall(rf"^gateway_upstream_group_requests_{name} (\S+)$", text, re.M)
+        )
+        for name in ("sum", "count")
+    }
+    return figures["sum"], figures["count"]
+
+
+@pytest.mark.parametrize("model, extra", [(INTENT, {}), (EXITS, {"version": 2})])
+def test_concurrent_answers_equal_answers_alone(
+    grpc_gateway: Gateway, model: str, extra: dict[str, Any]
+) -> None:
+    speeds = [0.0, 0.5, 1.0, 0.2]  # tiny-exits v2: per-row speeds travel with their rows
+    bodies = [
+        {"texts": [text], "return_logits": True, **extra,
+         **({"speed": speeds[i % 4]} if extra else {})}
+        for i, text in enumerate(TEXTS)
+    ]  # fmt: skip
+    alone = [_post(grpc_gateway, model, body) for body in bodies]
+    before = _shared_calls(grpc_gateway)
+    with ThreadPoolExecutor(16) as pool:
+        for _ in range(3):
+            together = list(pool.map(lambda b: _post(grpc_gateway, model, b), bodies * 4))
+            for answer, expected in zip(together, alone * 4, strict=True):
+                got, want = answer["predictions"][0], expected["predictions"][0]
+                assert got["label"] == want["label"]
+                assert got.get("exit_layer") == want.get("exit_layer")
+                np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
+    requests_, calls = (a - b for a, b in zip(_shared_calls(grpc_gateway), before, strict=True))
+    assert requests_ == 3 * 4 * len(TEXTS)  # every request went through a (shared) call
+    assert calls < requests_  # 32 concurrent requests on 2 workers: some shared a call
+
+
+def test_a_full_batch_goes_at_once_whatever_is_in_flight() -> None:
+    groups, send = UpstreamGroups(max_rows=2, in_flight=1), Upstream()
+    send.gate.clear()
+    with ThreadPoolExecutor(4) as pool:
+        first = _start(groups, send, _rows(1), pool)
+        assert send.entered.acquire(timeout=5)
+        full = _start(groups, send, _rows(2, 3), pool)
+        assert send.entered.acquire(timeout=5)  # sent while the first call is still held
+        send.gate.set()
+        assert full.result(timeout=5)[0]["z"].tolist() == [2, 3]
+        first.result(timeout=5)
