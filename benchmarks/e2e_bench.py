@@ -54,7 +54,7 @@ import requests
 from benchmarks import BenchContext, Row, median
 from benchmarks.gateway_load_bench import CpuSnapshot, cpu_delta, cpu_snapshot
 from ops.load import Cell, CellResult, Sender, run_cell
-from ops.procs import REPO, ServerProcess, child_env, free_port
+from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
 
 DATA = REPO / "data" / "tickets"
 RESULTS = REPO / "results"
@@ -460,7 +460,7 @@ def _sequential(
 
 
 def _floor_costs(
-    gateway: str, grpc_port: int, base: Path, watched: _Watched, quick: bool
+    gateway: str, grpc_port: int, base: Path, watched: _Watched, quick: bool, work: Path
 ) -> dict[str, float]:
     """Return the model server's and the gateway's cost per one-text call on tiny-floor."""
     from backend.clients.grpc_client import GrpcClient
@@ -482,6 +482,7 @@ def _floor_costs(
             n, lambda: client.predict(FLOOR, inputs, version=1, timeout_s=TIMEOUT_S,
                                       signature_name=signature), watched)  # fmt: skip
         g_times, g_cpu = _sequential(n, gw, watched)
+        grpc_cpu = _bare_grpc_cpu(grpc_port, inputs, signature, n)
     finally:
         client.close()
     return {
@@ -491,7 +492,62 @@ def _floor_costs(
         "gateway_p50_ms": median(g_times) * 1000,
         "gateway_cpu_ms": g_cpu["gateway"],
         "server_cpu_via_gateway_ms": g_cpu["model server"],
+        "grpc_client_cpu_ms": grpc_cpu,
+        **{f"{app}_cpu_ms": cpu for app, cpu in _bare_server_cpu(work, body, n).items()},
     }
+
+
+def _bare_grpc_cpu(grpc_port: int, inputs: dict[str, np.ndarray], signature: str,
+                   n: int) -> float:  # fmt: skip
+    """Return this process's CPU ms per bare Predict call (request bytes built once, reply
+    bytes not parsed): what one gRPC call costs its caller, whatever the caller."""
+    from backend.clients.grpc_client import build_predict_request
+
+    raw = build_predict_request(FLOOR, inputs, version=1,
+                                signature_name=signature).SerializeToString()  # fmt: skip
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    predict = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    try:
+        for _ in range(max(5, n // 10)):
+            predict(raw, timeout=TIMEOUT_S)
+        started = time.process_time()
+        for _ in range(n):
+            predict(raw, timeout=TIMEOUT_S)
+        return (time.process_time() - started) / n * 1000
+    finally:
+        channel.close()
+
+
+def _bare_server_cpu(work: Path, body: bytes, n: int) -> dict[str, float]:
+    """Return gunicorn's CPU ms per sequential request (master + worker) for benchmarks/floor_app's
+    bare WSGI app and Flask app, under the gateway's worker class and threads."""
+    out: dict[str, float] = {}
+    for name, target in (
+        ("wsgi", "benchmarks.floor_app:raw"),
+        ("flask", "benchmarks.floor_app:app"),
+    ):
+        port = free_port()
+        cmd = python_cmd("-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
+                         "--threads", "8", "--keep-alive", "5", "--bind", f"127.0.0.1:{port}",
+                         target)  # fmt: skip
+        proc = ServerProcess(cmd, work / f"floor-{name}.log", env=child_env())
+        try:
+            url = f"http://127.0.0.1:{port}"
+            proc.wait_until(partial(_answers, url, body), 60)
+            post = partial(_Http(url).post, f"/v1/models/{FLOOR}:classify", body)
+            _, cpu = _sequential(n, post, _Watched({name: [proc.pid]}))
+            out[name] = cpu[name]
+        finally:
+            proc.stop()
+    return out
+
+
+def _answers(url: str, body: bytes) -> bool:
+    """Return True once ``url`` answers a classify POST."""
+    try:
+        return _Http(url).post(f"/v1/models/{FLOOR}:classify", body)[0] == 200
+    except OSError:
+        return False
 
 
 def _bucket_mix(direct: _Direct, texts: Sequence[str]) -> dict[int, int]:
@@ -638,6 +694,16 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"{b['floor']['gateway_p50_ms']:.2f} ms vs direct "
             f"{b['floor']['direct_p50_ms']:.2f} ms"),
     ]  # fmt: skip
+    f = b["floor"]
+    if "flask_cpu_ms" in f:
+        floor = f["flask_cpu_ms"] + f["grpc_client_cpu_ms"]
+        out.append(Row(
+            "  the floor under it: gunicorn gthread + bare WSGI / + Flask route / + one gRPC call",
+            f"{f['wsgi_cpu_ms']:.2f} / {f['flask_cpu_ms']:.2f} / {floor:.2f} ms", "", "",
+            f"CPU per sequential request of benchmarks/floor_app.py under gunicorn (gthread, "
+            f"8 threads), plus a bare Predict call's client CPU ({f['grpc_client_cpu_ms']:.2f} "
+            f"ms: bytes in, bytes out); the gateway's own work is "
+            f"{f['gateway_cpu_ms'] - floor:.2f} ms over it"))  # fmt: skip
     return out
 
 
@@ -856,7 +922,7 @@ def run(ctx: BenchContext) -> list[Row]:
         runs = _run_cells(ctx, makers, watched, rest_port)
         channel.close()
         say("fixed costs on the tiny model ...")
-        floor = _floor_costs(gateway, grpc_port, base, watched, ctx.quick)
+        floor = _floor_costs(gateway, grpc_port, base, watched, ctx.quick, work)
     finally:
         for proc in reversed(processes):
             proc.stop()
