@@ -155,6 +155,7 @@ def test_model_json_signatures_and_warmup_describe_the_exits(exits_version: Any)
     assert info["early_exit"] == {
         "default_speed": 0.25, "num_layers": LAYERS, "layers": [1, 2, 3], "pooling": "mean",
         "width": 8, "agreement": {"1": 0.0, "2": 0.0, "3": 0.0},
+        "speed_calibration": {"meaning": "raw_entropy_threshold"},  # distilled before calibration
     }  # fmt: skip
     loaded = tf.saved_model.load(str(exits_version.path))
     for name in ("serving_default", "seq_16", "seq_64"):
