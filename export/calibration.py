@@ -76,15 +76,22 @@ def checked_calibration(entry: Any, where: object) -> dict[str, Any] | None:
         raise ExportError(f"{where}: early_exits.calibration must be a table with meaning "
                           f"{MEANING!r}")  # fmt: skip
     speeds, thresholds = entry.get("speeds"), entry.get("thresholds")
-    if not isinstance(thresholds, list) or not isinstance(speeds, list) or len(thresholds) != KNOTS:
+    if not all(_numbers(v) for v in (speeds, thresholds)):
         raise ExportError(f"{where}: early_exits.calibration needs {KNOTS} speeds and thresholds")
-    if not np.allclose(speeds, knot_speeds()):
+    if not np.allclose(np.asarray(speeds, np.float64), knot_speeds()):
         raise ExportError(f"{where}: early_exits.calibration speeds must be k/20, k = 0..20")
     t = np.asarray(thresholds, np.float64)
     if not (np.all(np.diff(t) >= 0) and t[0] == 0.0 and t[-1] == 1.0):
         raise ExportError(f"{where}: early_exits.calibration thresholds must rise from 0 at speed "
                           "0 to 1 at speed 1")  # fmt: skip
     return dict(entry)
+
+
+def _numbers(values: Any) -> bool:
+    """Return whether ``values`` is a list of KNOTS JSON numbers (bools are not numbers)."""
+    if not isinstance(values, list) or len(values) != KNOTS:
+        return False
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
 
 def model_json_entry(exits: Mapping[str, Any]) -> dict[str, Any]:

@@ -76,7 +76,8 @@ def test_speed_for_inverts_the_map(threshold: float) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [({"meaning": "agreement"}, "meaning"), ({"thresholds": THRESHOLDS[:-1]}, "21 speeds"),
-     ({"speeds": [s / 2 for s in knot_speeds()]}, "k/20"),
+     ({"speeds": [s / 2 for s in knot_speeds()]}, "k/20"), ({"speeds": [0.0, 1.0]}, "21 speeds"),
+     ({"thresholds": [*THRESHOLDS[:-1], "1"]}, "21 speeds"),
      ({"thresholds": [0.0, 0.5, 0.4, *THRESHOLDS[3:]]}, "rise"),
      ({"thresholds": [*THRESHOLDS[:-1], 0.99]}, "rise")],
 )  # fmt: skip
