@@ -7,6 +7,8 @@ and the last knot at speed 1; without a calibration the speed is the threshold, 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,9 +23,11 @@ from export.calibration import (
     speed_for,
     threshold_at,
 )
+from export.checkpoint import read_checkpoint
 from export.errors import ExportError
 from export.exits import speed_thresholds
 from export.gates import EXIT_MARGIN, exit_probes
+from export.tiny import write_hf_checkpoint
 
 # a convex table with a flat stretch (knots 3..6): what an unsure teacher's calibration looks like
 THRESHOLDS = [0.0, 0.4, 0.45, 0.5, 0.5, 0.5, 0.5, *np.linspace(0.55, 0.95, 13).tolist(), 1.0]
@@ -102,3 +106,13 @@ def test_the_gates_exit_ties_are_measured_around_the_mapped_threshold() -> None:
     assert at.speed == 0.2 and at.expected["exit_layer"].tolist() == [1, 3, 1, 3, 2]
     assert at.steady.tolist() == [False, False, True, True, True]
     assert EXIT_MARGIN == 0.05  # the rows above: 0.47 and 0.52 within it of 0.5, 0.58 outside
+
+
+def test_a_checkpoint_with_a_bad_table_is_refused_when_read(tmp_path: Path) -> None:
+    path = write_hf_checkpoint(tmp_path / "ckpt", exits=True, layers=2)
+    config = json.loads((path / "config.json").read_text())
+    config["early_exits"]["calibration"] = _table([0.0, *THRESHOLDS[1:-1], 0.9])
+    (path / "config.json").write_text(json.dumps(config))
+
+    with pytest.raises(ExportError, match=r"config\.json: early_exits\.calibration thresholds"):
+        read_checkpoint(path)
