@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from export import __version__, gates
+from export.calibration import model_json_entry, thresholds_of
 from export.checkpoint import Checkpoint, read_checkpoint
 from export.errors import ExportError
 from export.gates import Tolerance, gate_metric, measure, within, worse
@@ -203,7 +204,8 @@ def build(
     # fp32 saves the reference itself; a converted graph's students and exits are gated too
     converted = exits is not None and precision != "fp32"
     speeds = gates.exit_gate_speeds(default_speed) if converted else ()
-    at_speeds = gates.exit_probes(lambda feeds: _run(reference.serve, feeds), probe, speeds)
+    at_speeds = gates.exit_probes(lambda feeds: _run(reference.serve, feeds), probe, speeds,
+                                  thresholds_of(exits))  # fmt: skip
 
     try:
         with temp_version(model_dir, version) as temp:
@@ -311,6 +313,9 @@ def _early_exit_info(
         "pooling": exits["pooling"],
         "width": int(ckpt.weights["exit_0/dense/kernel"].shape[1]),
         "agreement": exits.get("agreement", {}),
+        # what a speed means: the distill-time table (expected exit layer, agreement, accuracy
+        # per speed) or the raw entropy threshold of a checkpoint distilled before calibration
+        "speed_calibration": model_json_entry(exits),
     }
 
 

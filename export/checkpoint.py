@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from export.calibration import checked_calibration
 from export.config import BertConfig
 from export.errors import ExportError
 from export.names import TensorName, tensor_names
@@ -303,7 +304,8 @@ def _exits(data: dict[str, Any], weights: dict[str, np.ndarray], where: Path) ->
     pooling = entry.get("pooling", "mean")
     if pooling not in ("mean", "cls"):
         raise ExportError(f"{where}: early_exits.pooling must be mean or cls, got {pooling!r}")
-    return {**entry, "pooling": pooling}
+    calibration = checked_calibration(entry.get("calibration"), where)
+    return {**entry, "pooling": pooling, **({"calibration": calibration} if calibration else {})}
 
 
 def _google_prefix(path: Path) -> Path:

@@ -1,8 +1,10 @@
 """Early exits: the students after layers 1..L-1, the one exit rule, and the two ways to serve it.
 
 After layer i < L each row still running asks student i (pooled hidden state → dense tanh →
-classifier); FastBERT's rule (``leaves``): a row whose normalised entropy is below its ``speed``
-takes the student's logits and leaves. After the last layer every row still running takes the
+classifier); FastBERT's rule (``leaves``): a row whose normalised entropy is below its threshold
+takes the student's logits and leaves. The threshold is the row's ``speed`` mapped through the
+checkpoint's calibration (``speed_thresholds``; export/calibration.py), or the speed itself for a
+checkpoint without one. After the last layer every row still running takes the
 trained head's logits. ``serve_compacted`` gathers the rows left after each layer so the next
 layers run on them only; ``serve_masked`` (the baseline the benchmark compares against) keeps
 every row in the batch until the last one has exited. Both ask ``decide`` at every layer, so the
@@ -12,12 +14,13 @@ rule is written once and the two give the same answers.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from export.calibration import KNOTS
 from export.layers import Dense, mask_bias, pool
 
 
@@ -29,12 +32,28 @@ def normalized_entropy(logits: tf.Tensor) -> tf.Tensor:
     return entropy / math.log(max(int(logits.shape[-1]), 2))
 
 
-def leaves(logits: tf.Tensor, speed: tf.Tensor) -> tf.Tensor:
-    """Return, per row, whether a student's ``logits`` are sure enough to exit at ``speed``.
+def leaves(logits: tf.Tensor, threshold: tf.Tensor) -> tf.Tensor:
+    """Return, per row, whether a student's ``logits`` are sure enough to exit at ``threshold``.
 
-    The exit rule: normalised entropy strictly below the row's speed, so speed 0 never exits.
+    The exit rule: normalised entropy strictly below the row's threshold, so 0 never exits.
     """
-    return normalized_entropy(logits) < speed
+    return normalized_entropy(logits) < threshold
+
+
+def speed_thresholds(speed: tf.Tensor, thresholds: Sequence[float] | None) -> tf.Tensor:
+    """Return each row's entropy threshold for its (checked) ``speed``; identity without a table.
+
+    ``thresholds``: the calibration's 21 knots (speed k/20), interpolated linearly between them
+    as ``lo·(1-f) + hi·f`` so a knot's speed gives its threshold exactly: speed 0 gives 0 (never
+    exits), speed 1 the last knot. export/calibration.py's ``threshold_at`` is the numpy twin.
+    """
+    if thresholds is None:
+        return speed
+    table = tf.constant(np.asarray(thresholds, np.float32))
+    scaled = speed * float(KNOTS - 1)
+    index = tf.minimum(tf.cast(tf.floor(scaled), tf.int32), KNOTS - 2)
+    fraction = scaled - tf.cast(index, tf.float32)
+    return tf.gather(table, index) * (1.0 - fraction) + tf.gather(table, index + 1) * fraction
 
 
 class Student(tf.Module):
@@ -91,7 +110,7 @@ def checked_speed(speed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
 
 
 def decide(model: Any, i: int, hidden: tf.Tensor, attention_mask: tf.Tensor,
-           speed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:  # fmt: skip
+           threshold: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:  # fmt: skip
     """Return the logits after layer ``i`` and which rows leave there (None: every row left).
 
     ``model`` is the BertModule (its ``students``, ``exit_pooling``, ``head`` and ``layers``).
@@ -99,10 +118,10 @@ def decide(model: Any, i: int, hidden: tf.Tensor, attention_mask: tf.Tensor,
     if i == len(model.layers) - 1:
         return model.head(hidden), None
     logits = model.students[i](pool(hidden, attention_mask, model.exit_pooling))
-    return logits, leaves(logits, speed)
+    return logits, leaves(logits, threshold)
 
 
-def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, speed: tf.Tensor,
+def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, threshold: tf.Tensor,
                     batch: tf.Tensor, seq: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
     """Return (logits, exit_layer) with exited rows leaving the batch after each layer.
 
@@ -117,14 +136,14 @@ def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, speed: 
         x = layer(x, mask_bias(mask), left, seq)
         # explicit sizes: once every row has exited the batch is empty and -1 is ambiguous
         hidden = tf.reshape(x, [left, seq, model.hidden_size])
-        logits, leave = decide(model, i, hidden, mask, speed)
+        logits, leave = decide(model, i, hidden, mask, threshold)
         leave = tf.ones([left], tf.bool) if leave is None else leave
         done_rows.append(tf.boolean_mask(rows, leave))
         done_logits.append(tf.boolean_mask(logits, leave))
         done_layers.append(tf.fill(tf.shape(done_rows[-1]), i + 1))
         if i < last:  # the rows left, gathered: the next layer runs on them only
             stay = tf.logical_not(leave)
-            rows, mask, speed = (tf.boolean_mask(t, stay) for t in (rows, mask, speed))
+            rows, mask, threshold = (tf.boolean_mask(t, stay) for t in (rows, mask, threshold))
             x = tf.reshape(tf.boolean_mask(hidden, stay), [-1, model.hidden_size])
     where = tf.concat(done_rows, axis=0)[:, tf.newaxis]
     logits = tf.scatter_nd(where, tf.concat(done_logits, axis=0),
@@ -133,7 +152,7 @@ def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, speed: 
     return logits, exit_layer
 
 
-def serve_masked(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, speed: tf.Tensor,
+def serve_masked(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, threshold: tf.Tensor,
                  batch: tf.Tensor, seq: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
     """Return (logits, exit_layer) with every row kept until the batch's last row has exited."""
     bias = mask_bias(attention_mask)
@@ -146,7 +165,7 @@ def serve_masked(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, speed: tf.
                  i=i, layer=layer) -> tuple[tf.Tensor, ...]:  # fmt: skip
             x = layer(x, bias, batch, seq)
             hidden = tf.reshape(x, [batch, seq, -1])
-            out, leave = decide(model, i, hidden, attention_mask, speed)
+            out, leave = decide(model, i, hidden, attention_mask, threshold)
             leave = running if leave is None else tf.logical_and(running, leave)
             logits = tf.where(leave[:, tf.newaxis], out, logits)
             exit_layer = tf.where(leave, i + 1, exit_layer)

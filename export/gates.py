@@ -18,7 +18,8 @@ within ``Tolerance``. Each head is held to what its readers answer (export/READM
 
 An early-exit export is also gated at the speeds of ``exit_gate_speeds`` (its default speed, and
 1), where the students answer and the exit decisions matter: every row whose FP32 exit is not a
-tie (no FP32 normalised entropy up to its exit within ``EXIT_MARGIN`` of the speed) leaves at the
+tie (no FP32 normalised entropy up to its exit within ``EXIT_MARGIN`` of the entropy threshold
+the speed maps to, export/calibration.py) leaves at the
 same layer, and the rows that leave at the same layer are held to the softmax rule above.
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from export.calibration import speed_for, threshold_at
 from modelformat.heads import Head
 
 # Rows whose FP32 top-two probabilities are closer than this are ties at 16-bit precision: their
@@ -47,8 +49,9 @@ LOWER_IS_WORSE = (
 # the README quotes (the fastest within a point of the full model on the demo).
 EXIT_GATE_SPEED = 0.8
 # A row is an exit tie when an FP32 normalised entropy at a layer up to its exit is closer than
-# this to the exit threshold (its speed): 16-bit rounding may move its exit. A |Δp| of 0.01 (the
-# default bound) moves a 2-label entropy by 0.040 at 0.3, 0.029 at 0.5, 0.016 at 0.8 (README).
+# this to the exit threshold (its speed mapped through the checkpoint's calibration): 16-bit
+# rounding may move its exit. A |Δp| of 0.01 (the default bound) moves a 2-label entropy by
+# 0.040 at 0.3, 0.029 at 0.5, 0.016 at 0.8 (README).
 EXIT_MARGIN = 0.05
 
 
@@ -241,7 +244,7 @@ class ExitProbe:
     speed: float
     feeds: Outputs
     expected: Outputs
-    steady: np.ndarray  # bool [rows]: the FP32 exit layer is the same at speed ± EXIT_MARGIN
+    steady: np.ndarray  # bool [rows]: the FP32 exit layer is the same at threshold ± EXIT_MARGIN
 
 
 def exit_gate_speeds(default_speed: float) -> tuple[float, ...]:
@@ -255,13 +258,18 @@ def exit_gate_speeds(default_speed: float) -> tuple[float, ...]:
 
 
 def exit_probes(
-    reference: Callable[[Outputs], Outputs], probe: Outputs, speeds: Sequence[float]
+    reference: Callable[[Outputs], Outputs],
+    probe: Outputs,
+    speeds: Sequence[float],
+    thresholds: Sequence[float] | None = None,
 ) -> list[ExitProbe]:
     """Return the FP32 ``reference``'s answers to ``probe`` at each speed, with its exit ties.
 
-    The exit rule is ``entropy < speed`` at each layer (export/exits.py), so a row's exit layer
-    is the same at ``speed - EXIT_MARGIN`` and ``speed + EXIT_MARGIN`` exactly when none of its
-    entropies up to that exit lies within the margin of the speed: such a row is steady.
+    The exit rule is ``entropy < threshold`` at each layer (export/exits.py), the threshold being
+    the speed mapped through the calibration's ``thresholds`` (None: the speed itself). So a
+    row's exit layer is the same at the speeds whose thresholds are ``threshold ± EXIT_MARGIN``
+    exactly when none of its entropies up to that exit lies within the margin of the threshold:
+    such a row is steady.
     """
 
     def at(speed: float) -> Outputs:
@@ -270,8 +278,9 @@ def exit_probes(
 
     out = []
     for speed in speeds:
-        low = reference(at(speed - EXIT_MARGIN))["exit_layer"]
-        high = reference(at(speed + EXIT_MARGIN))["exit_layer"]
+        threshold = float(threshold_at(speed, thresholds))
+        low = reference(at(speed_for(threshold - EXIT_MARGIN, thresholds)))["exit_layer"]
+        high = reference(at(speed_for(threshold + EXIT_MARGIN, thresholds)))["exit_layer"]
         feeds = at(speed)
         out.append(ExitProbe(speed, feeds, reference(feeds), np.asarray(low == high)))
     return out

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from export.calibration import thresholds_of
 from export.config import BertConfig
-from export.exits import Student, checked_speed, serve_compacted, serve_masked
+from export.exits import Student, checked_speed, serve_compacted, serve_masked, speed_thresholds
 from export.exits import exit_weight_names as exit_weight_names  # re-exported (finetune)
 from export.exits import normalized_entropy as normalized_entropy  # re-exported (finetune)
 from export.heads import head_outputs, token_logits
@@ -33,7 +34,7 @@ from modelformat.buckets import signature_name
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-SPEED = "speed"  # the early-exit graph's extra input: float32 [batch], one threshold per row
+SPEED = "speed"  # the early-exit graph's extra input: float32 [batch], one speed per row
 
 
 class BertModule(tf.Module):
@@ -61,10 +62,11 @@ class BertModule(tf.Module):
     ) -> None:
         """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc).
 
-        ``early_exit`` (a checkpoint's ``early_exits`` entry: ``pooling``) serves the students in
-        ``weights`` (``exit_{k}/...``): ``serve`` then takes a per-row ``speed`` and returns
-        ``exit_layer``. ``compaction=False`` keeps exited rows in the batch until every row has
-        exited (the baseline the benchmark compares against); the outputs are the same.
+        ``early_exit`` (a checkpoint's ``early_exits`` entry: ``pooling``, ``calibration``) serves
+        the students in ``weights`` (``exit_{k}/...``): ``serve`` then takes a per-row ``speed``
+        (mapped to an entropy threshold by the calibration, if any) and returns ``exit_layer``.
+        ``compaction=False`` keeps exited rows in the batch until every row has exited (the
+        baseline the benchmark compares against); the outputs are the same.
         ``activation`` turns a classifier's logits into ``probabilities`` (export/heads.py); a
         ``tag`` head is a classifier over every token (no pooler), its scores a softmax.
         """
@@ -114,6 +116,8 @@ class BertModule(tf.Module):
                                      compute_dtype=compute_dtype)  # fmt: skip
         self.students: list[Student] = []
         self.exit_pooling = ""
+        # the calibration's knots (graph constants), None: the speed is the raw threshold
+        self.exit_thresholds = thresholds_of(early_exit)
         if early_exit is not None:
             self.exit_pooling = str(early_exit.get("pooling", "mean"))
             self.students = [
@@ -204,10 +208,10 @@ class BertModule(tf.Module):
         exited; the answers are the same. ``speed`` 0 exits nowhere: exactly the full model.
         """
         batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-        speed = checked_speed(speed, batch)
+        threshold = speed_thresholds(checked_speed(speed, batch), self.exit_thresholds)
         x, _ = self._embed(input_ids, attention_mask, token_type_ids)
         serve = serve_compacted if self.compaction else serve_masked
-        logits, exit_layer = serve(self, x, attention_mask, speed, batch, seq)
+        logits, exit_layer = serve(self, x, attention_mask, threshold, batch, seq)
         return {
             "logits": logits,
             "probabilities": tf.nn.softmax(logits, axis=-1),

@@ -9,7 +9,8 @@ and the students train on those cached vectors: seconds, not minutes.
 
 The output is the input checkpoint plus the students (finetune/output.py's publish rule):
 ``model.safetensors`` gains ``exits.{k}.*`` (transformers ignores them), ``config.json`` an
-``early_exits`` entry, and ``exits.json`` holds the full report.
+``early_exits`` entry (with the speed calibration fitted on the dev set, finetune/calibration.py),
+and ``exits.json`` holds the full report.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from export.checkpoint import Checkpoint, read_checkpoint
+from finetune.calibration import calibration_table, config_entry, shown
 from finetune.data import Texts, read_texts
 from finetune.errors import FinetuneError
 from finetune.output import hf_tensors, publishing
@@ -218,6 +220,19 @@ def layer_figures(logits: np.ndarray, teacher: np.ndarray, truth: np.ndarray | N
     }
 
 
+def calibrate(logits: np.ndarray, teacher: np.ndarray, truth: np.ndarray | None
+              ) -> list[dict[str, Any]]:  # fmt: skip
+    """Return the speed calibration (finetune/calibration.py) from the students' dev ``logits``
+    ``[L-1, n, N]`` and the teacher's ``[n, N]``: one row per knot speed."""
+    import tensorflow as tf
+
+    from export.model import normalized_entropy
+
+    # the graph's own entropy function, so the dev figures are what the served rule computes
+    entropies = normalized_entropy(tf.constant(logits)).numpy()
+    return calibration_table(entropies, logits.argmax(-1), teacher.argmax(-1), truth)
+
+
 def train_students(
     train: Features, dev: Features, pooling: str, config: DistillConfig, say: Say
 ) -> tuple[list[dict], list[dict]]:
@@ -332,12 +347,16 @@ def distill_exits(
                  for k, lg in zip(layers, logits, strict=True)]  # fmt: skip
     teacher = layer_figures(dev_features.teacher, dev_features.teacher, truth)
     per_layer.append({"layer": ckpt.config.num_layers, "teacher": True, **teacher})
+    calibration = calibrate(logits, dev_features.teacher, truth)
+    say(f"speed calibration on {len(dev)} dev texts (speed = share of layers 1..{layers[-1]} "
+        f"skipped; exits.json has every knot):\n{shown(calibration)}")  # fmt: skip
     report = {
         "pooling": chosen, "width": config.width, "layers": layers,
         "num_layers": ckpt.config.num_layers, "labels": list(ckpt.labels),
         "texts": len(texts), "texts_path": str(texts.path),
         "dev": {"path": str(dev.path), "texts": len(dev), "labelled": truth is not None},
-        "per_layer": per_layer, "poolings": poolings, "history": history,
+        "per_layer": per_layer, "calibration": calibration, "poolings": poolings,
+        "history": history,
         "settings": {**asdict(config), "max_seq_len": max_seq_len},
         "encode_s": encode_s, "source": ckpt.source,
     }  # fmt: skip
@@ -355,6 +374,7 @@ def early_exits_entry(report: dict[str, Any]) -> dict[str, Any]:
         "agreement": {str(row["layer"]): row["agreement"] for row in students},
         "texts": report["texts"], "epochs": report["settings"]["epochs"],
         "kl": report["history"][-1]["kl"],
+        "calibration": config_entry(report["calibration"], report["dev"]["texts"]),
     }  # fmt: skip
 
 

@@ -155,6 +155,7 @@ def test_model_json_signatures_and_warmup_describe_the_exits(exits_version: Any)
     assert info["early_exit"] == {
         "default_speed": 0.25, "num_layers": LAYERS, "layers": [1, 2, 3], "pooling": "mean",
         "width": 8, "agreement": {"1": 0.0, "2": 0.0, "3": 0.0},
+        "speed_calibration": {"meaning": "raw_entropy_threshold"},  # distilled before calibration
     }  # fmt: skip
     loaded = tf.saved_model.load(str(exits_version.path))
     for name in ("serving_default", "seq_16", "seq_64"):
@@ -247,3 +248,61 @@ def test_a_converted_student_that_exits_elsewhere_is_refused(
         build(exits_ckpt, "broken", tmp_path, max_seq_len=64, early_exit=True, warmup=False,
               precision="fp16")  # fmt: skip
     assert not (tmp_path / "broken").exists() or not any((tmp_path / "broken").iterdir())
+
+
+# a calibration as distill-exits writes it (finetune/calibration.py): speed k/20 → threshold
+CALIBRATED = [(k / 20) ** 0.5 for k in range(21)]
+
+
+@pytest.fixture(scope="module")
+def calibrated_ckpt(exits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same checkpoint with a speed calibration in config.json's ``early_exits``."""
+    import json
+    import shutil
+
+    from export.calibration import knot_speeds
+
+    path = tmp_path_factory.mktemp("ee-calibrated") / "ckpt"
+    shutil.copytree(exits_ckpt, path)
+    config = json.loads((path / "config.json").read_text())
+    config["early_exits"]["calibration"] = {
+        "meaning": "layers_skipped", "speeds": knot_speeds(), "thresholds": CALIBRATED,
+        "mean_exit_layer": [4.0 - 3.0 * s for s in knot_speeds()], "agreement": [1.0] * 21,
+        "accuracy": None, "dev_texts": 24,
+    }  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_a_calibrated_graph_exits_where_the_rule_says_at_the_mapped_threshold(
+    calibrated_ckpt: Path,
+) -> None:
+    from export.calibration import threshold_at
+
+    ckpt = read_checkpoint(calibrated_ckpt)
+    module = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
+                        early_exit=ckpt.exits)  # fmt: skip
+    speeds = np.linspace(0.0, 1.0, ROWS, dtype=np.float32)
+    feeds = {**_batch(), "speed": speeds}
+
+    got = run(module.serve, feeds)
+    want_logits, want_layers = _expected(calibrated_ckpt, {**feeds, "speed": threshold_at(
+        speeds, CALIBRATED)})  # fmt: skip
+
+    np.testing.assert_array_equal(got["exit_layer"], want_layers)
+    np.testing.assert_allclose(got["logits"], want_logits, rtol=0, atol=1e-5)
+    assert ckpt.exits is not None and ckpt.exits["calibration"]["thresholds"] == CALIBRATED
+
+
+def test_a_calibrated_fp16_export_carries_the_table_and_passes_the_exit_gate(
+    calibrated_ckpt: Path, tmp_path: Path
+) -> None:
+    result = build(calibrated_ckpt, "ee", tmp_path, max_seq_len=64, early_exit=True, warmup=False,
+                   precision="fp16", default_speed=0.5)  # fmt: skip
+
+    table = result.model_info["early_exit"]["speed_calibration"]
+    assert table["meaning"] == "layers_skipped" and table["thresholds"] == CALIBRATED
+    at_speeds = result.model_info["conversion"]["early_exit"]
+    assert [at["speed"] for at in at_speeds] == [0.5, 1.0]
+    assert all(exit_violations(at, Tolerance()) == [] for at in at_speeds)
+    assert at_speeds[1]["exit_rows"][0] > 0

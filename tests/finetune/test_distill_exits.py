@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -258,3 +259,70 @@ def test_only_the_chosen_poolings_vectors_are_cached(teacher: Path) -> None:
     both = encode(ckpt, texts, 16)
     assert set(one.pooled) == {"cls"} and set(both.pooled) == {"cls", "mean"}
     np.testing.assert_array_equal(one.pooled["cls"], both.pooled["cls"])
+
+
+def test_distilling_writes_a_monotone_speed_calibration(distilled: dict[str, Any]) -> None:
+    from export.calibration import knot_speeds
+
+    out = distilled["out"]
+    table = json.loads((out / "config.json").read_text())["early_exits"]["calibration"]
+    report = json.loads((out / "exits.json").read_text())["calibration"]
+
+    assert table["meaning"] == "layers_skipped" and table["dev_texts"] == 64
+    assert table["speeds"] == knot_speeds() and len(report) == 21
+    t, layers = table["thresholds"], table["mean_exit_layer"]
+    assert t[0] == 0.0 and t[-1] == 1.0 and all(a <= b for a, b in itertools.pairwise(t))
+    assert layers[0] == LAYERS and all(a >= b for a, b in itertools.pairwise(layers))
+    assert table["agreement"][0] == 1.0 and len(table["accuracy"]) == 21
+    for row, speed in zip(report, knot_speeds(), strict=True):
+        # each knot lands near its aim: within one dev row's worth of skipped layers
+        assert abs(row["layers_skipped"] - speed) <= 1 / 64 + 1e-9 or speed == 1.0
+        assert row["mean_exit_layer"] == pytest.approx(
+            LAYERS - row["layers_skipped"] * (LAYERS - 1)
+        )
+    assert "| speed | threshold | mean exit layer | layers skipped |" in distilled["stdout"]
+    assert "| 0.80 |" in distilled["stdout"]
+
+
+@pytest.fixture(scope="module")
+def calibrated_version(distilled: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+                       ) -> Any:  # fmt: skip
+    """The distilled checkpoint exported with its exits (and so its speed calibration)."""
+    from export.build import build
+
+    return build(distilled["out"], "calibrated", tmp_path_factory.mktemp("calibrated-models"),
+                 max_seq_len=64, early_exit=True, warmup=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 0.8, 1.0])
+def test_the_exported_graph_exits_where_the_distill_time_simulation_said(
+    distilled: dict[str, Any], data: dict[str, Path], calibrated_version: Any, speed: float
+) -> None:
+    import tensorflow as tf
+
+    from export.checkpoint import read_checkpoint
+    from export.model import normalized_entropy, run
+    from finetune.calibration import exit_layers
+    from finetune.data import read_texts
+    from finetune.exits import build_students, encode, student_logits
+
+    out, k = distilled["out"], round(speed * 20)
+    table = json.loads((out / "config.json").read_text())["early_exits"]["calibration"]
+    texts = read_texts(data["dev"]).texts
+    ckpt = read_checkpoint(out)
+    dev = encode(ckpt, texts, 64, ("mean",))
+    students = build_students([_prefixed(ckpt.weights, f"exit_{i}/") for i in range(LAYERS - 1)],
+                              "mean")  # fmt: skip
+    entropies = normalized_entropy(tf.constant(student_logits(students, dev.pooled["mean"])))
+
+    serve = tf.saved_model.load(str(calibrated_version.path)).signatures["serving_default"]
+    got = run(serve, {**_feeds(texts), "speed": np.full(len(texts), speed, np.float32)})
+
+    simulated = exit_layers(entropies.numpy(), table["thresholds"][k])
+    np.testing.assert_array_equal(got["exit_layer"], simulated)
+    assert got["exit_layer"].mean() == pytest.approx(table["mean_exit_layer"][k])
+    assert calibrated_version.model_info["early_exit"]["speed_calibration"] == table
+
+
+def _prefixed(weights: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
