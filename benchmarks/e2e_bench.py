@@ -65,6 +65,8 @@ FULL, EXITS = 1, 2  # tickets versions: the non-exit export and the --early-exit
 EMBED = "minilm"
 FLOOR = "tiny-floor"
 SPEEDS = (0.0, 0.7, 0.8)
+ALONE_SETTING, ALONE_SPEED = "GATEWAY_GROUP_IN_FLIGHT", 0.8
+ALONE = f"gateway {ALONE_SPEED:g}, calls alone"  # the cell without backend/grouping.py
 CLIENTS = 16
 TIMEOUT_S = 60.0
 MAX_SEQ_LEN = 128
@@ -647,6 +649,15 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"{g['texts_s'] / d['texts_s']:.2f}× direct", aim,
             f"accuracy {a['accuracy']:.3f} (direct {acc['direct']['accuracy']:.3f}), mean exit "
             f"layer {a['layers']:.2f}; {cpu_class}; " + how + _cpu_text(g, roles)))  # fmt: skip
+    if ALONE in s:
+        a, g = s[ALONE], s[f"gateway {ALONE_SPEED:g}"]
+        out.append(Row(
+            f"  the same at speed {ALONE_SPEED:g} with every request its own upstream call "
+            f"({ALONE_SETTING}=0)",
+            f"{a['texts_s']:.0f} texts/s, p50 {a['p50']:.1f} / p99 {a['p99']:.1f} ms",
+            f"grouped ÷ alone {g['texts_s'] / a['texts_s']:.2f}×", "",
+            f"rows per model call {a['rows_per_call']:.2f} (grouped {g['rows_per_call']:.2f}); "
+            f"{cpu_class}; CPU ms/request: " + _cpu_text(a, roles)))  # fmt: skip
     if "embed ours" in s and "embed infinity" in s:
         o, i = s["embed ours"], s["embed infinity"]
         ours_idle = i["cores"]["model server"] + i["cores"]["gateway"]
@@ -725,7 +736,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     s = result["settings"]
     b = result["breakdown"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    names = ["direct"] + [f"gateway {x:g}" for x in SPEEDS]
+    names = ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + ([ALONE] if ALONE in s else [])
     roles = (("model server", "tab:blue"), ("gateway", "tab:orange"),
              ("load generator", "tab:grey"))  # fmt: skip
     bottoms = np.zeros(len(names))
@@ -763,6 +774,22 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _grouping_lines(s: dict[str, Any]) -> list[str]:
+    """Return the note's reading of the cell with grouping off, beside the grouped one."""
+    if ALONE not in s:
+        return [""]
+    a, g = s[ALONE], s[f"gateway {ALONE_SPEED:g}"]
+    return [
+        f"- Grouping (backend/grouping.py) at speed {ALONE_SPEED:g}: every request its own call "
+        f"{a['texts_s']:.0f} texts/s, {a['rows_per_call']:.2f} rows per model call, CPU ms per "
+        f"request gateway {a['cpu_ms'].get('gateway', 0.0):.2f} / model server "
+        f"{a['cpu_ms']['model server']:.2f}; grouped {g['texts_s']:.0f} texts/s, "
+        f"{g['rows_per_call']:.2f} rows per call, {g['cpu_ms'].get('gateway', 0.0):.2f} / "
+        f"{g['cpu_ms']['model server']:.2f}.",
+        "",
+    ]
+
+
 def note(result: dict[str, Any], table: str, describe: str) -> str:
     """Return results/e2e_breakdown.md's text (pure)."""
     s, b = result["settings"], result["breakdown"]
@@ -787,7 +814,9 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         "cores: gateway / model server / generator |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in ["direct"] + [f"gateway {x:g}" for x in SPEEDS]:
+    for name in ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + [ALONE]:
+        if name not in s:
+            continue
         x = s[name]
         c, k = x["cpu_ms"], x["cores"]
         lines.append(
@@ -820,6 +849,19 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         f"- Gateway per one-text request on the same model: CPU {f['gateway_cpu_ms']:.2f} ms "
         f"(master + workers), p50 {f['gateway_p50_ms']:.2f} ms; under the table's load at speed "
         f"0.8: {g8['cpu_ms']['gateway']:.2f} ms.",
+    ]
+    if "flask_cpu_ms" in f:
+        floor = f["flask_cpu_ms"] + f["grpc_client_cpu_ms"]
+        lines += [
+            f"- The floor under the gateway's CPU, per sequential request: gunicorn (gthread, 8 "
+            f"threads) with a bare WSGI app {f['wsgi_cpu_ms']:.2f} ms, with one Flask route "
+            f"{f['flask_cpu_ms']:.2f} ms (benchmarks/floor_app.py); one bare gRPC Predict costs "
+            f"its caller {f['grpc_client_cpu_ms']:.2f} ms. Flask under gunicorn + one gRPC call: "
+            f"{floor:.2f} ms; the gateway's own work (validation, tokenizer, bucketing, tensors, "
+            f"post-processing, metrics, access log) is the other "
+            f"{f['gateway_cpu_ms'] - floor:.2f} ms.",
+        ]
+    lines += [
         "",
         "## Reading",
         "",
@@ -842,6 +884,7 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         "of the model server's): flat whatever the model costs, so its share grows as the model "
         "gets cheaper; the load generator's own CPU shares the same 2 cores.",
         "",
+        *_grouping_lines(s),
         f"![where one request's time and CPU go]({PLOT.name})",
         "",
     ]
@@ -881,7 +924,12 @@ def run(ctx: BenchContext) -> list[Row]:
             "grpc", grpc_port, rest_port, base, config, work, timeout_s=600
         )
         processes.append(gateway_proc)
-        watched = _Watched({"gateway": [gateway_proc.pid], "model server": [server.pid]})
+        # the same gateway with every request making its own call: grouping measured alone
+        alone_proc, alone = start_gateway("grpc", grpc_port, rest_port, base, config, work,
+                                          timeout_s=600, settings={ALONE_SETTING: "0"})  # fmt: skip
+        processes.append(alone_proc)
+        watched = _Watched({"gateway": [gateway_proc.pid, alone_proc.pid],
+                            "model server": [server.pid]})  # fmt: skip
         direct = _Direct(base, MODEL, FULL)
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         say("accuracy of each setting on the test split ...")
@@ -896,6 +944,10 @@ def run(ctx: BenchContext) -> list[Row]:
             makers[f"gateway {speed:g}"] = partial(
                 _gateway_sender, gateway, f"/v1/models/{MODEL}:classify", bodies, nxt
             )
+            if speed == ALONE_SPEED:
+                makers[ALONE] = partial(
+                    _gateway_sender, alone, f"/v1/models/{MODEL}:classify", bodies, nxt
+                )
         if (base / EMBED).exists():
             try:
                 say("starting infinity (.venv-infinity) on the demo weights ...")
