@@ -499,6 +499,20 @@ def _floor_costs(
     }
 
 
+def _one_client(urls: dict[str, str], texts: Sequence[str], n: int) -> dict[str, float]:
+    """Return p50 ms of one client's sequential one-ticket requests at speed 0.8 through each
+    gateway (interleaved, the same tickets): what grouping costs a lone client, if anything."""
+    from benchmarks.stack import interleaved
+
+    bodies = itertools.cycle([orjson.dumps({"texts": [t], "version": EXITS, "speed": ALONE_SPEED})
+                              for t in texts])  # fmt: skip
+    conns = {name: _Http(url) for name, url in urls.items()}
+    calls = [partial(lambda c, b: c.post(f"/v1/models/{MODEL}:classify", next(b)), c, bodies)
+             for c in conns.values()]  # fmt: skip
+    times = interleaved(calls, n)
+    return {name: median(t) * 1000 for name, t in zip(urls, times, strict=True)}
+
+
 def _bare_grpc_cpu(grpc_port: int, inputs: dict[str, np.ndarray], signature: str,
                    n: int) -> float:  # fmt: skip
     """Return this process's CPU ms per bare Predict call (request bytes built once, reply
@@ -658,6 +672,14 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"grouped ÷ alone {g['texts_s'] / a['texts_s']:.2f}×", "",
             f"rows per model call {a['rows_per_call']:.2f} (grouped {g['rows_per_call']:.2f}); "
             f"{cpu_class}; CPU ms/request: " + _cpu_text(a, roles)))  # fmt: skip
+    if "one_client" in result:
+        one = result["one_client"]
+        out.append(Row(
+            f"  p50 at 1 client, speed {ALONE_SPEED:g}: grouped vs every request alone",
+            f"{one['grouped']:.2f} vs {one['alone']:.2f} ms",
+            f"{one['grouped'] / one['alone']:.2f}×", "no worse",
+            "one client's sequential one-ticket requests through each gateway, interleaved",
+        ))  # fmt: skip
     if "embed ours" in s and "embed infinity" in s:
         o, i = s["embed ours"], s["embed infinity"]
         ours_idle = i["cores"]["model server"] + i["cores"]["gateway"]
@@ -975,6 +997,9 @@ def run(ctx: BenchContext) -> list[Row]:
         channel.close()
         say("fixed costs on the tiny model ...")
         floor = _floor_costs(gateway, grpc_port, base, watched, ctx.quick, work)
+        say("one client, grouped and alone ...")
+        result["one_client"] = _one_client({"grouped": gateway, "alone": alone}, texts,
+                                           40 if ctx.quick else 200)  # fmt: skip
     finally:
         for proc in reversed(processes):
             proc.stop()
