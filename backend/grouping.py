@@ -41,7 +41,7 @@ class _Member:
     inputs: Mapping[str, np.ndarray]
     rows: int
     deadline: float
-    ready: threading.Event = field(default_factory=threading.Event)
+    ready: threading.Event | None = None  # made only when it queues: a lone call needs none
     group: list[_Member] | None = None  # set when this member must send the group
     result: tuple[Outputs, int] | None = None
     error: BaseException | None = None
@@ -80,6 +80,7 @@ class UpstreamGroups:
                 lane.running += 1
                 me.group = [me]
             else:
+                me.ready = threading.Event()
                 lane.queue.append(me)
         if me.group is None and not self._wait(lane, me):
             raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S waiting for its call")
@@ -92,6 +93,7 @@ class UpstreamGroups:
 
     def _wait(self, lane: _Lane, me: _Member) -> bool:
         """Wait until a call answered ``me`` or made it the next sender; False past its deadline."""
+        assert me.ready is not None
         if me.ready.wait(max(0.0, me.deadline - time.monotonic())):
             return True
         with self._lock:
@@ -112,20 +114,22 @@ class UpstreamGroups:
             )
             metrics.UPSTREAM_GROUP_REQUESTS.observe(len(group))
             outputs, served = send(batch, max(m.deadline for m in group) - time.monotonic())
-            start = 0
-            for member in group:
-                end = start + member.rows
-                member.result = ({k: v[start:end] for k, v in outputs.items()}, served)
-                start = end
+            if len(group) == 1:
+                group[0].result = (outputs, served)
+            else:
+                start = 0
+                for member in group:
+                    end = start + member.rows
+                    member.result = ({k: v[start:end] for k, v in outputs.items()}, served)
+                    start = end
         except BaseException as exc:  # every member gets the call's error, as TF Serving's batching
             for member in group:
                 member.error = exc
         finally:
             following = self._next_group(lane)
-            for member in group[1:]:
+            for member in (*group[1:], *following[:1]):
+                assert member.ready is not None  # every member but a lone call's queued
                 member.ready.set()
-            if following:
-                following[0].ready.set()
 
     def _next_group(self, lane: _Lane) -> list[_Member]:
         """Take the queue's first requests (≤ max_rows rows, at least one) as the next call,
