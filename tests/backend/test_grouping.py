@@ -55,6 +55,21 @@ def _start(groups: UpstreamGroups, send: Upstream, inputs: dict[str, np.ndarray]
     return pool.submit(groups.call, "kind", inputs, send, time.monotonic() + deadline_s)
 
 
+def _queued_behind_a_held_call(groups: UpstreamGroups, send: Upstream, pool: ThreadPoolExecutor,
+                               first: dict[str, np.ndarray],
+                               later: list[dict[str, np.ndarray]]) -> list[Any]:  # fmt: skip
+    """Start ``first`` and hold it inside ``send``, queue ``later`` behind it, release the call;
+    return the futures of all of them, ``first``'s first."""
+    send.gate.clear()
+    futures = [_start(groups, send, first, pool)]
+    assert send.entered.acquire(timeout=5)
+    futures += [_start(groups, send, rows, pool) for rows in later]
+    while len(groups._lanes["kind"].queue) < len(later):
+        time.sleep(0.01)
+    send.gate.set()
+    return futures
+
+
 def test_a_call_with_nothing_in_flight_goes_alone_at_once() -> None:
     groups, send = UpstreamGroups(max_rows=8, in_flight=1), Upstream()
     outputs, served = groups.call("kind", _rows(3, 4), send, time.monotonic() + 5)
@@ -65,15 +80,10 @@ def test_a_call_with_nothing_in_flight_goes_alone_at_once() -> None:
 
 def test_requests_arriving_during_a_call_share_the_next_one_and_get_their_own_rows() -> None:
     groups, send = UpstreamGroups(max_rows=8, in_flight=1), Upstream()
-    send.gate.clear()
     with ThreadPoolExecutor(8) as pool:
-        first = _start(groups, send, _rows(1), pool)
-        assert send.entered.acquire(timeout=5)
-        later = [_start(groups, send, _rows(10 * i, 10 * i + 1), pool) for i in range(1, 4)]
-        while len(groups._lanes["kind"].queue) < 3:
-            time.sleep(0.01)
-        send.gate.set()
-        answers = [f.result(timeout=5) for f in [first, *later]]
+        later = [_rows(10 * i, 10 * i + 1) for i in range(1, 4)]
+        futures = _queued_behind_a_held_call(groups, send, pool, _rows(1), later)
+        answers = [f.result(timeout=5) for f in futures]
     assert [b.tolist() for b in send.batches] == [[1], [10, 11, 20, 21, 30, 31]]
     assert [a[0]["z"].tolist() for a in answers] == [[1], [10, 11], [20, 21], [30, 31]]
     assert [a[0]["y"].ravel().tolist() for a in answers[1:]] == [[100, 110], [200, 210],
@@ -83,15 +93,9 @@ def test_requests_arriving_during_a_call_share_the_next_one_and_get_their_own_ro
 
 def test_a_shared_call_never_exceeds_max_rows() -> None:
     groups, send = UpstreamGroups(max_rows=4, in_flight=1), Upstream()
-    send.gate.clear()
     with ThreadPoolExecutor(8) as pool:
-        first = _start(groups, send, _rows(0), pool)
-        assert send.entered.acquire(timeout=5)
-        later = [_start(groups, send, _rows(i, i, i), pool) for i in range(1, 4)]
-        while len(groups._lanes["kind"].queue) < 3:
-            time.sleep(0.01)
-        send.gate.set()
-        for f in [first, *later]:
+        later = [_rows(i, i, i) for i in range(1, 4)]
+        for f in _queued_behind_a_held_call(groups, send, pool, _rows(0), later):
             f.result(timeout=5)
     assert [len(b) for b in send.batches] == [1, 3, 3, 3]  # 3 + 3 > 4: one request a call
 
@@ -109,15 +113,8 @@ def test_in_flight_calls_go_at_once_before_any_request_waits() -> None:
 def test_a_failed_shared_call_fails_its_members_and_the_next_call_still_goes() -> None:
     error = UpstreamUnavailable("model server down")
     groups, send = UpstreamGroups(max_rows=8, in_flight=1), Upstream(fail=error)
-    send.gate.clear()
     with ThreadPoolExecutor(8) as pool:
-        first = _start(groups, send, _rows(1), pool)
-        assert send.entered.acquire(timeout=5)
-        later = [_start(groups, send, _rows(i), pool) for i in (2, 3)]
-        while len(groups._lanes["kind"].queue) < 2:
-            time.sleep(0.01)
-        send.gate.set()
-        for f in [first, *later]:
+        for f in _queued_behind_a_held_call(groups, send, pool, _rows(1), [_rows(2), _rows(3)]):
             with pytest.raises(UpstreamUnavailable):
                 f.result(timeout=5)
     send.fail = None
