@@ -72,6 +72,7 @@ class Graphs:
         from finetune.pipeline import sorted_batches
 
         ckpt = read_checkpoint(checkpoint)
+        self.ckpt = ckpt  # subclasses build more graphs over the same weights
         self.num_layers = ckpt.config.num_layers
 
         def module(**kwargs: Any) -> Any:

@@ -83,10 +83,9 @@ class _Curves(Graphs):
 
     def __init__(self, checkpoint: Path, texts: Sequence[str], labels: Sequence[str]) -> None:
         super().__init__(checkpoint, texts, labels)
-        from export.checkpoint import read_checkpoint
         from export.model import BertModule
 
-        ckpt = read_checkpoint(checkpoint)
+        ckpt = self.ckpt
         raw = {k: v for k, v in (ckpt.exits or {}).items() if k != "calibration"}
         self.raw = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
                               early_exit=raw).serve  # fmt: skip
