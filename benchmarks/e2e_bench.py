@@ -501,15 +501,17 @@ def _floor_costs(
 
 def _one_client(urls: dict[str, str], texts: Sequence[str], n: int) -> dict[str, float]:
     """Return p50 ms of one client's sequential one-ticket requests at speed 0.8 through each
-    gateway (interleaved, the same tickets): what grouping costs a lone client, if anything."""
+    gateway (interleaved, each gateway the same tickets in the same order): what grouping costs
+    a lone client, if anything."""
     from benchmarks.stack import interleaved
 
-    bodies = itertools.cycle([orjson.dumps({"texts": [t], "version": EXITS, "speed": ALONE_SPEED})
-                              for t in texts])  # fmt: skip
-    conns = {name: _Http(url) for name, url in urls.items()}
-    calls = [partial(lambda c, b: c.post(f"/v1/models/{MODEL}:classify", next(b)), c, bodies)
-             for c in conns.values()]  # fmt: skip
-    times = interleaved(calls, n)
+    bodies = [orjson.dumps({"texts": [t], "version": EXITS, "speed": ALONE_SPEED}) for t in texts]
+
+    def caller(url: str) -> Callable[[], object]:
+        conn, cycle = _Http(url), itertools.cycle(bodies)
+        return lambda: conn.post(f"/v1/models/{MODEL}:classify", next(cycle))
+
+    times = interleaved([caller(url) for url in urls.values()], n)
     return {name: median(t) * 1000 for name, t in zip(urls, times, strict=True)}
 
 
