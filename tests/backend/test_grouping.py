@@ -55,14 +55,21 @@ def _start(groups: UpstreamGroups, send: Upstream, inputs: dict[str, np.ndarray]
     return pool.submit(groups.call, "kind", inputs, send, time.monotonic() + deadline_s)
 
 
+def _held(groups: UpstreamGroups, send: Upstream, pool: ThreadPoolExecutor,
+          rows: dict[str, np.ndarray]) -> Any:  # fmt: skip
+    """Start a call of ``rows`` and return its future once it is held inside ``send``."""
+    send.gate.clear()
+    future = _start(groups, send, rows, pool)
+    assert send.entered.acquire(timeout=5)
+    return future
+
+
 def _queued_behind_a_held_call(groups: UpstreamGroups, send: Upstream, pool: ThreadPoolExecutor,
                                first: dict[str, np.ndarray],
                                later: list[dict[str, np.ndarray]]) -> list[Any]:  # fmt: skip
     """Start ``first`` and hold it inside ``send``, queue ``later`` behind it, release the call;
     return the futures of all of them, ``first``'s first."""
-    send.gate.clear()
-    futures = [_start(groups, send, first, pool)]
-    assert send.entered.acquire(timeout=5)
+    futures = [_held(groups, send, pool, first)]
     futures += [_start(groups, send, rows, pool) for rows in later]
     while len(groups._lanes["kind"].queue) < len(later):
         time.sleep(0.01)
@@ -123,10 +130,8 @@ def test_a_failed_shared_call_fails_its_members_and_the_next_call_still_goes() -
 
 def test_a_waiting_request_leaves_at_its_deadline_and_is_never_sent() -> None:
     groups, send = UpstreamGroups(max_rows=8, in_flight=1), Upstream()
-    send.gate.clear()
     with ThreadPoolExecutor(4) as pool:
-        first = _start(groups, send, _rows(1), pool)
-        assert send.entered.acquire(timeout=5)
+        first = _held(groups, send, pool, _rows(1))
         started = time.monotonic()
         late = _start(groups, send, _rows(2), pool, deadline_s=0.3)
         with pytest.raises(UpstreamTimeout):
@@ -192,10 +197,8 @@ def test_concurrent_answers_equal_answers_alone(
 
 def test_a_full_batch_goes_at_once_whatever_is_in_flight() -> None:
     groups, send = UpstreamGroups(max_rows=2, in_flight=1), Upstream()
-    send.gate.clear()
     with ThreadPoolExecutor(4) as pool:
-        first = _start(groups, send, _rows(1), pool)
-        assert send.entered.acquire(timeout=5)
+        first = _held(groups, send, pool, _rows(1))
         full = _start(groups, send, _rows(2, 3), pool)
         assert send.entered.acquire(timeout=5)  # sent while the first call is still held
         send.gate.set()
