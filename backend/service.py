@@ -87,6 +87,9 @@ class Gateway:
             recheck_s=settings.labels_cache_s,
         )
         self.shadows = ShadowRunner(settings.shadow_queue_size)
+        # shadow calls on model servers of their own (GATEWAY_SHADOW_TFS_*): a gateway of their
+        # own there (client, version states, assets), made by the shadow thread on first use
+        self._shadow_upstream: Gateway | None = None
         self.groups = (
             UpstreamGroups(settings.max_batch_size, settings.group_in_flight)
             if settings.group_in_flight
@@ -97,9 +100,20 @@ class Gateway:
         )
 
     def close(self) -> None:
-        """Stop the pool and close the client."""
+        """Stop the pool and close the client (and the shadow target's)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+        if self._shadow_upstream is not None:
+            self._shadow_upstream.close()
+
+    def shadow_upstream(self) -> Gateway:
+        """Return the gateway shadow calls go through: this one, or one on the shadow target."""
+        shadow_settings = self.settings.shadow_settings()
+        if shadow_settings is None:
+            return self
+        if self._shadow_upstream is None:  # only the worker's one shadow thread gets here
+            self._shadow_upstream = Gateway(shadow_settings)
+        return self._shadow_upstream
 
     # -- the API's operations ---------------------------------------------------------------
 
@@ -464,7 +478,7 @@ class Gateway:
 
         def run() -> tuple[Sequence[str], dict[str, np.ndarray]]:
             deadline = time.monotonic() + self.settings.shadow_timeout_s
-            again = self._infer_once(
+            again = self.shadow_upstream()._infer_once(
                 shadow, None, model, texts, truncate, tasks, None, speed, deadline, encode,
                 per_token, what,
             )  # fmt: skip

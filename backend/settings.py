@@ -55,6 +55,11 @@ class Settings:
     # build a backlog that drains into the next rollout step); each shadow call's deadline
     shadow_queue_size: int = 0
     shadow_timeout_s: float = 10.0
+    # where shadow calls go (same forms as tfs_grpc_target / tfs_rest_url): model-server capacity
+    # of their own, e.g. a lower-priority TF Serving deployment, so that a shadow never takes CPU
+    # from the clients' calls; empty: the same model servers as the clients' calls
+    shadow_tfs_grpc_target: str = ""
+    shadow_tfs_rest_url: str = ""
     # upstream calls of one kind (model, version, bucket) a worker runs at once; requests that
     # arrive meanwhile share the next call (backend/grouping.py); 0: every request calls alone
     group_in_flight: int = 2
@@ -79,6 +84,16 @@ class Settings:
             raise SettingsError(
                 f"GATEWAY_DEFAULT_SPEED must be in [0, 1] or unset, not {self.default_speed}"
             )
+
+    def shadow_settings(self) -> Settings | None:
+        """Return the settings shadow calls go out with, or None: they use this upstream."""
+        if self.upstream == "grpc" and self.shadow_tfs_grpc_target:
+            target = {"tfs_grpc_target": self.shadow_tfs_grpc_target}
+        elif self.upstream == "rest" and self.shadow_tfs_rest_url:
+            target = {"tfs_rest_url": self.shadow_tfs_rest_url}
+        else:
+            return None
+        return self.replace(**target, shadow_tfs_grpc_target="", shadow_tfs_rest_url="")
 
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with ``changes`` applied (validated like the original)."""
@@ -112,6 +127,8 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_ROUTING_FILE": "routing_file",
     "GATEWAY_SHADOW_QUEUE": "shadow_queue_size",
     "GATEWAY_SHADOW_TIMEOUT_S": "shadow_timeout_s",
+    "GATEWAY_SHADOW_TFS_GRPC": "shadow_tfs_grpc_target",
+    "GATEWAY_SHADOW_TFS_REST": "shadow_tfs_rest_url",
     "GATEWAY_GROUP_IN_FLIGHT": "group_in_flight",
 }
 

@@ -1,21 +1,28 @@
-"""Shadow comparisons (pure) and a shadow that hangs: the client never waits for it."""
+"""Shadow comparisons (pure), shadow targets of their own, and shadows that hang: the client
+never waits for them."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import requests
 
 from backend import metrics
 from backend.app import create_app
 from backend.clients import make_client
 from backend.service import Gateway
+from backend.settings import load_settings
 from backend.shadow import compare_classifications, compare_embeddings
+from ops.procs import REPO
 from tests.backend.conftest import INTENT
-from tests.backend.stack import ModelServer
+from tests.backend.stack import ModelServer, hung_port, model_config
+
+MONITORING = REPO / "serving_config" / "monitoring.config"
 
 
 def test_classifications_agree_by_label_name_not_by_index() -> None:
@@ -62,25 +69,45 @@ class HangingVersion:
         return getattr(self._client, name)
 
 
+class CountingVersions:
+    """The real upstream client, counting the predict calls each version gets."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.calls: Counter[int | None] = Counter()
+
+    def predict(self, model: str, inputs: Any, **kwargs: Any) -> Any:
+        self.calls[kwargs.get("version")] += 1
+        return self._client.predict(model, inputs, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 def _shadowing_app(
     modelserver: ModelServer,
     model_base: Path,
     config_file: Path,
     tmp_path: Path,
     queue: int,
-    delay_s: float,
+    delay_s: float = 0.0,
+    **settings: Any,
 ) -> tuple[Any, Gateway]:
-    """Return (app, gateway): v1 serves, v2 shadows every default request and hangs ``delay_s``."""
+    """Return (app, gateway): v1 serves, v2 shadows every default request and hangs ``delay_s``
+    (on the clients' model server; ``settings`` may name a shadow target of its own)."""
     routing_file = tmp_path / "routing.yaml"
     routing_file.write_text(f"{INTENT}:\n  weights: {{1: 1}}\n  shadow: {{version: 2}}\n")
     config = {
         "tfs_grpc_target": modelserver.grpc_target, "model_base_path": str(model_base),
         "model_config_file": str(config_file), "routing_file": str(routing_file),
-        "shadow_queue_size": queue, "shadow_timeout_s": 30,
+        "shadow_queue_size": queue, "shadow_timeout_s": 30, **settings,
     }  # fmt: skip
     app = create_app(config)
-    settings = app.extensions["gateway_settings"]
-    gateway = Gateway(settings, client=HangingVersion(make_client(settings), 2, delay_s=delay_s))
+    gateway_settings = app.extensions["gateway_settings"]
+    client = make_client(gateway_settings)
+    if delay_s:
+        client = HangingVersion(client, 2, delay_s=delay_s)
+    gateway = Gateway(gateway_settings, client=CountingVersions(client))
     app.extensions["gateway"] = gateway
     return app, gateway
 
@@ -132,3 +159,94 @@ def test_a_queue_of_0_keeps_one_shadow_in_flight_and_drops_the_rest(
     # the first shadow runs (hanging 1 s); the four that arrive meanwhile have nowhere to wait
     assert outcome["compared"]._value.get() - before["compared"] == 1
     assert outcome["dropped"]._value.get() - before["dropped"] == 4
+
+
+def _request_count(server: ModelServer, model: str) -> float:
+    """Return the model server's TF Serving request_count of ``model`` (status OK)."""
+    text = requests.get(f"{server.rest_url}/monitoring/prometheus/metrics", timeout=5).text
+    line = f':tensorflow:serving:request_count{{model_name="{model}",status="OK"}} '
+    return sum(float(row[len(line) :]) for row in text.splitlines() if row.startswith(line))
+
+
+def test_shadow_calls_go_to_the_shadow_target_and_never_to_the_clients_model_servers(
+    modelserver: ModelServer, model_base: Path, config_file: Path, tmp_path: Path, log_dir: Path
+) -> None:
+    shadow_config = tmp_path / "shadow.config"
+    shadow_config.write_text(model_config(model_base, {}, [INTENT]), encoding="utf-8")
+    target = ModelServer(shadow_config, log_dir, [f"--monitoring_config_file={MONITORING}"])
+    try:
+        target.wait_available(INTENT, 2)
+        app, gateway = _shadowing_app(
+            modelserver, model_base, config_file, tmp_path, 8,
+            shadow_tfs_grpc_target=target.grpc_target,
+        )  # fmt: skip
+        compared = metrics.child(metrics.SHADOW_REQUESTS, INTENT, "1", "2", "compared")
+        before, target_before = compared._value.get(), _request_count(target, INTENT)
+        client = app.test_client()
+        try:
+            for text in ("hello", "where is my order", "reset my password"):
+                reply = client.post(f"/v1/models/{INTENT}:classify", json={"texts": [text]})
+                assert reply.status_code == 200
+                assert reply.get_json()["model"]["version"] == 1
+            assert gateway.shadows.join(timeout_s=30)
+        finally:
+            gateway.close()
+        assert compared._value.get() - before == 3
+        assert _request_count(target, INTENT) - target_before == 3  # the three shadows
+        assert dict(gateway.client.calls) == {1: 3}  # the clients' server: only their calls
+    finally:
+        target.stop()
+
+
+def test_a_shadow_target_that_hangs_costs_the_client_nothing_and_counts_errors(
+    modelserver: ModelServer, model_base: Path, config_file: Path, tmp_path: Path
+) -> None:
+    with hung_port() as port:
+        app, gateway = _shadowing_app(
+            modelserver, model_base, config_file, tmp_path, 0,
+            shadow_tfs_grpc_target=f"127.0.0.1:{port}", shadow_timeout_s=1, status_deadline_s=0.5,
+        )  # fmt: skip
+        outcome = {o: metrics.child(metrics.SHADOW_REQUESTS, INTENT, "1", "2", o)
+                   for o in ("error", "dropped", "compared")}  # fmt: skip
+        before = {o: c._value.get() for o, c in outcome.items()}
+        client = app.test_client()
+        try:
+            times = []
+            for _ in range(4):
+                started = time.perf_counter()
+                reply = client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["hello"]})
+                times.append(time.perf_counter() - started)
+                assert reply.status_code == 200
+            assert gateway.shadows.join(timeout_s=30)
+        finally:
+            gateway.close()
+    delta = {o: c._value.get() - before[o] for o, c in outcome.items()}
+    assert max(times) < 0.5  # far below the shadow's 1 s deadline on the hung target
+    assert delta["compared"] == 0
+    assert delta["error"] >= 1 and delta["error"] + delta["dropped"] == 4
+
+
+@pytest.mark.parametrize(
+    ("environ", "target"),
+    [
+        ({"GATEWAY_SHADOW_TFS_GRPC": "dns:///shadow:8500"}, ("grpc", "dns:///shadow:8500")),
+        ({"GATEWAY_UPSTREAM": "rest", "GATEWAY_SHADOW_TFS_REST": "http://shadow:8501"},
+         ("rest", "http://shadow:8501")),
+        ({"GATEWAY_UPSTREAM": "rest", "GATEWAY_SHADOW_TFS_GRPC": "shadow:8500"}, None),
+        ({}, None),
+    ],
+)  # fmt: skip
+def test_shadow_settings_name_the_shadow_target_of_the_upstream_in_use(
+    environ: dict[str, str], target: tuple[str, str] | None
+) -> None:
+    settings = load_settings(environ=environ)
+    shadow = settings.shadow_settings()
+
+    if target is None:
+        assert shadow is None  # shadows go where the clients' calls go
+        return
+    assert shadow is not None
+    upstream, where = target
+    assert shadow.upstream == upstream
+    assert (shadow.tfs_grpc_target if upstream == "grpc" else shadow.tfs_rest_url) == where
+    assert shadow.shadow_settings() is None  # a shadow target has no shadow of its own
