@@ -72,6 +72,8 @@ TICKETS = REPO / "data" / "tickets" / "test.tsv"
 DEFAULT_CHECKPOINT = REPO / "run" / "finetune-demo" / "tickets-v1"
 # the drill's gateway re-reads labels and routing at least this often
 LABELS_CACHE_S = 1.0
+# the CPU priority of the shadow's own model server (the lowest: it gets what is left idle)
+SHADOW_NICE = 19
 # what TensorFlow's import prints on stderr in push_model's child (not the rollout's words)
 TF_NOISE = ("WARNING: All log messages before absl", "I0000 00:00:")
 
@@ -182,6 +184,7 @@ class Drill:
             version_labels {{ key: "stable" value: 1 }} }} }}"""
         serverconfig.write_atomic(self.config, modelconfig.full_config(text))
         server: ServerProcess | None = None
+        shadow_server: ServerProcess | None = None
         gateway: ServerProcess | None = None
         clients: Clients | None = None
         sampler: Sampler | None = None
@@ -189,7 +192,19 @@ class Drill:
             server, grpc_port, rest_port = stack.start_modelserver(
                 self.config, self.work, batching=False
             )
-            self.target = f"127.0.0.1:{grpc_port}"
+            self.targets = [f"127.0.0.1:{grpc_port}"]
+            pids = [server.pid]
+            if args.shadow_server == "own":
+                # Capacity of the shadow's own: a second model server on the same models and
+                # config, at the lowest CPU priority, so it runs on what the clients' model
+                # server leaves idle (on a cluster: a Deployment of its own, deploy/k8s).
+                shadow_server, shadow_port, _ = stack.start_modelserver(
+                    self.config, self.work, batching=False, nice=SHADOW_NICE
+                )
+                self.targets.append(f"127.0.0.1:{shadow_port}")
+                pids.append(shadow_server.pid)
+                self.say(f"shadow calls go to a model server of their own on :{shadow_port} "
+                         f"(nice {SHADOW_NICE}); clients' calls to :{grpc_port}")  # fmt: skip
             settings = {
                 "GATEWAY_DEFAULT_MODEL": args.model, "GATEWAY_WORKERS": str(args.workers),
                 "GATEWAY_LABELS_CACHE_S": str(LABELS_CACHE_S),
@@ -199,6 +214,8 @@ class Drill:
                 # no backlog to drain into the next step (the rollout waits for it anyway).
                 "GATEWAY_SHADOW_QUEUE": str(args.shadow_queue),
             }  # fmt: skip
+            if shadow_server is not None:
+                settings["GATEWAY_SHADOW_TFS_GRPC"] = self.targets[1]
             gateway, url = stack.start_gateway(
                 "grpc", grpc_port, rest_port, self.base, self.config, self.work,
                 timeout_s=600, settings=settings,
@@ -213,7 +230,7 @@ class Drill:
                 f"({args.capacity_s:g}s); the drill's load: {args.load_fraction:g} of it, "
                 f"{self.rate:.1f} requests/s open-loop (at most {args.clients} in flight)"
             )
-            sampler = Sampler(url, args.model, server.pid).start()
+            sampler = Sampler(url, args.model, pids).start()
             clients = Clients(url, args.model, texts, args.clients, rate=self.rate).start()
             self.t0 = time.monotonic()
             self.wall0 = time.time()
@@ -235,15 +252,17 @@ class Drill:
                 sampler.stop()
             if gateway is not None:
                 gateway.stop()
-            if server is not None:
-                server.stop()
+            for process in (server, shadow_server):
+                if process is not None:
+                    process.stop()
 
     def roll(self, which: str, version_dir: Path) -> dict[str, Any]:
         """Run ``rollout.py --from-dir version_dir``; return its exit status and log events."""
         args = self.args
         cmd = [
             sys.executable, str(REPO / "scripts" / "rollout.py"), "--name", args.model,
-            "--from-dir", str(version_dir), "--gateway", self.url, "--server", self.target,
+            "--from-dir", str(version_dir), "--gateway", self.url,
+            *(f for target in self.targets for f in ("--server", target)),
             "--config", str(self.config), "--base-path", str(self.base),
             "--steps", args.steps, "--hold-s", str(args.hold_s),
             "--min-samples", str(args.min_samples), "--min-agreement", str(args.min_agreement),
@@ -296,12 +315,17 @@ class Drill:
             window = [r.finished - r.started for r in clients.since(start) if r.finished <= end]
             p50 = statistics.median(window) * 1000 if window else float("nan")
             cpu = sampler.cpu_between(start, end)
-            self.windows.append({"shadow": on, "p50_ms": round(p50, 1), "requests": len(window),
-                                 "server_cpu_s_per_s": round(cpu, 2)})  # fmt: skip
-            self.say(
+            row = {"shadow": on, "p50_ms": round(p50, 1), "requests": len(window),
+                   "server_cpu_s_per_s": round(cpu, 2)}  # fmt: skip
+            line = (
                 f"  window {i + 1}: shadow {'100%' if on else 'off '}  p50 {p50:6.1f} ms  "
                 f"{len(window) / args.window_s:5.1f} req/s  model server CPU {cpu:.2f} s/s"
             )
+            if len(self.targets) > 1:
+                row["shadow_server_cpu_s_per_s"] = round(sampler.cpu_between(start, end, 1), 2)
+                line += f", the shadow's own {row['shadow_server_cpu_s_per_s']:.2f} s/s"
+            self.windows.append(row)
+            self.say(line)
         with serverconfig.config_lock(self.config, 60.0):
             rollout.write_route(routing, args.model, before)
         self.mark("shadow cost: routing entry back")
@@ -408,6 +432,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hold-s", type=float, default=30.0)
     p.add_argument("--min-samples", type=int, default=200)
     p.add_argument("--shadow-queue", type=int, default=0, help="GATEWAY_SHADOW_QUEUE")
+    p.add_argument("--shadow-server", choices=("own", "shared"), default="own",
+                   help="own: shadow calls go to a second model server at the lowest CPU "
+                   "priority (GATEWAY_SHADOW_TFS_GRPC); shared: to the clients' model "
+                   "server")  # fmt: skip
     p.add_argument("--load-fraction", type=float, default=0.4,
                    help="the open-loop load, a fraction of the capacity measured first: a "
                    "100 %% shadow doubles the model server's work")  # fmt: skip

@@ -41,11 +41,17 @@ def modelserver_cmd(
 
 
 def start_modelserver(
-    config: Path, log_dir: Path, batching: bool = True, timeout_s: float = 300
+    config: Path, log_dir: Path, batching: bool = True, timeout_s: float = 300, nice: int = 0
 ) -> tuple[ServerProcess, int, int]:
-    """Start a model server on free ports; return it with its gRPC and REST ports once open."""
+    """Start a model server on free ports; return it with its gRPC and REST ports once open.
+
+    ``nice`` > 0 runs it at that lower CPU priority (``nice -n``): it gets only the CPU that
+    the processes at the normal priority leave idle.
+    """
     grpc_port, rest_port = free_port(), free_port()
     cmd = modelserver_cmd(grpc_port, rest_port, config, batching)
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
     name = f"modelserver-{grpc_port}"
     proc = ServerProcess(cmd, log_dir / f"{name}.log", child_env(), name=name)
     proc.wait_until(lambda: port_open(grpc_port) and port_open(rest_port), timeout_s)

@@ -16,6 +16,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,13 +168,14 @@ def classify(session: requests.Session, endpoint: str, text: str, timeout_s: flo
 
 
 class Sampler:
-    """Every second: the gateway's cumulative top-1 agreement, and the model server's CPU time."""
+    """Every second: the gateway's cumulative top-1 agreement, and each model server's CPU time."""
 
-    def __init__(self, url: str, model: str, server_pid: int):
+    def __init__(self, url: str, model: str, server_pids: Sequence[int]):
         self.metrics = GatewayMetrics([url])
         self.model = model
-        self.pid = server_pid
-        self.rows: list[tuple[float, float, float, float]] = []  # (t, sum, count, cpu seconds)
+        self.pids = tuple(server_pids)
+        # (t, agreement sum, agreement count, CPU seconds of each of server_pids)
+        self.rows: list[tuple[float, float, float, tuple[float, ...]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -196,12 +198,14 @@ class Sampler:
                 if dict(labels).get("measure") == "top1":
                     total += value if name == AGREEMENT_SUM else 0.0
                     count += value if name == AGREEMENT_COUNT else 0.0
-            self.rows.append((time.monotonic(), total, count, cpu_seconds(self.pid)))
+            cpus = tuple(cpu_seconds(pid) for pid in self.pids)
+            self.rows.append((time.monotonic(), total, count, cpus))
             self._stop.wait(1.0)
 
-    def cpu_between(self, start: float, end: float) -> float:
-        """Return the model server's CPU seconds per second between two times (NaN if unknown)."""
-        inside = [(t, cpu) for t, _, _, cpu in self.rows if start <= t <= end]
+    def cpu_between(self, start: float, end: float, which: int = 0) -> float:
+        """Return CPU seconds per second of the ``which``-th server between two times (NaN if
+        unknown)."""
+        inside = [(t, cpus[which]) for t, _, _, cpus in self.rows if start <= t <= end]
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return float("nan")
         return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])

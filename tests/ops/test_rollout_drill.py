@@ -135,6 +135,9 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
     assert [d["step"] for d in bad] == ["shadow:100"] and bad[0]["verdict"] == "rollback"
     assert any("agreement (top1)" in reason for reason in bad[0]["reasons"])
     assert {w["shadow"] for w in result["windows"]} == {True, False}
+    # the shadow's own model server (the default): every window measures its CPU too
+    assert all("shadow_server_cpu_s_per_s" in w for w in result["windows"])
+    assert "shadow calls go to a model server of their own" in output
     assert "pinned tiny's default traffic to stable=v1" in output
     assert "requests/s open-loop" in output
     assert "## Rollout drill" in report.read_text() and plot.stat().st_size > 0
