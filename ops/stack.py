@@ -45,8 +45,10 @@ def start_modelserver(
 ) -> tuple[ServerProcess, int, int]:
     """Start a model server on free ports; return it with its gRPC and REST ports once open.
 
-    ``nice`` > 0 runs it at that lower CPU priority (``nice -n``): it gets only the CPU that
-    the processes at the normal priority leave idle.
+    ``nice`` > 0 runs it at that lower CPU priority: it gets little more than the CPU that the
+    processes at the normal priority leave idle. Where the kernel groups processes by session
+    (``sched_autogroup_enabled``), a process's nice value counts only against its own session,
+    and each server has a session of its own: so the session's group gets the nice value too.
     """
     grpc_port, rest_port = free_port(), free_port()
     cmd = modelserver_cmd(grpc_port, rest_port, config, batching)
@@ -54,8 +56,17 @@ def start_modelserver(
         cmd = ["nice", "-n", str(nice), *cmd]
     name = f"modelserver-{grpc_port}"
     proc = ServerProcess(cmd, log_dir / f"{name}.log", child_env(), name=name)
+    if nice:
+        set_group_nice(proc.pid, nice)
     proc.wait_until(lambda: port_open(grpc_port) and port_open(rest_port), timeout_s)
     return proc, grpc_port, rest_port
+
+
+def set_group_nice(pid: int, nice: int) -> None:
+    """Give the scheduler's session group of ``pid`` the nice value ``nice`` (if it has one)."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():  # absent on kernels built without autogroup
+        autogroup.write_text(f"{nice}\n")
 
 
 def start_gateway(
