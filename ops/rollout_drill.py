@@ -20,22 +20,25 @@ for the whole run. Then, one after another:
    with no label, and rolled out through ``--steps``; expected: promoted (stable moves to it);
 2. ``rollout.py --from-dir <bad>`` the same way; expected: rolled back at the shadow step;
 3. ``--windows`` interleaved windows of ``--window-s`` seconds with and without a shadow at
-   100 % (the bad version shadows the stable one): each window's client p50 and the model
+   100 % (the bad version shadows the stable one): each window's client p50 and each model
    server's CPU seconds per second.
 
 The shadow's cost, and the trade-off the drill states: a 100 % shadow sends every default request
-to the model server twice. The gateway keeps the shadow out of the client's path (after the
+to a model server twice. The gateway keeps the shadow out of the client's path (after the
 answer, one shadow in flight per worker with ``GATEWAY_SHADOW_QUEUE=0``, the rest dropped and
-counted), but the model server's CPU is shared: under a closed loop that saturates it (the first
-real run: 16 clients on 2 cores) the second call can only come out of the clients' share, and
-p50 rose 16 %. So the drill loads the stack open-loop at a fraction of its measured capacity,
-the way a service is run with headroom, and the shadow fills that headroom: the load with the
-shadow, ``2 x --load-fraction`` at most, stays under 1, and what does not fit is dropped, not
-queued. What the target needs is spare capacity for the shadow, not a setting: at a load near
-capacity the rollout gets fewer shadow samples per second (dropped ones are counted and printed)
-rather than slower clients, except for the one in flight per gateway worker. The same headroom
-keeps a version's load (TensorFlow import of the SavedModel and its warmup batches, on the
-serving cores) from pushing queued client requests past the gateway's timeout.
+counted), but CPU is shared: under a closed loop that saturates it (the first real run: 16
+clients on 2 cores) the second call can only come out of the clients' share, and p50 rose 16 %.
+So the drill loads the stack open-loop at a fraction of its measured capacity, the way a service
+is run with headroom. With ``--shadow-server shared`` the shadow calls go to the clients' model
+server and queue beside their calls. With ``--shadow-server own`` (the default) they go to a
+second model server on the same models (``GATEWAY_SHADOW_TFS_GRPC``; in the k8s deployment the
+``shadow-tf-serving`` Deployment, at a low CPU request and priority) started at nice 19, its
+session's scheduler group too (``ops.stack.set_group_nice``): it runs on the CPU the clients'
+serving leaves idle, so a shadow waits for the clients instead of the other way round, and when
+little is idle the rollout gets fewer shadow samples per second (dropped ones are counted and
+printed) rather than slower clients. The same headroom keeps a version's load (TensorFlow import
+of the SavedModel and its warmup batches) from pushing queued client requests past the gateway's
+timeout.
 
 Checks (exit status 1 if one fails): no failed client request; the good version promoted; the
 bad one rolled back at its shadow step; no client answer ever came from the bad version; none came
@@ -448,7 +451,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the rollout's wait for the gateways after a routing write")  # fmt: skip
     p.add_argument("--probe", type=int, default=100, help="tickets stable classifies first")
     p.add_argument("--gap", type=float, default=5.0, help="seconds of load between phases")
-    p.add_argument("--windows", type=int, default=3, help="shadow windows each way")
+    p.add_argument("--windows", type=int, default=5, help="shadow windows each way")
     p.add_argument("--window-s", type=float, default=15.0)
     p.add_argument("--report", type=Path, default=REPO / "results" / "loadtest" / "drills.md",
                    help="append the transcript here ('' for nowhere)")  # fmt: skip

@@ -4,12 +4,11 @@ markdown section of the drills report."""
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 from collections import Counter
 from typing import Any
 
+from export.hardware import cpu_info
 from ops.ticketload import Reply, Sampler
 
 
@@ -81,21 +80,29 @@ def append_report(
     """Append the run as a section of ``--report`` (markdown)."""
     a = args
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(wall0))
+    own = a.shadow_server == "own"
     rows = "\n".join(
         f"| {i + 1} | {'100 %' if w['shadow'] else 'off'} | {w['p50_ms']} | "
         f"{w['requests']} | {w['server_cpu_s_per_s']} |"
+        + (f" {w.get('shadow_server_cpu_s_per_s', '')} |" if own else "")
         for i, w in enumerate(result["windows"])
+    )
+    shadow_where = (
+        "a model server of their own at the lowest CPU priority (`--shadow-server own`)"
+        if own
+        else "the clients' model server (`--shadow-server shared`)"
     )
     text = f"""
 ## Rollout drill: a good version promoted, a bad one rolled back at the shadow step (issue 24)
 
-`python scripts/rollout_drill.py --spawn {a.spawn} --model {a.model} --clients {a.clients}`
-(measured {when} on {platform.machine()}, {os.cpu_count()} cores shared with other jobs).
+`python scripts/rollout_drill.py --spawn {a.spawn} --model {a.model} --clients {a.clients}
+--windows {a.windows} --shadow-server {a.shadow_server}`
+(measured {when} on {cpu_info().describe()}, shared with other jobs).
 Stable v1, good v{result["versions"]["good"]} and bad v{result["versions"]["bad"]} are exports
 of one fine-tuned checkpoint ({a.checkpoint.name}); the bad one has two labels swapped.
 Load: open-loop at {a.load_fraction:g} of the capacity measured with {a.clients} closed-loop
 clients (`--load-fraction`; ops/rollout_drill.py's docstring says why), shadow queue
-{a.shadow_queue} per gateway worker.
+{a.shadow_queue} per gateway worker; shadow calls on {shadow_where}.
 Steps `{a.steps}`, hold {a.hold_s:g} s, at least {a.min_samples} samples, agreement >=
 {a.min_agreement:g}.
 
@@ -106,8 +113,10 @@ Steps `{a.steps}`, hold {a.hold_s:g} s, at least {a.min_samples} samples, agreem
 Shadow cost, interleaved windows of {a.window_s:g} s (client p50 of requests inside the window,
 model-server CPU seconds per second):
 
-| window | shadow | client p50 (ms) | requests | model server CPU (s/s) |
-|---:|---|---:|---:|---:|
+| window | shadow | client p50 (ms) | requests | model server CPU (s/s) |{
+        " the shadow's model server CPU (s/s) |" if own else ""
+    }
+|---:|---|---:|---:|---:|{"---:|" if own else ""}
 {rows}
 """
     with open(a.report, "a", encoding="utf-8") as fh:
