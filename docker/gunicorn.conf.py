@@ -6,6 +6,10 @@ Run: ``gunicorn -c docker/gunicorn.conf.py 'backend.app:create_app()'``.
   overlap that wait; one process per usable CPU core (affinity/cgroup, not the host's count)
   runs tokenization and JSON in parallel. The CPU work scales through ``workers``; the threads
   per worker only cover requests waiting upstream, so their number does not follow the cores.
+  The worker class is gthread's subclass ``backend.httpworker.LingeringThreadWorker``: a pool
+  thread serves its keep-alive connection's next request itself while another thread is free,
+  instead of the two thread hand-offs gthread makes per request (GATEWAY_WORKER_CLASS=gthread
+  for gunicorn's own).
 - Timeouts follow GATEWAY_TIMEOUT_S: the app answers 504 at GATEWAY_TIMEOUT_S, so gunicorn's
   worker timeout (a silent, stuck worker) and the graceful stop are set above it.
 - The app is preloaded in the master (imports shared copy-on-write), and each worker creates its
@@ -38,7 +42,9 @@ def _cpu_count() -> int:
 _timeout_s = float(os.environ.get("GATEWAY_TIMEOUT_S", "10"))
 
 bind = os.environ.get("GATEWAY_BIND", "0.0.0.0:8000")
-worker_class = "gthread"
+# gthread, with keep-alive connections served on by the thread that has them
+# (backend/httpworker.py); GATEWAY_WORKER_CLASS=gthread is gunicorn's own.
+worker_class = os.environ.get("GATEWAY_WORKER_CLASS") or "backend.httpworker.LingeringThreadWorker"
 workers = int(os.environ.get("GATEWAY_WORKERS") or max(1, _cpu_count()))
 threads = int(os.environ.get("GATEWAY_THREADS", "8"))
 preload_app = True

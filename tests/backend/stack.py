@@ -85,13 +85,15 @@ class ModelServer:
 class Gateway:
     """gunicorn running ``backend.app:create_app()`` with docker/gunicorn.conf.py."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, workers: int = 2) -> None:
+    def __init__(
+        self, env: dict[str, str], log_dir: Path, workers: int = 2, threads: int = 4
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = child_env(
             GATEWAY_BIND=f"127.0.0.1:{self.port}",
             GATEWAY_WORKERS=str(workers),
-            GATEWAY_THREADS="4",
+            GATEWAY_THREADS=str(threads),
             GATEWAY_ACCESS_LOG="-",
             **env,
         )

@@ -1,0 +1,94 @@
+"""backend/httpworker.py: gunicorn's gthread worker whose pool threads serve a keep-alive
+connection's next request themselves, through a real gunicorn running the gateway."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.backend.stack import Gateway, ModelServer, gateway_env
+
+HEALTH = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def two_threads(
+    modelserver: ModelServer, model_base: Path, config_file: Path, log_dir: Path
+) -> Iterator[Gateway]:
+    """A gateway of one worker with two pool threads (the fewest that leave one free)."""
+    gateway = Gateway(gateway_env(modelserver, "grpc", model_base, config_file), log_dir,
+                      workers=1, threads=2)  # fmt: skip
+    yield gateway
+    gateway.stop()
+
+
+def _get(conn: http.client.HTTPConnection) -> int:
+    conn.request("GET", "/healthz")
+    reply = conn.getresponse()
+    reply.read()
+    return reply.status
+
+
+def test_a_keep_alive_connection_serves_many_requests_on_one_socket(two_threads: Gateway) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", two_threads.port, timeout=10)
+    try:
+        assert _get(conn) == 200
+        first = conn.sock
+        statuses = [_get(conn) for _ in range(200)]
+        assert statuses == [200] * 200
+        assert conn.sock is first  # never closed and reopened
+    finally:
+        conn.close()
+
+
+def test_pipelined_requests_are_all_answered_in_order(two_threads: Gateway) -> None:
+    with socket.create_connection(("127.0.0.1", two_threads.port), timeout=10) as sock:
+        sock.sendall(HEALTH * 3)
+        received = b""
+        while received.count(b"HTTP/1.1 200") < 3:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {received.count(b'HTTP/1.1 200')} answers"
+            received += chunk
+
+
+def test_connections_that_linger_never_keep_a_new_one_waiting(two_threads: Gateway) -> None:
+    idle = [http.client.HTTPConnection("127.0.0.1", two_threads.port, timeout=10)
+            for _ in range(3)]  # fmt: skip
+    waits = []
+    try:
+        for conn in [*idle, fresh := http.client.HTTPConnection("127.0.0.1", two_threads.port)]:
+            # each answered, then quiet: a pool thread may linger on it
+            started = time.monotonic()
+            assert _get(conn) == 200
+            waits.append(time.monotonic() - started)
+        # A pool thread always stays free: no request waits for a lingering one's keep-alive
+        # (5 s), though there are more quiet connections than threads.
+        assert max(waits) < 1.0, waits
+        fresh.close()
+        assert [_get(conn) for conn in idle] == [200, 200, 200]  # the quiet ones still work
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_a_worker_with_a_lingering_connection_stops_as_fast_as_gthread(
+    modelserver: ModelServer, model_base: Path, config_file: Path, log_dir: Path
+) -> None:
+    gateway = Gateway(gateway_env(modelserver, "grpc", model_base, config_file), log_dir,
+                      workers=1, threads=2)  # fmt: skip
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    try:
+        assert _get(conn) == 200  # its thread now lingers on it
+        started = time.monotonic()
+        gateway.stop()
+        # gthread closes kept-alive connections 2 s into a stop; a thread that went on
+        # lingering would hold the worker for the whole keep-alive (5 s) first.
+        assert time.monotonic() - started < 4.5
+    finally:
+        conn.close()
+        gateway.stop()
