@@ -9,8 +9,9 @@ one-text request. ``LingeringThreadWorker`` keeps that design for idle connectio
 ones, and adds one thing: after an answer that keeps the connection alive, the pool thread
 waits on that socket itself for the connection's next request and serves it directly, as long
 as another pool thread stays free for other connections (so a new connection never waits for a
-lingering one) and at most ``keepalive`` seconds (gunicorn's own idle limit). When the pool gets
-busy, or the client goes quiet, the connection goes back to the poller exactly as before.
+lingering one) and at most ``keepalive`` seconds (gunicorn's own idle limit, after which the
+connection is closed, as gthread closes it). When the pool gets busy, or the worker stops, the
+connection goes back to the poller exactly as before.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class LingeringThreadWorker(ThreadWorker):
             keep = super().handle(conn)
             while keep is True and self._next_request_arrives(conn):
                 keep = super().handle(conn)
-            return keep
+            # Quiet for keepalive seconds: closed, as gthread closes an idle connection. Handed
+            # back sooner (the pool got busy, or a stop): the poller's keep-alive from now.
+            return False if getattr(conn, "idle_too_long", False) else keep
         finally:
             with self._busy_lock:
                 self._busy -= 1
@@ -62,5 +65,6 @@ class LingeringThreadWorker(ThreadWorker):
             if poller.poll(LINGER_SLICE_S * 1000):
                 return True
             if time.monotonic() >= deadline:
+                conn.idle_too_long = True  # as gthread's poller, which closes it at keepalive
                 break
         return False

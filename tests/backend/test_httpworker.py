@@ -92,3 +92,14 @@ def test_a_worker_with_a_lingering_connection_stops_as_fast_as_gthread(
     finally:
         conn.close()
         gateway.stop()
+
+
+def test_a_connection_quiet_for_the_keep_alive_is_closed_as_gthread_closes_it(
+    two_threads: Gateway,
+) -> None:
+    with socket.create_connection(("127.0.0.1", two_threads.port), timeout=10) as sock:
+        sock.sendall(HEALTH)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        assert sock.recv(65536) == b""  # the server closes it: docker/gunicorn.conf.py keepalive
+        assert 4.5 < time.monotonic() - started < 9.0  # 5 s, not a linger and a keep-alive more
