@@ -482,6 +482,7 @@ def _floor_costs(
     inputs, signature = direct.request("my card was charged twice")
     client = GrpcClient(f"127.0.0.1:{grpc_port}")
     body = orjson.dumps({"texts": ["my card was charged twice"]})
+    # CPU times tick every 10 ms: each measured stretch needs a few hundred milliseconds of it
     n = 60 if quick else 300
 
     def poster(url: str) -> Callable[[], None]:
@@ -504,7 +505,7 @@ def _floor_costs(
         posts = {name: poster(url) for name, (url, _) in gateways.items()}
         for _ in range(ROUNDS):
             for name, (_, own) in gateways.items():
-                times, cpu = _sequential(n // ROUNDS, posts[name], own)
+                times, cpu = _sequential(n, posts[name], own)
                 g_times[name] += times
                 g_cpu[name].append(cpu["gateway"])
         first = next(iter(gateways))

@@ -112,6 +112,18 @@ def _shadowing_app(
     return app, gateway
 
 
+def _timed_default_requests(client: Any, n: int) -> list[float]:
+    """Send ``n`` default :classify requests; return each one's seconds (every answer from v1)."""
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        reply = client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["hello"]})
+        times.append(time.perf_counter() - started)
+        assert reply.status_code == 200
+        assert reply.get_json()["model"]["version"] == 1
+    return times
+
+
 def test_a_shadow_that_hangs_never_delays_the_client_and_a_full_queue_drops_shadows(
     modelserver: ModelServer, model_base: Path, config_file: Path, tmp_path: Path
 ) -> None:
@@ -123,13 +135,7 @@ def test_a_shadow_that_hangs_never_delays_the_client_and_a_full_queue_drops_shad
     client = app.test_client()
     client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["warm up"]})  # shadow 1 hangs
     try:
-        times = []
-        for _ in range(8):
-            started = time.perf_counter()
-            reply = client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["hello"]})
-            times.append(time.perf_counter() - started)
-            assert reply.status_code == 200
-            assert reply.get_json()["model"]["version"] == 1
+        times = _timed_default_requests(client, 8)
 
         # One shadow is hanging, two wait in the queue: every later one is dropped at once.
         assert dropped._value.get() - before >= 8 - 2
@@ -211,12 +217,7 @@ def test_a_shadow_target_that_hangs_costs_the_client_nothing_and_counts_errors(
         before = {o: c._value.get() for o, c in outcome.items()}
         client = app.test_client()
         try:
-            times = []
-            for _ in range(4):
-                started = time.perf_counter()
-                reply = client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["hello"]})
-                times.append(time.perf_counter() - started)
-                assert reply.status_code == 200
+            times = _timed_default_requests(client, 4)
             assert gateway.shadows.join(timeout_s=30)
         finally:
             gateway.close()
