@@ -262,10 +262,17 @@ def test_gunicorn_config_follows_gateway_timeout_and_cpus(
     monkeypatch.setenv("GATEWAY_TIMEOUT_S", "20")
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     monkeypatch.delenv("GATEWAY_WORKERS", raising=False)
+    monkeypatch.delenv("GATEWAY_WORKER_CLASS", raising=False)
 
     conf = runpy.run_path(str(Path(__file__).parents[2] / "docker" / "gunicorn.conf.py"))
 
-    assert conf["worker_class"] == "gthread" and conf["preload_app"] is True
+    from gunicorn.util import load_class
+    from gunicorn.workers.gthread import ThreadWorker
+
+    # gthread's threads, with keep-alive connections served on (backend/httpworker.py)
+    assert issubclass(load_class(conf["worker_class"]), ThreadWorker)
+    assert conf["worker_class"] == "backend.httpworker.LingeringThreadWorker"
+    assert conf["preload_app"] is True
     assert conf["workers"] == len(os.sched_getaffinity(0))
     assert conf["timeout"] > 20 and conf["graceful_timeout"] > 20
     assert conf["logger_class"] == "backend.access_log.JsonAccessLogger"
