@@ -7,6 +7,7 @@ gets the repository importable and TensorFlow quiet through ``child_env``.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,11 +22,52 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+_pick = random.Random()
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
+    """Return a TCP port that is free right now, outside the kernel's ephemeral range.
+
+    ``bind(0)`` hands out a port of the ephemeral range, which every outgoing connection draws
+    its local port from too: between this call and the server's own bind, a client socket of
+    any process can take it (a replica drill's model server once failed with "Address already
+    in use" that way). Below the range only a listener can. Not the same port twice from one
+    process; free on every IPv4 and IPv6 address, as servers binding 0.0.0.0 or :: need.
+    """
+    low = _ephemeral_low()
+    if low > 12_000:
+        for _ in range(500):
+            port = _pick.randrange(10_000, low)
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", 0))  # no room below the range: the kernel's choice
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    """Return True when ``port`` can be bound on the IPv4 and (where there is one) IPv6 wildcard."""
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 here
+        with closing(sock):
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+    return True
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

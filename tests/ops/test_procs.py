@@ -1,0 +1,35 @@
+"""ops/procs.py's free ports: outside the range outgoing connections take their ports from."""
+
+from __future__ import annotations
+
+import socket
+from contextlib import closing
+from types import SimpleNamespace
+
+import pytest
+
+from ops import procs
+from ops.procs import EPHEMERAL_RANGE, free_port
+
+
+def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> None:
+    low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    ports = [free_port() for _ in range(100)]
+
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= port < low for port in ports)  # no client socket draws its port there
+    for port in ports[:5]:
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            sock.bind(("0.0.0.0", port))
+
+
+def test_a_port_held_by_a_listener_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        held = listener.getsockname()[1]
+        proposals = iter([held, held, 23_456])
+        monkeypatch.setattr(procs, "_pick", SimpleNamespace(randrange=lambda *_: next(proposals)))
+        monkeypatch.setattr(procs, "_ephemeral_low", lambda: 32_768)
+
+        assert free_port() == 23_456  # the listener's port, proposed twice, was refused
