@@ -89,6 +89,7 @@ class Gateway:
         self.shadows = ShadowRunner(settings.shadow_queue_size)
         # shadow calls on model servers of their own (GATEWAY_SHADOW_TFS_*): a gateway of their
         # own there (client, version states, assets), made by the shadow thread on first use
+        self._shadow_settings = settings.shadow_settings()
         self._shadow_upstream: Gateway | None = None
         self.groups = (
             UpstreamGroups(settings.max_batch_size, settings.group_in_flight)
@@ -108,11 +109,10 @@ class Gateway:
 
     def shadow_upstream(self) -> Gateway:
         """Return the gateway shadow calls go through: this one, or one on the shadow target."""
-        shadow_settings = self.settings.shadow_settings()
-        if shadow_settings is None:
+        if self._shadow_settings is None:
             return self
         if self._shadow_upstream is None:  # only the worker's one shadow thread gets here
-            self._shadow_upstream = Gateway(shadow_settings)
+            self._shadow_upstream = Gateway(self._shadow_settings)
         return self._shadow_upstream
 
     # -- the API's operations ---------------------------------------------------------------
