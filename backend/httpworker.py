@@ -43,19 +43,23 @@ class LingeringThreadWorker(ThreadWorker):
             self._busy += 1
         try:
             keep = super().handle(conn)
-            while keep is True and self._next_request_arrives(conn):
+            while keep is True:
+                came = self._linger(conn)
+                if came is None:
+                    break  # the pool got busy, or a stop: the poller's keep-alive from now
+                if not came:
+                    return False  # quiet for keepalive seconds: closed, as gthread closes it
                 keep = super().handle(conn)
-            # Quiet for keepalive seconds: closed, as gthread closes an idle connection. Handed
-            # back sooner (the pool got busy, or a stop): the poller's keep-alive from now.
-            return False if getattr(conn, "idle_too_long", False) else keep
+            return keep
         finally:
             with self._busy_lock:
                 self._busy -= 1
 
-    def _next_request_arrives(self, conn: Any) -> bool:
-        """Wait on ``conn`` for its next request while lingering is free; True when it came."""
+    def _linger(self, conn: Any) -> bool | None:
+        """Wait on ``conn`` for its next request while lingering is free: True when it came,
+        False when it stayed quiet for ``keepalive`` seconds, None when lingering must stop."""
         if conn.is_http2:
-            return False  # gunicorn serves an HTTP/2 connection's streams in one handle()
+            return None  # gunicorn serves an HTTP/2 connection's streams in one handle()
         if conn.parser.unreader.buf.getvalue():
             return True  # read ahead already (a pipelined request or a drained body's excess)
         poller = select.poll()
@@ -65,6 +69,5 @@ class LingeringThreadWorker(ThreadWorker):
             if poller.poll(LINGER_SLICE_S * 1000):
                 return True
             if time.monotonic() >= deadline:
-                conn.idle_too_long = True  # as gthread's poller, which closes it at keepalive
-                break
-        return False
+                return False
+        return None
