@@ -51,6 +51,7 @@ import numpy as np
 import orjson
 import requests
 
+from backend.httpworker import LingeringThreadWorker
 from benchmarks import BenchContext, Row, median
 from benchmarks.gateway_load_bench import CpuSnapshot, cpu_delta, cpu_snapshot
 from ops.load import Cell, CellResult, Sender, run_cell
@@ -69,7 +70,7 @@ ALONE_SETTING, ALONE_SPEED = "GATEWAY_GROUP_IN_FLIGHT", 0.8
 ALONE = f"gateway {ALONE_SPEED:g}, calls alone"  # the cell without backend/grouping.py
 # the cell with gunicorn's own gthread worker instead of backend/httpworker.py's
 WORKER_SETTING, GTHREAD_WORKER = "GATEWAY_WORKER_CLASS", "gthread"
-LINGERING_WORKER = "backend.httpworker.LingeringThreadWorker"
+LINGERING_WORKER = f"{LingeringThreadWorker.__module__}.{LingeringThreadWorker.__qualname__}"
 GTHREAD = f"gateway {ALONE_SPEED:g}, gunicorn gthread"
 CLIENTS = 16
 TIMEOUT_S = 60.0
@@ -475,7 +476,8 @@ def _floor_costs(
     work: Path,
 ) -> dict[str, float]:
     """Return the model server's and each gateway's cost per one-text call on tiny-floor
-    (``gateways``: name -> URL and its processes; the first is the product's)."""
+    (``gateways``: name -> URL and its processes and the model server's; the first is the
+    product's)."""
     from backend.clients.grpc_client import GrpcClient
 
     direct = _Direct(base, FLOOR, 1)
@@ -502,14 +504,15 @@ def _floor_costs(
         # each gateway in turn, several rounds (the machine's drift lands on all of them)
         g_times: dict[str, list[float]] = {name: [] for name in gateways}
         g_cpu: dict[str, list[float]] = {name: [] for name in gateways}
+        s_cpu: dict[str, list[float]] = {name: [] for name in gateways}
         posts = {name: poster(url) for name, (url, _) in gateways.items()}
         for _ in range(ROUNDS):
             for name, (_, own) in gateways.items():
                 times, cpu = _sequential(n, posts[name], own)
                 g_times[name] += times
                 g_cpu[name].append(cpu["gateway"])
+                s_cpu[name].append(cpu["model server"])
         first = next(iter(gateways))
-        _, s_cpu = _sequential(n, posts[first], watched)
         grpc_cpu = _bare_grpc_cpu(grpc_port, inputs, signature, n)
     finally:
         client.close()
@@ -520,7 +523,7 @@ def _floor_costs(
         "gateway_p50_ms": median(g_times[first]) * 1000,
         **{f"{name}_cpu_ms": median(cpus) for name, cpus in g_cpu.items()},
         **{f"{name}_p50_ms": median(times) * 1000 for name, times in g_times.items()},
-        "server_cpu_via_gateway_ms": s_cpu["model server"],
+        "server_cpu_via_gateway_ms": median(s_cpu[first]),
         "grpc_client_cpu_ms": grpc_cpu,
         **{f"{app}_cpu_ms": cpu for app, cpu in _bare_server_cpu(work, body, n).items()},
     }
@@ -1073,8 +1076,9 @@ def run(ctx: BenchContext) -> list[Row]:
         channel.close()
         say("fixed costs on the tiny model ...")
         floor = _floor_costs(
-            {"gateway": (gateway, _Watched({"gateway": [gateway_proc.pid]})),
-             "gateway_gthread": (gthread, _Watched({"gateway": [gthread_proc.pid]}))},
+            {name: (url, _Watched({"gateway": [proc.pid], "model server": [server.pid]}))
+             for name, url, proc in (("gateway", gateway, gateway_proc),
+                                     ("gateway_gthread", gthread, gthread_proc))},
             grpc_port, base, watched, ctx.quick, work,
         )  # fmt: skip
         say("one client, grouped and alone ...")
