@@ -118,7 +118,8 @@ def test_compaction_and_the_masked_baseline_give_the_same_answers(exits_ckpt: Pa
                           early_exit=ckpt.exits, compaction=compaction)  # fmt: skip
 
     compact, masked = module(True), module(False)
-    for speed in (0.0, 0.5, np.linspace(0.0, 1.0, ROWS)):
+    # 1.0: every row leaves after layer 1, so each later layer is skipped (its tf.cond)
+    for speed in (0.0, 0.5, 1.0, np.linspace(0.0, 1.0, ROWS)):
         feeds = {**_batch(seed=9), "speed": _speeds(speed)}
         a, b = run(compact.serve, feeds), run(masked.serve, feeds)
         np.testing.assert_array_equal(a["exit_layer"], b["exit_layer"])
@@ -196,9 +197,16 @@ def test_a_checkpoint_without_exits_reads_as_before(hf_classify: Path) -> None:
     assert read_checkpoint(hf_classify).exits is None
 
 
-def test_runs_through_the_tf1_session_loader_tf_serving_uses(exits_version: Any) -> None:
-    """TF Serving loads a SavedModelBundle (graph + session): the exits must run that way too."""
-    feeds = {**_batch(seq=16), "speed": np.linspace(0.0, 1.0, ROWS, dtype=np.float32)}
+@pytest.mark.parametrize("speed", ["mixed", "all leave at layer 1"])
+def test_runs_through_the_tf1_session_loader_tf_serving_uses(
+    exits_version: Any, speed: str
+) -> None:
+    """TF Serving loads a SavedModelBundle (graph + session): the exits must run that way too.
+
+    With every row gone after layer 1 the later layers' conditionals take their empty branch.
+    """
+    speeds = np.linspace(0.0, 1.0, ROWS) if speed == "mixed" else np.ones(ROWS)
+    feeds = {**_batch(seq=16), "speed": speeds.astype(np.float32)}
     with tf_serving_bundle(exits_version.path) as bundle:
         got = bundle.run("seq_16", feeds)
     want = run(tf.saved_model.load(str(exits_version.path)).signatures["seq_16"], feeds)
