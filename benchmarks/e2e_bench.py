@@ -72,6 +72,13 @@ ALONE = f"gateway {ALONE_SPEED:g}, calls alone"  # the cell without backend/grou
 WORKER_SETTING, GTHREAD_WORKER = "GATEWAY_WORKER_CLASS", "gthread"
 LINGERING_WORKER = f"{LingeringThreadWorker.__module__}.{LingeringThreadWorker.__qualname__}"
 GTHREAD = f"gateway {ALONE_SPEED:g}, gunicorn gthread"
+# The same direct and speed-0.8 cells against a second model server running each model call on
+# one intra-op thread (its batch threads, one per core, are the parallelism): TF's default runs
+# every call on all cores while the other batch threads' calls compete for them.
+INTRA_FLAG = "--tensorflow_intra_op_parallelism=1"
+INTRA = "intra-op 1"
+INTRA_DIRECT, INTRA_GATEWAY = f"direct, {INTRA}", f"gateway {ALONE_SPEED:g}, {INTRA}"
+LONE_TEXTS = 32  # a lone client's batch request: what one intra-op thread costs it
 CLIENTS = 16
 TIMEOUT_S = 60.0
 MAX_SEQ_LEN = 128
@@ -128,14 +135,16 @@ def _export(ctx: BenchContext, checkpoint: Path, base: Path) -> None:
         (base / EMBED).symlink_to(ctx.base_path / EMBED, target_is_directory=True)
 
 
-def _config(base: Path, path: Path) -> Path:
+def _config(base: Path, path: Path, tickets_only: bool = False) -> Path:
     """Write the model server's config: both tickets versions, tiny-floor, minilm if linked."""
     entries = [
         f'  config {{ name: "{MODEL}" base_path: "{base / MODEL}" model_platform: "tensorflow" '
         f"model_version_policy {{ specific {{ versions: {FULL} versions: {EXITS} }} }} }}",
-        f'  config {{ name: "{FLOOR}" base_path: "{base / FLOOR}" model_platform: "tensorflow" }}',
     ]
-    if (base / EMBED).exists():
+    if not tickets_only:
+        floor = f'name: "{FLOOR}" base_path: "{base / FLOOR}" model_platform: "tensorflow"'
+        entries.append(f"  config {{ {floor} }}")
+    if not tickets_only and (base / EMBED).exists():
         entries.append(
             f'  config {{ name: "{EMBED}" base_path: "{base / EMBED}" '
             'model_platform: "tensorflow" }'
@@ -529,13 +538,19 @@ def _floor_costs(
     }
 
 
-def _one_client(urls: dict[str, str], texts: Sequence[str], n: int) -> dict[str, float]:
-    """Return p50 ms of one client's sequential one-ticket requests at speed 0.8 through each
-    gateway (interleaved, each gateway the same tickets in the same order): what grouping costs
-    a lone client, if anything."""
+def _one_client(
+    urls: dict[str, str], texts: Sequence[str], n: int, per_request: int = 1
+) -> dict[str, float]:
+    """Return p50 ms of one client's sequential requests of ``per_request`` tickets at speed 0.8
+    through each gateway (interleaved, each gateway the same tickets in the same order): what
+    grouping (or a server setting) costs a lone client, if anything."""
     from benchmarks.stack import interleaved
 
-    bodies = [orjson.dumps({"texts": [t], "version": EXITS, "speed": ALONE_SPEED}) for t in texts]
+    def body(i: int) -> bytes:
+        chunk = list(texts[i : i + per_request])
+        return orjson.dumps({"texts": chunk, "version": EXITS, "speed": ALONE_SPEED})
+
+    bodies = [body(i) for i in range(0, len(texts) - per_request + 1, per_request)]
 
     def caller(url: str) -> Callable[[], object]:
         conn, cycle = _Http(url), itertools.cycle(bodies)
@@ -616,8 +631,12 @@ def _run_cells(
     makers: dict[str, Callable[[], Sender]],
     watched: _Watched,
     rest_port: int,
+    rest_ports: dict[str, int] | None = None,
 ) -> dict[str, list[_Sample]]:
-    """Run every setting's cell per repeat, the order rotated each repeat; return the samples."""
+    """Run every setting's cell per repeat, the order rotated each repeat; return the samples.
+
+    ``rest_ports``: the model server whose batch histogram a setting reads, where not ``rest_port``.
+    """
     duration_s, warmup_s = (1.5, 0.5) if ctx.quick else (12.0, 2.0)
     repeats = 1 if ctx.quick else max(2, min(ctx.repeats, 3))
     names = list(makers)
@@ -627,8 +646,10 @@ def _run_cells(
         for name in order:
             marks: dict[str, tuple[dict[str, CpuSnapshot], tuple[float, float]]] = {}
 
-            def on_window(mark: str, marks: dict[str, Any] = marks) -> None:
-                marks[mark] = (watched.snapshot(), _batch_histogram(rest_port))
+            port = (rest_ports or {}).get(name, rest_port)
+
+            def on_window(mark: str, marks: dict[str, Any] = marks, port: int = port) -> None:
+                marks[mark] = (watched.snapshot(), _batch_histogram(port))
 
             cell = Cell(name, "grpc", CLIENTS, 1, 0)
             result = run_cell(cell, makers[name], duration_s, warmup_s, on_window)
@@ -720,6 +741,8 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"{f.get('gateway_gthread_cpu_ms', float('nan')):.2f} (lingering "
             f"{f['gateway_cpu_ms']:.2f}); {cpu_class}; CPU ms/request: "
             + _cpu_text(w, roles)))  # fmt: skip
+    if INTRA_GATEWAY in s and "intra_lone" in result:
+        out.append(_intra_row(result, cpu_class))
     if "one_client" in result:
         one = result["one_client"]
         out.append(Row(
@@ -788,6 +811,31 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"client CPU ({f['grpc_client_cpu_ms']:.2f} ms: bytes in, bytes out); the gateway's "
             f"own work is {f['gateway_cpu_ms'] - floor:.2f} ms over it"))  # fmt: skip
     return out
+
+
+def _intra_row(result: dict[str, Any], cpu_class: str) -> Row:
+    """Return the row of the direct and speed-0.8 cells on one intra-op thread per call."""
+    s, lone = result["settings"], result["intra_lone"]
+    d, g = s["direct"], s[f"gateway {ALONE_SPEED:g}"]
+    di, gi = s[INTRA_DIRECT], s[INTRA_GATEWAY]
+    lone_text = ", ".join(
+        f"{n} text{'s' if n != '1' else ''} {t['default']:.1f} vs {t[INTRA]:.1f} ms"
+        for n, t in lone.items()
+    )
+    return Row(
+        f"  direct and speed {ALONE_SPEED:g} with the model server on one intra-op thread per "
+        f"call ({INTRA_FLAG})",
+        f"direct {di['texts_s']:.0f}, gateway {gi['texts_s']:.0f} texts/s (default threading "
+        f"{d['texts_s']:.0f}, {g['texts_s']:.0f})",
+        f"direct {di['texts_s'] / d['texts_s']:.2f}×, gateway {gi['texts_s'] / g['texts_s']:.2f}×"
+        f" default; gateway ÷ direct {gi['texts_s'] / di['texts_s']:.2f}×",
+        "",
+        f"p50 of one client (default vs {INTRA}): {lone_text}; rows per model call direct "
+        f"{di['rows_per_call']:.2f}, gateway {gi['rows_per_call']:.2f}; {cpu_class}; CPU "
+        f"ms/request: direct model server {di['cpu_ms']['model server']:.2f} (default "
+        f"{d['cpu_ms']['model server']:.2f}), gateway path " + _cpu_text(
+            gi, ("gateway", "model server", "load generator")),
+    )  # fmt: skip
 
 
 def _table(rows: list[Row], cpu_class: str) -> str:
@@ -875,6 +923,52 @@ def _worker_lines(s: dict[str, Any], f: dict[str, Any]) -> list[str]:
         f"under load and {f.get('gateway_gthread_cpu_ms', float('nan')):.2f} sequential; "
         f"LingeringThreadWorker {g['texts_s']:.0f} texts/s, {g['cpu_ms']['gateway']:.2f} and "
         f"{f['gateway_cpu_ms']:.2f}.",
+        "",
+    ]
+
+
+def _bound_lines(s: dict[str, Any], f: dict[str, Any]) -> list[str]:
+    """Return the note's bound: speed 0.8 ÷ direct with the gateway's CPU cut to its floor.
+
+    On a host whose cores are all busy, texts/s goes as 1 / (CPU per text of every process), so
+    a gateway that did nothing but Flask under gunicorn and one gRPC call would reach at most
+    (direct's model server + its client) ÷ (the exit model server + that floor + the client).
+    """
+    if "flask_cpu_ms" not in f:
+        return []
+    d, g8 = s["direct"]["cpu_ms"], s[f"gateway {ALONE_SPEED:g}"]["cpu_ms"]
+    floor = f["flask_cpu_ms"] + f["grpc_client_cpu_ms"]
+    direct = d["model server"] + d["load generator"]
+    bound = direct / (g8["model server"] + floor + g8["load generator"])
+    now = direct / (g8["model server"] + g8.get("gateway", 0.0) + g8["load generator"])
+    return [
+        f"- The bound this host sets: CPU per text direct {direct:.2f} ms (model server + "
+        f"client), at {ALONE_SPEED:g} through the gateway {g8['model server']:.2f} + "
+        f"{g8.get('gateway', 0.0):.2f} + {g8['load generator']:.2f} ms: {now:.2f}× by CPU. With "
+        f"the gateway at its floor ({floor:.2f} ms: Flask under gunicorn and one gRPC call, no "
+        f"work of its own) it would be {bound:.2f}×; 2× needs the gateway at "
+        f"{direct / 2 - g8['model server'] - g8['load generator']:.2f} ms or the exit graph's "
+        "model server cheaper per text.",
+    ]
+
+
+def _intra_lines(result: dict[str, Any]) -> list[str]:
+    """Return the note's reading of the cells on one intra-op thread per model call."""
+    s = result["settings"]
+    if INTRA_GATEWAY not in s or "intra_lone" not in result:
+        return [""]
+    d, g = s["direct"], s[f"gateway {ALONE_SPEED:g}"]
+    di, gi = s[INTRA_DIRECT], s[INTRA_GATEWAY]
+    lone = result["intra_lone"][str(LONE_TEXTS)]
+    return [
+        f"- Model server threading ({INTRA_FLAG}, TF Serving's flag; a second model server in "
+        f"the same run): direct {d['texts_s']:.0f} -> {di['texts_s']:.0f} texts/s, gateway at "
+        f"{ALONE_SPEED:g} {g['texts_s']:.0f} -> {gi['texts_s']:.0f}; gateway ÷ direct "
+        f"{g['texts_s'] / d['texts_s']:.2f}× -> {gi['texts_s'] / di['texts_s']:.2f}×. It serves "
+        f"many small calls better (each batch thread, one per core, runs its call on one core "
+        f"instead of every call spreading over all of them) and one large call worse: a lone "
+        f"client's {LONE_TEXTS}-ticket request {lone['default']:.0f} -> {lone[INTRA]:.0f} ms. "
+        "Not the project's default: a deployment whose traffic is many one-text requests sets it.",
         "",
     ]
 
@@ -974,9 +1068,11 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         f"({share:.0f} % "
         "of the model server's): flat whatever the model costs, so its share grows as the model "
         "gets cheaper; the load generator's own CPU shares the same 2 cores.",
+        *_bound_lines(s, f),
         "",
         *_grouping_lines(s),
         *_worker_lines(s, f),
+        *_intra_lines(result),
         f"![where one request's time and CPU go]({PLOT.name})",
         "",
     ]
@@ -1026,8 +1122,18 @@ def run(ctx: BenchContext) -> list[Row]:
             settings={WORKER_SETTING: GTHREAD_WORKER},
         )  # fmt: skip
         processes.append(gthread_proc)
-        watched = _Watched({"gateway": [gateway_proc.pid, alone_proc.pid, gthread_proc.pid],
-                            "model server": [server.pid]})  # fmt: skip
+        say(f"starting a second modelserver ({INTRA_FLAG}, tickets only) + its gateway ...")
+        intra_config = _config(base, work / "models-intra.config", tickets_only=True)
+        intra, intra_grpc, intra_rest = start_modelserver(intra_config, work, timeout_s=1200,
+                                                          extra=[INTRA_FLAG])  # fmt: skip
+        processes.append(intra)
+        intra_gw_proc, intra_gw = start_gateway("grpc", intra_grpc, intra_rest, base,
+                                                intra_config, work, timeout_s=600)  # fmt: skip
+        processes.append(intra_gw_proc)
+        watched = _Watched({
+            "gateway": [gateway_proc.pid, alone_proc.pid, gthread_proc.pid, intra_gw_proc.pid],
+            "model server": [server.pid, intra.pid],
+        })  # fmt: skip
         direct = _Direct(base, MODEL, FULL)
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         say("accuracy of each setting on the test split ...")
@@ -1049,6 +1155,11 @@ def run(ctx: BenchContext) -> list[Row]:
                 makers[GTHREAD] = partial(
                     _gateway_sender, gthread, f"/v1/models/{MODEL}:classify", bodies, nxt
                 )
+                makers[INTRA_GATEWAY] = partial(
+                    _gateway_sender, intra_gw, f"/v1/models/{MODEL}:classify", bodies, nxt
+                )
+        intra_channel = grpc.insecure_channel(f"127.0.0.1:{intra_grpc}")
+        makers[INTRA_DIRECT] = lambda: _direct_sender(intra_channel, direct, texts, nxt())
         if (base / EMBED).exists():
             try:
                 say("starting infinity (.venv-infinity) on the demo weights ...")
@@ -1072,8 +1183,10 @@ def run(ctx: BenchContext) -> list[Row]:
         else:
             result["infinity_skip"] = f"no {EMBED} demo model under {ctx.base_path}"
         say("load cells (" + ", ".join(makers) + ") ...")
-        runs = _run_cells(ctx, makers, watched, rest_port)
+        runs = _run_cells(ctx, makers, watched, rest_port,
+                          {INTRA_DIRECT: intra_rest, INTRA_GATEWAY: intra_rest})  # fmt: skip
         channel.close()
+        intra_channel.close()
         say("fixed costs on the tiny model ...")
         floor = _floor_costs(
             {name: (url, _Watched({"gateway": [proc.pid], "model server": [server.pid]}))
@@ -1084,6 +1197,12 @@ def run(ctx: BenchContext) -> list[Row]:
         say("one client, grouped and alone ...")
         result["one_client"] = _one_client({"grouped": gateway, "alone": alone}, texts,
                                            40 if ctx.quick else 200)  # fmt: skip
+        say(f"one client, 1 and {LONE_TEXTS} tickets per request, default vs {INTRA_FLAG} ...")
+        lone = {"default": gateway, INTRA: intra_gw}
+        result["intra_lone"] = {
+            "1": _one_client(lone, texts, 40 if ctx.quick else 200),
+            str(LONE_TEXTS): _one_client(lone, texts, 4 if ctx.quick else 30, LONE_TEXTS),
+        }
     finally:
         for proc in reversed(processes):
             proc.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ops.procs import REPO, ServerProcess, child_env, free_port, http_ok, port_open
@@ -19,9 +20,12 @@ GATEWAY_APP = "backend.app:create_app()"
 
 
 def modelserver_cmd(
-    grpc_port: int, rest_port: int, config: Path, batching: bool = True
+    grpc_port: int, rest_port: int, config: Path, batching: bool = True, extra: Sequence[str] = ()
 ) -> list[str]:
-    """Return the model-server command line (``TFS_BIN`` or ``python -m modelserver``)."""
+    """Return the model-server command line (``TFS_BIN`` or ``python -m modelserver``).
+
+    ``extra``: more TF Serving flags, after the project's (a later flag wins).
+    """
     binary = os.environ.get("TFS_BIN")
     head = [binary] if binary else [sys.executable, "-m", "modelserver"]
     flags = [
@@ -37,11 +41,16 @@ def modelserver_cmd(
         parameters = SERVING_CONFIG / "batching_parameters.txt"
         if parameters.is_file():
             flags.append(f"--batching_parameters_file={parameters}")
-    return [*head, *flags]
+    return [*head, *flags, *extra]
 
 
 def start_modelserver(
-    config: Path, log_dir: Path, batching: bool = True, timeout_s: float = 300, nice: int = 0
+    config: Path,
+    log_dir: Path,
+    batching: bool = True,
+    timeout_s: float = 300,
+    nice: int = 0,
+    extra: Sequence[str] = (),
 ) -> tuple[ServerProcess, int, int]:
     """Start a model server on free ports; return it with its gRPC and REST ports once open.
 
@@ -49,9 +58,10 @@ def start_modelserver(
     processes at the normal priority leave idle. Where the kernel groups processes by session
     (``sched_autogroup_enabled``), a process's nice value counts only against its own session,
     and each server has a session of its own: so the session's group gets the nice value too.
+    ``extra``: more flags (``modelserver_cmd``).
     """
     grpc_port, rest_port = free_port(), free_port()
-    cmd = modelserver_cmd(grpc_port, rest_port, config, batching)
+    cmd = modelserver_cmd(grpc_port, rest_port, config, batching, extra)
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]
     name = f"modelserver-{grpc_port}"

@@ -33,6 +33,7 @@ def test_quick_run_measures_every_setting_and_skips_infinity_with_a_reason(
     assert any(f.strip().startswith("the floor under it") for f in rows)
     assert any("every request its own upstream call" in f for f in rows)
     assert any("on gunicorn's gthread worker" in f for f in rows)
+    assert any("one intra-op thread per call" in f for f in rows)
     assert any("p50 at 1 client" in f for f in rows)
     # a smoke run leaves the committed breakdown alone
     assert (NOTE.stat().st_mtime if NOTE.exists() else None) == before
