@@ -47,6 +47,7 @@ test: setup lint models
 	$(PY) -m pytest -q
 
 bench: models
+	@$(MAKE) --no-print-directory infinity-env || echo "bench: infinity's environment could not be made: e2e_bench skips its row and says why"
 	$(PY) scripts/bench.py --base-path $(MODELS)
 
 # infinity (infinity-emb), the peer e2e_bench compares :embed with, in its own git-ignored environment: it needs
