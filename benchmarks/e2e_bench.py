@@ -855,10 +855,9 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
 
     s = result["settings"]
     b = result["breakdown"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    names = (
-        ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + [n for n in (ALONE, GTHREAD) if n in s]
-    )
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6))
+    extra = (ALONE, GTHREAD, INTRA_DIRECT, INTRA_GATEWAY)
+    names = ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + [n for n in extra if n in s]
     roles = (("model server", "tab:blue"), ("gateway", "tab:orange"),
              ("load generator", "tab:grey"))  # fmt: skip
     bottoms = np.zeros(len(names))
@@ -870,6 +869,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
         left.text(bottoms[y], y, f" {s[n]['texts_s']:.0f} texts/s", va="center", fontsize=8)
     left.set_xlabel(f"CPU ms per one-text request ({CLIENTS} clients)")
     left.legend(fontsize=8, loc="lower right")
+    left.set_xlim(0, float(bottoms.max()) * 1.3)  # room for the texts/s labels
     left.invert_yaxis()
     graph = b["graph"]
     floor = b["floor"]
@@ -997,7 +997,8 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         "cores: gateway / model server / generator |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + [ALONE, GTHREAD]:
+    extra = [ALONE, GTHREAD, INTRA_DIRECT, INTRA_GATEWAY]
+    for name in ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + extra:
         if name not in s:
             continue
         x = s[name]
