@@ -127,9 +127,9 @@ def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, thresho
 
     ``x`` is the embeddings ``[batch * seq, hidden]``. The rows left are gathered and the next
     layers run on them only; the exited rows' results are scattered back into the input order.
-    Once no row is left, the later layers and students are skipped (a ``tf.cond`` per layer):
-    run on an empty batch they would still cost each of their ops' dispatch, about a millisecond
-    per call on a 6-layer model, paid by every batch whose rows all leave early.
+    Work that cannot change an answer is skipped with a ``tf.cond``: the later layers once no row
+    is left (on an empty batch they would still cost each op's dispatch), a student when no row's
+    threshold allows leaving (speed 0), and the gather when no row left at that layer.
     """
     rows, mask = tf.range(batch), attention_mask
     done_rows, done_logits, done_layers = [], [], []
@@ -145,16 +145,30 @@ def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, thresho
             x = layer(x, mask_bias(mask), left, seq)
             # explicit sizes: once every row has exited the batch is empty and -1 is ambiguous
             hidden = tf.reshape(x, [left, seq, model.hidden_size])
-            logits, leave = decide(model, i, hidden, mask, threshold)
-            leave = tf.ones([left], tf.bool) if leave is None else leave
+            if i == last:
+                logits, leave = model.head(hidden), tf.ones([left], tf.bool)
+            else:  # no row may leave (every threshold 0: speed 0): the student is not asked
+
+                def ask() -> tuple[tf.Tensor, tf.Tensor]:
+                    return decide(model, i, hidden, mask, threshold)  # type: ignore[return-value]
+
+                def stay_all() -> tuple[tf.Tensor, tf.Tensor]:
+                    return tf.zeros([left, labels], tf.float32), tf.zeros([left], tf.bool)
+
+                logits, leave = tf.cond(tf.reduce_any(threshold > 0.0), ask, stay_all)
             out = (tf.boolean_mask(rows, leave), tf.boolean_mask(logits, leave))  # float32 logits
             if i == last:
                 return (*out, *state)
-            # the rows left, gathered: the next layer runs on them only
-            stay = tf.logical_not(leave)
-            rows, mask, threshold = (tf.boolean_mask(t, stay) for t in (rows, mask, threshold))
-            x = tf.reshape(tf.boolean_mask(hidden, stay), [-1, model.hidden_size])
-            return (*out, rows, mask, threshold, x)
+
+            def gather() -> tuple[tf.Tensor, ...]:  # the rows left: the next layer runs on them
+                stay = tf.logical_not(leave)
+                kept = [tf.boolean_mask(t, stay) for t in (rows, mask, threshold)]
+                return (*kept, tf.reshape(tf.boolean_mask(hidden, stay), [-1, model.hidden_size]))
+
+            def keep() -> tuple[tf.Tensor, ...]:  # nobody left: no copy
+                return rows, mask, threshold, x
+
+            return (*out, *tf.cond(tf.reduce_any(leave), gather, keep))
 
         def skip(state: tuple[tf.Tensor, ...] = state) -> tuple[tf.Tensor, ...]:
             return (state[0], tf.zeros([0, labels], tf.float32), *state)
