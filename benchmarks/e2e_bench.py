@@ -144,11 +144,11 @@ def _config(base: Path, path: Path, tickets_only: bool = False) -> Path:
     if not tickets_only:
         floor = f'name: "{FLOOR}" base_path: "{base / FLOOR}" model_platform: "tensorflow"'
         entries.append(f"  config {{ {floor} }}")
-    if not tickets_only and (base / EMBED).exists():
-        entries.append(
-            f'  config {{ name: "{EMBED}" base_path: "{base / EMBED}" '
-            'model_platform: "tensorflow" }'
-        )
+        if (base / EMBED).exists():
+            entries.append(
+                f'  config {{ name: "{EMBED}" base_path: "{base / EMBED}" '
+                'model_platform: "tensorflow" }'
+            )
     path.write_text("model_config_list {\n" + "\n".join(entries) + "\n}\n", encoding="utf-8")
     return path
 
@@ -846,6 +846,12 @@ def _table(rows: list[Row], cpu_class: str) -> str:
     return "\n".join(out)
 
 
+def _setting_names(settings: dict[str, Any]) -> list[str]:
+    """Return the one-text load cells measured, in the order the plot and the note show them."""
+    names = ["direct"] + [f"gateway {x:g}" for x in SPEEDS]
+    return names + [n for n in (ALONE, GTHREAD, INTRA_DIRECT, INTRA_GATEWAY) if n in settings]
+
+
 def plot(result: dict[str, Any], path: Path, title: str) -> None:
     """Two panels: CPU ms per request by process under load; one request's time at 1 client."""
     import matplotlib
@@ -856,8 +862,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     s = result["settings"]
     b = result["breakdown"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6))
-    extra = (ALONE, GTHREAD, INTRA_DIRECT, INTRA_GATEWAY)
-    names = ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + [n for n in extra if n in s]
+    names = _setting_names(s)
     roles = (("model server", "tab:blue"), ("gateway", "tab:orange"),
              ("load generator", "tab:grey"))  # fmt: skip
     bottoms = np.zeros(len(names))
@@ -997,10 +1002,7 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         "cores: gateway / model server / generator |",
         "|---|---|---|---|---|---|---|",
     ]
-    extra = [ALONE, GTHREAD, INTRA_DIRECT, INTRA_GATEWAY]
-    for name in ["direct"] + [f"gateway {x:g}" for x in SPEEDS] + extra:
-        if name not in s:
-            continue
+    for name in _setting_names(s):
         x = s[name]
         c, k = x["cpu_ms"], x["cores"]
         lines.append(

@@ -145,20 +145,18 @@ def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, thresho
             x = layer(x, mask_bias(mask), left, seq)
             # explicit sizes: once every row has exited the batch is empty and -1 is ambiguous
             hidden = tf.reshape(x, [left, seq, model.hidden_size])
-            if i == last:
-                logits, leave = model.head(hidden), tf.ones([left], tf.bool)
-            else:  # no row may leave (every threshold 0: speed 0): the student is not asked
+            if i == last:  # every row still here takes the trained head's logits
+                return (rows, model.head(hidden), *state)
 
-                def ask() -> tuple[tf.Tensor, tf.Tensor]:
-                    return decide(model, i, hidden, mask, threshold)  # type: ignore[return-value]
+            def ask() -> tuple[tf.Tensor, tf.Tensor]:
+                return decide(model, i, hidden, mask, threshold)  # type: ignore[return-value]
 
-                def stay_all() -> tuple[tf.Tensor, tf.Tensor]:
-                    return tf.zeros([left, labels], tf.float32), tf.zeros([left], tf.bool)
+            def stay_all() -> tuple[tf.Tensor, tf.Tensor]:  # every threshold 0 (speed 0)
+                return tf.zeros([left, labels], tf.float32), tf.zeros([left], tf.bool)
 
-                logits, leave = tf.cond(tf.reduce_any(threshold > 0.0), ask, stay_all)
+            # no row may leave: the student is not asked
+            logits, leave = tf.cond(tf.reduce_any(threshold > 0.0), ask, stay_all)
             out = (tf.boolean_mask(rows, leave), tf.boolean_mask(logits, leave))  # float32 logits
-            if i == last:
-                return (*out, *state)
 
             def gather() -> tuple[tf.Tensor, ...]:  # the rows left: the next layer runs on them
                 stay = tf.logical_not(leave)
