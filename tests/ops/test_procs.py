@@ -28,8 +28,12 @@ def test_a_port_held_by_a_listener_is_passed_over(monkeypatch: pytest.MonkeyPatc
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         held = listener.getsockname()[1]
-        proposals = iter([held, held, 23_456])
+        # A port this process never handed out and nothing on this machine holds: a fixed number
+        # could be either (CI once drew 23456 earlier in the same test session).
+        monkeypatch.setattr(procs, "_handed_out", set())
+        spare = next(port for port in range(23_456, 24_000) if procs._bindable(port))
+        proposals = iter([held, held, spare])
         monkeypatch.setattr(procs, "_pick", SimpleNamespace(randrange=lambda *_: next(proposals)))
         monkeypatch.setattr(procs, "_ephemeral_low", lambda: 32_768)
 
-        assert free_port() == 23_456  # the listener's port, proposed twice, was refused
+        assert free_port() == spare  # the listener's port, proposed twice, was refused
