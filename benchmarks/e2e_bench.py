@@ -67,17 +67,18 @@ EMBED = "minilm"
 FLOOR = "tiny-floor"
 SPEEDS = (0.0, 0.7, 0.8)
 ALONE_SETTING, ALONE_SPEED = "GATEWAY_GROUP_IN_FLIGHT", 0.8
-ALONE = f"gateway {ALONE_SPEED:g}, calls alone"  # the cell without backend/grouping.py
+COMPARED = f"gateway {ALONE_SPEED:g}"  # the speed-0.8 cell each variant below is set against
+ALONE = f"{COMPARED}, calls alone"  # the cell without backend/grouping.py
 # the cell with gunicorn's own gthread worker instead of backend/httpworker.py's
 WORKER_SETTING, GTHREAD_WORKER = "GATEWAY_WORKER_CLASS", "gthread"
 LINGERING_WORKER = f"{LingeringThreadWorker.__module__}.{LingeringThreadWorker.__qualname__}"
-GTHREAD = f"gateway {ALONE_SPEED:g}, gunicorn gthread"
+GTHREAD = f"{COMPARED}, gunicorn gthread"
 # The same direct and speed-0.8 cells against a second model server running each model call on
 # one intra-op thread (its batch threads, one per core, are the parallelism): TF's default runs
 # every call on all cores while the other batch threads' calls compete for them.
 INTRA_FLAG = "--tensorflow_intra_op_parallelism=1"
 INTRA = "intra-op 1"
-INTRA_DIRECT, INTRA_GATEWAY = f"direct, {INTRA}", f"gateway {ALONE_SPEED:g}, {INTRA}"
+INTRA_DIRECT, INTRA_GATEWAY = f"direct, {INTRA}", f"{COMPARED}, {INTRA}"
 LONE_TEXTS = 32  # a lone client's batch request: what one intra-op thread costs it
 CLIENTS = 16
 TIMEOUT_S = 60.0
@@ -720,7 +721,7 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"accuracy {a['accuracy']:.3f} (direct {acc['direct']['accuracy']:.3f}), mean exit "
             f"layer {a['layers']:.2f}; {cpu_class}; " + how + _cpu_text(g, roles)))  # fmt: skip
     if ALONE in s:
-        a, g = s[ALONE], s[f"gateway {ALONE_SPEED:g}"]
+        a, g = s[ALONE], s[COMPARED]
         out.append(Row(
             f"  the same at speed {ALONE_SPEED:g} with every request its own upstream call "
             f"({ALONE_SETTING}=0)",
@@ -729,7 +730,7 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
             f"rows per model call {a['rows_per_call']:.2f} (grouped {g['rows_per_call']:.2f}); "
             f"{cpu_class}; CPU ms/request: " + _cpu_text(a, roles)))  # fmt: skip
     if GTHREAD in s:
-        w, g = s[GTHREAD], s[f"gateway {ALONE_SPEED:g}"]
+        w, g = s[GTHREAD], s[COMPARED]
         f = result["breakdown"]["floor"]
         out.append(Row(
             f"  the same at speed {ALONE_SPEED:g} on gunicorn's gthread worker "
@@ -816,7 +817,7 @@ def rows_of(result: dict[str, Any], cpu_class: str) -> list[Row]:
 def _intra_row(result: dict[str, Any], cpu_class: str) -> Row:
     """Return the row of the direct and speed-0.8 cells on one intra-op thread per call."""
     s, lone = result["settings"], result["intra_lone"]
-    d, g = s["direct"], s[f"gateway {ALONE_SPEED:g}"]
+    d, g = s["direct"], s[COMPARED]
     di, gi = s[INTRA_DIRECT], s[INTRA_GATEWAY]
     lone_text = ", ".join(
         f"{n} text{'s' if n != '1' else ''} {t['default']:.1f} vs {t[INTRA]:.1f} ms"
@@ -905,7 +906,7 @@ def _grouping_lines(s: dict[str, Any]) -> list[str]:
     """Return the note's reading of the cell with grouping off, beside the grouped one."""
     if ALONE not in s:
         return [""]
-    a, g = s[ALONE], s[f"gateway {ALONE_SPEED:g}"]
+    a, g = s[ALONE], s[COMPARED]
     return [
         f"- Grouping (backend/grouping.py) at speed {ALONE_SPEED:g}: every request its own call "
         f"{a['texts_s']:.0f} texts/s, {a['rows_per_call']:.2f} rows per model call, CPU ms per "
@@ -921,7 +922,7 @@ def _worker_lines(s: dict[str, Any], f: dict[str, Any]) -> list[str]:
     """Return the note's reading of the cell on gunicorn's gthread worker, beside the product's."""
     if GTHREAD not in s:
         return [""]
-    w, g = s[GTHREAD], s[f"gateway {ALONE_SPEED:g}"]
+    w, g = s[GTHREAD], s[COMPARED]
     return [
         f"- Worker class (backend/httpworker.py) at speed {ALONE_SPEED:g}: gunicorn's gthread "
         f"{w['texts_s']:.0f} texts/s, gateway CPU {w['cpu_ms']['gateway']:.2f} ms per request "
@@ -941,7 +942,7 @@ def _bound_lines(s: dict[str, Any], f: dict[str, Any]) -> list[str]:
     """
     if "flask_cpu_ms" not in f:
         return []
-    d, g8 = s["direct"]["cpu_ms"], s[f"gateway {ALONE_SPEED:g}"]["cpu_ms"]
+    d, g8 = s["direct"]["cpu_ms"], s[COMPARED]["cpu_ms"]
     floor = f["flask_cpu_ms"] + f["grpc_client_cpu_ms"]
     direct = d["model server"] + d["load generator"]
     bound = direct / (g8["model server"] + floor + g8["load generator"])
@@ -962,7 +963,7 @@ def _intra_lines(result: dict[str, Any]) -> list[str]:
     s = result["settings"]
     if INTRA_GATEWAY not in s or "intra_lone" not in result:
         return [""]
-    d, g = s["direct"], s[f"gateway {ALONE_SPEED:g}"]
+    d, g = s["direct"], s[COMPARED]
     di, gi = s[INTRA_DIRECT], s[INTRA_GATEWAY]
     lone = result["intra_lone"][str(LONE_TEXTS)]
     return [
