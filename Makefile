@@ -9,7 +9,7 @@ MODELS ?= models
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup protos models run stop test lint bench clean loadtest drills profile finetune-demo finetune-heads infinity-env
+.PHONY: sysdeps setup protos models run stop test lint bench clean loadtest drills profile finetune-demo finetune-heads infinity-env
 
 setup: $(STAMP) protos
 
@@ -43,7 +43,18 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy backend benchmarks export finetune modelformat modelserver ops scripts
 
-test: setup lint models
+# Debian packages the tests run for real (requirements-debian.txt): installed with apt-get when root and missing;
+# otherwise listed, and the tests that need one skip saying which.
+DEB_PKGS = $(shell sed -e 's/\#.*//' requirements-debian.txt)
+sysdeps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "sysdeps: apt-get install $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	else echo "sysdeps: not root: missing Debian packages ($$missing); the tests that need them skip"; fi
+
+test: setup sysdeps lint models
 	$(PY) -m pytest -q
 
 bench: models
