@@ -168,8 +168,9 @@ class UpstreamTimeout(GatewayError):
     code = "upstream_timeout"
 
 
-# Blueprint name -> the error body of its route family (DESIGN.md: other request shapes answer
-# errors the way their clients parse them); routes of any other blueprint answer ``to_dict()``.
+# Blueprint name -> the error body of its route family (docs/guides/clients-and-keys.md: other
+# request shapes answer errors the way their clients parse them); routes of any other blueprint
+# answer ``to_dict()``.
 ERROR_SHAPES: dict[str, Callable[[GatewayError], dict[str, Any]]] = {}
 
 

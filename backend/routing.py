@@ -1,6 +1,6 @@
 """Which version a default request goes to: the routing file's weights, read like the labels.
 
-Sits between version resolution and the call (DESIGN.md, "Routing"). Only requests that name
+Sits between version resolution and the call (docs/guides/rollouts.md). Only requests that name
 neither a version nor a label are split; the file (``modelformat.routing``) is re-read every
 ``GATEWAY_LABELS_CACHE_S`` with the labels' rule (``backend.reloading``: content hashed, a broken
 file keeps the last good routing and raises ``gateway_routing_stale``); a missing file routes

@@ -53,12 +53,15 @@ import requests
 
 from backend.httpworker import LingeringThreadWorker
 from benchmarks import BenchContext, Row, median
+from benchmarks import runs as run_files
 from benchmarks.gateway_load_bench import CpuSnapshot, cpu_delta, cpu_snapshot
 from ops.load import Cell, CellResult, Sender, run_cell
 from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
 
 DATA = REPO / "data" / "tickets"
 RESULTS = REPO / "results"
+# The committed breakdown pages (hand-kept: results/e2e_breakdown*.md); a run writes its own files
+# under results/runs/ (benchmarks/runs.py) and never these.
 PLOT = RESULTS / "e2e_breakdown.png"
 NOTE = RESULTS / "e2e_breakdown.md"
 MODEL = "tickets"
@@ -979,8 +982,8 @@ def _intra_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
-def note(result: dict[str, Any], table: str, describe: str) -> str:
-    """Return results/e2e_breakdown.md's text (pure)."""
+def note(result: dict[str, Any], table: str, describe: str, plot_name: str = PLOT.name) -> str:
+    """Return the breakdown's text (pure): a run file under results/runs/, plot ``plot_name``."""
     s, b = result["settings"], result["breakdown"]
     d, g0, g8 = s["direct"], s["gateway 0"], s["gateway 0.8"]
     graph = b["graph"]
@@ -990,8 +993,8 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         "# Where the graph's gain goes between the graph and the client (issue 23)",
         "",
         f"Measured {result['stamp']} on {describe}; `make bench` (`scripts/bench.py --only "
-        "e2e_bench`); every figure in `results/e2e_breakdown.json` (git-ignored), plot "
-        "`results/e2e_breakdown.png`.",
+        "e2e_bench`); every figure in the JSON file of the same name (git-ignored), plot "
+        f"`{plot_name}`.",
         f"Model: {result['source']}.",
         "",
         table,
@@ -1077,7 +1080,7 @@ def note(result: dict[str, Any], table: str, describe: str) -> str:
         *_grouping_lines(s),
         *_worker_lines(s, f),
         *_intra_lines(result),
-        f"![where one request's time and CPU go]({PLOT.name})",
+        f"![where one request's time and CPU go]({plot_name})",
         "",
     ]
     return "\n".join(lines)
@@ -1214,14 +1217,19 @@ def run(ctx: BenchContext) -> list[Row]:
     result["breakdown"] = {"graph": graph, "floor": floor}
     result["stamp"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = rows_of(result, ctx.cpu.cpu_class)
-    if not ctx.quick:  # a smoke run must not overwrite the committed figures
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        plot(result, PLOT, f"One-text requests, {CLIENTS} clients — {ctx.cpu.describe()}")
-        NOTE.write_text(
-            note(result, _table(out, ctx.cpu.cpu_class), ctx.cpu.describe()), encoding="utf-8"
+    if not ctx.quick:  # a smoke run is not a measurement: nothing is kept
+        when = dt.datetime.now(dt.UTC)
+        cpu_class, describe = ctx.cpu.cpu_class, ctx.cpu.describe()
+        plot_path = run_files.run_path(run_files.RUNS_DIR, when, cpu_class, "e2e", ".png")
+        run_files.RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        plot(result, plot_path, f"One-text requests, {CLIENTS} clients — {describe}")
+        text = note(result, _table(out, cpu_class), describe, plot_path.name)
+        command = "python scripts/bench.py --only e2e_bench"
+        path = run_files.write_run(
+            run_files.RUNS_DIR, when, cpu_class, "e2e", describe, command, text
         )
-        NOTE.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-        ctx.notes.append(f"e2e_bench: breakdown in {NOTE.relative_to(REPO)} and {PLOT.name}")
+        path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        ctx.notes.append(f"e2e_bench: breakdown in results/runs/{path.name}")
     return out
 
 

@@ -1,6 +1,6 @@
 """Gateway benchmarks: overhead over a direct upstream call, bucketing, worker footprint.
 
-All figures come from one run against one modelserver (DESIGN.md "Performance model"):
+All figures come from one run against one modelserver (docs/architecture.md, "Performance model"):
 - overhead = gateway end-to-end − direct call to the same modelserver with the same tensors,
   p50 and p99, one short text, over grpc and over rest (gunicorn, 1 worker, keep-alive client);
 - bucketing vs padding to the longest text: 256 mixed-length texts through the gateway's

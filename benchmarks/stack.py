@@ -1,6 +1,6 @@
 """What the gateway benchmarks share: a stack on free ports, a thin HTTP client, interleaved
 timing, and the batches the gateway sends upstream (to send the same tensors straight to the
-model server: "gateway vs direct", DESIGN.md "Performance model").
+model server: "gateway vs direct", docs/architecture.md "Performance model").
 
 Used by gateway_bench, gateway_load_bench and heads_bench.
 """

@@ -1,4 +1,6 @@
-"""``build``: a checkpoint in, a complete published SavedModel version out (DESIGN.md contract 1).
+"""``build``: a checkpoint in, a complete published SavedModel version out.
+
+The version honours contract 1 of docs/architecture.md.
 
 Steps: resolve the precision (``auto`` from the machine's capabilities, see export/precision.py),
 read and check the checkpoint, build the FP32 reference model (and the converted one for

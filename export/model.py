@@ -8,7 +8,7 @@ Precision: in ``fp16``/``bf16`` the embedding tables, kernels and biases are sto
 and every matmul runs in it, while the residual stream, layer norm, softmax, GELU and all outputs
 stay float32. Low-precision accumulation across layers is what loses accuracy; keeping the
 residual stream float32 keeps the error at the level of one matmul's rounding.
-The serving signature is always int32 in, float32 out (DESIGN.md contract 1).
+The serving signature is always int32 in, float32 out (docs/architecture.md, contract 1).
 
 Training (finetune/) uses this same module with ``trainable=True``: variables stay float32 and a
 ``compute_dtype`` (from a Keras mixed-precision policy) runs the matmuls in bf16/fp16, while

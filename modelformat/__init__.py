@@ -1,2 +1,3 @@
 """The model format shared by every part: version directories, publishing, buckets, model.json,
-names, ``models.config`` and GetModelStatus states (DESIGN.md contract 1). No TensorFlow."""
+names, ``models.config`` and GetModelStatus states (docs/architecture.md, contract 1).
+No TensorFlow."""

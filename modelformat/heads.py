@@ -1,7 +1,7 @@
 """What a model's head is and how its scores are read: the ``model.json`` keys every reader shares.
 
 A version's ``model.json`` names its ``task``; export writes the rest, the gateway's
-post-processing and finetune's output read it (DESIGN.md, "Heads"):
+post-processing and finetune's output read it (docs/guides/heads.md):
 
 - ``classify``: ``problem_type`` as Hugging Face names it (``single_label_classification``: one
   label per text, softmax; ``multi_label_classification``: independent sigmoids, every label

@@ -1,4 +1,7 @@
-"""The model-version layout on disk (DESIGN.md contract 1): directory names, files, model.json."""
+"""The model-version layout on disk: directory names, files, model.json.
+
+Contract 1 of docs/architecture.md.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Atomic publishing of a version directory (DESIGN.md contract 1).
+"""Atomic publishing of a version directory (docs/architecture.md, contract 1).
 
 A version is written under ``<base>/<name>/.tmp-<version>-<random>`` (non-numeric, so TF Serving
 ignores it), fsynced, then renamed to ``<base>/<name>/<version>`` on the same filesystem: the

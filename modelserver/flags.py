@@ -1,4 +1,6 @@
-"""The command line of ``tensorflow_model_server`` that matters here (DESIGN.md contract 4).
+"""The command line of ``tensorflow_model_server`` that matters here.
+
+Contract 4 of docs/architecture.md.
 
 Accepts ``--flag=value`` and ``--flag value``; boolean flags may stand alone.
 """

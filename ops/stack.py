@@ -1,8 +1,8 @@
 """Start a throw-away local stack (model server + gunicorn gateways) for the load and drill scripts.
 
 The model server is the real ``tensorflow_model_server`` when ``TFS_BIN`` names one, otherwise
-``python -m modelserver``: both take the same flags (DESIGN.md contract 4). Every process runs in
-its own session and is stopped as a group.
+``python -m modelserver``: both take the same flags (docs/architecture.md, contract 4). Every
+process runs in its own session and is stopped as a group.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Run every benchmark side by side in one run; print one table (also results/bench.md).
+"""Run every benchmark side by side in one run; print one table and keep it as a dated run file.
 
 Each module in ``benchmarks/`` named ``*_bench.py`` exposes ``run(ctx) -> list[Row]``; figures are
 medians over repeats and ratios are taken within this run, because absolute times on shared 2-core
-machines are noisy.
+machines are noisy. The table goes to ``results/runs/<date>-<time>-<cpu-class>-bench.md`` (a
+new file each run) and ``results/summary.md`` is regenerated from every run file
+(benchmarks/runs.py); no hand-written page is written.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import argparse
 import datetime as dt
 import importlib
 import platform
+import shlex
+import sys
 import tempfile
 import traceback
 from pathlib import Path
 
-from benchmarks import BenchContext, Row
+from benchmarks import BenchContext, Row, runs
 from export.hardware import CpuInfo
 from ops.procs import REPO
 
@@ -52,7 +56,12 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="benchmark modules to run (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "bench.md")
+    parser.add_argument(
+        "--runs-dir", type=Path, default=runs.RUNS_DIR, help="where the dated run file goes"
+    )
+    parser.add_argument(
+        "--summary", type=Path, default=runs.SUMMARY, help="regenerated from the run files"
+    )
     args = parser.parse_args()
 
     rows: list[Row] = []
@@ -71,15 +80,22 @@ def main() -> int:
             except Exception as exc:  # one broken benchmark must not hide the others
                 traceback.print_exc()
                 rows.append(Row(figure=f"{name}", value=f"FAILED: {exc}"))
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    when = dt.datetime.now(dt.UTC)
     table = render(rows, ctx.cpu)
-    text = f"Measured {stamp} on {machine(ctx.cpu)}.\n\n{table}\n"
+    text = f"{table}\n"
     if ctx.notes:
         text += "\n" + "\n".join(f"- {n}" for n in ctx.notes) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
     print()
-    print(text)
+    print(f"Measured {when:%Y-%m-%d %H:%M} UTC on {machine(ctx.cpu)}.\n\n{text}")
+    if args.quick:  # a smoke run is not a measurement: nothing is kept
+        return 0
+    command = "python scripts/bench.py " + shlex.join(sys.argv[1:])
+    path = runs.write_run(
+        args.runs_dir, when, ctx.cpu.cpu_class, "bench", machine(ctx.cpu), command.strip(), text
+    )
+    runs.write_summary(args.runs_dir, args.summary)
+    print(f"run file: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    print(f"summary: {args.summary}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The package layout DESIGN.md's table draws: which package may import which, and no circles.
+"""The package layout of docs/architecture.md: which package may import which, and no circles.
 
 Read from the source (every ``import``, at module level or inside a function), so a lazy import
 cannot hide a dependency. ``python -m pytest tests/test_layout.py -q -s`` prints the graph.
@@ -118,10 +118,10 @@ def test_the_model_format_package_is_tensorflow_free() -> None:
             assert "import tensorflow" not in text and "from tensorflow" not in text, name
 
 
-def test_the_readme_layout_lists_the_tree() -> None:
-    """README's Layout table names every top-level directory, and only directories that exist."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+def test_the_architecture_page_lists_the_tree() -> None:
+    """docs/architecture.md's Layout table names every top-level directory, and only those."""
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page.split("## Layout", 1)[1].split("\n## ", 1)[0]
     listed = {
         line.split("`")[1].split("/")[0] for line in section.splitlines() if line.startswith("| `")
     }

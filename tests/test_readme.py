@@ -1,9 +1,11 @@
-"""The README's curl examples, run against the stack `make run` starts, so the README can't drift.
+"""The documents' examples, run against the stack `make run` starts, so the documents can't drift.
 
-Each ```bash block in the README that holds a `curl ... localhost:8000...` line is followed by a
-```json block with the answer it showed; this test runs the same command (on free ports) and
-requires the answer to match: same keys, same labels and versions, and lists shortened with "..."
-in the README compared on their shown prefix (strings ending in "..." likewise).
+Each ```bash block in the README or a page under docs/ that holds a `curl ... localhost:8000...`
+line is followed by a ```json block with the answer it showed; this test runs the same command
+(on free ports) and requires the answer to match: same keys, same labels and versions, and lists
+shortened with "..." in the page compared on their shown prefix (strings ending in "..."
+likewise). Each ```python block that talks to `localhost:8000` runs against the same stack and
+must finish cleanly.
 
 Numbers are compared relative to their magnitude, because version 2 of each demo model is
 exported with ``--precision auto``: BF16 on a CPU with native bf16, FP32 elsewhere, so the same
@@ -21,6 +23,7 @@ import math
 import re
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,11 +33,13 @@ from ops import localstack as run_stack
 from ops.procs import REPO, free_port
 
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]
 MODELS = REPO / "models"
 BLOCK_RE = re.compile(
     r"```bash\n(?P<cmd>curl [^\n]*localhost:8000[^\n]*)\n```\s*\n```json\n(?P<answer>.*?)\n```",
     re.S,
 )
+PYTHON_RE = re.compile(r"```python\n(?P<code>.*?)\n```", re.S)
 VECTOR_RTOL = 0.1
 SCALAR_RTOL = 0.05
 README_DECIMALS = 4  # answers in the README are rounded to this many decimals
@@ -42,8 +47,22 @@ ROUNDING = 0.5 * 10.0**-README_DECIMALS
 
 
 def readme_examples() -> list[tuple[str, str]]:
-    """Return (curl command, shown answer) pairs from the README."""
-    return [(m["cmd"], m["answer"]) for m in BLOCK_RE.finditer(README.read_text(encoding="utf-8"))]
+    """Return (curl command, shown answer) pairs from the README and the docs, each once."""
+    found: dict[str, str] = {}
+    for page in PAGES:
+        for m in BLOCK_RE.finditer(page.read_text(encoding="utf-8")):
+            found.setdefault(m["cmd"], m["answer"])
+    return list(found.items())
+
+
+def python_examples() -> list[tuple[str, str]]:
+    """Return (page, code) for every Python block of the README and docs that calls the stack."""
+    return [
+        (str(page.relative_to(REPO)), m["code"])
+        for page in PAGES
+        for m in PYTHON_RE.finditer(page.read_text(encoding="utf-8"))
+        if "localhost:8000" in m["code"]
+    ]
 
 
 def is_number(value: Any) -> bool:
@@ -126,6 +145,24 @@ def test_readme_example_gives_the_answer_it_shows(
     ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
     matches(json.loads(answer), json.loads(out))
+
+
+@pytest.mark.parametrize(
+    "page,code", python_examples(), ids=lambda v: v.splitlines()[0][:40] if "\n" in v else v
+)
+def test_python_example_runs_against_the_stack(
+    stack: run_stack.Ports, page: str, code: str
+) -> None:
+    program = code.replace("localhost:8000", f"127.0.0.1:{stack.gateway}")
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, f"{page}: {done.stderr[-2000:]}"
+
+
+def test_the_readme_and_docs_show_python_clients() -> None:
+    pages = {page for page, _ in python_examples()}
+    assert "README.md" in pages, "the README's client snippets are gone"
 
 
 @pytest.mark.parametrize(

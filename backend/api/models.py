@@ -1,4 +1,4 @@
-"""The inference and model-status routes (DESIGN.md contract 3)."""
+"""The inference and model-status routes (docs/architecture.md, contract 3)."""
 
 from __future__ import annotations
 

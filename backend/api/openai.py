@@ -1,6 +1,6 @@
 """OpenAI-compatible routes: ``POST /v1/embeddings`` and ``GET /v1/models``.
 
-Thin translators (DESIGN.md, "other request shapes"): the request becomes the same
+Thin translators (docs/guides/clients-and-keys.md): the request becomes the same
 ``Gateway.embeddings`` call ``:embed`` makes (resolve the version, tokenize, bucket, call,
 normalize), under the same limits, and errors answer in OpenAI's shape
 (``{"error": {"message", "type", "param", "code"}}``) so the SDKs raise their usual exceptions.

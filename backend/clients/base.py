@@ -1,4 +1,7 @@
-"""The upstream client interface (DESIGN.md contract 2) and the error mapping all transports use."""
+"""The upstream client interface (docs/architecture.md, contract 2) and the error mapping of all.
+
+Every transport (grpc, rest, local) implements ``PredictClient`` and maps its errors here.
+"""
 
 from __future__ import annotations
 

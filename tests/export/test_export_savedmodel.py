@@ -1,4 +1,4 @@
-"""The version directory honours DESIGN.md contract 1 and uses only standard TensorFlow ops."""
+"""A version directory honours contract 1 of docs/architecture.md, with standard TensorFlow ops."""
 
 from __future__ import annotations
 

@@ -1,0 +1,392 @@
+"""Generate the reference parts of docs/ from the code: `make docs` runs it; `--check` compares.
+
+What it writes, each between ``<!-- BEGIN generated: NAME -->`` and ``<!-- END generated: NAME -->``
+markers in a page whose prose is hand-written, or as a whole file:
+
+- docs/reference/configuration.md: every GATEWAY_* setting of ``backend/settings.py`` (name,
+  default, type) and every GATEWAY_* variable ``docker/gunicorn.conf.py`` reads, with its meaning;
+- docs/reference/http-api.md: every route of the gateway's Flask ``url_map``;
+  docs/reference/openapi.json: the OpenAPI document the gateway serves (default settings);
+- docs/reference/metrics.md: every metric of ``backend/metrics.py`` (name, type, labels, help) and
+  every TF-Serving metric ``modelserver/`` records, with the labels it records them with;
+- docs/reference/cli.md and docs/reference/model-server.md: the ``--help`` of every command line;
+- results/summary.md: regenerated from the run files under results/runs/ (benchmarks/runs.py).
+
+A setting without a meaning in ``SETTING_MEANINGS`` below is an error: say what it does here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from backend import metrics as gateway_metrics
+from backend.app import create_app
+from backend.openapi import openapi_document
+from backend.settings import ENV_NAMES, Settings, load_settings
+from benchmarks import runs
+from ops.procs import REPO
+
+DOCS = REPO / "docs"
+REFERENCE = DOCS / "reference"
+GUNICORN_CONF = REPO / "docker" / "gunicorn.conf.py"
+MODELSERVER = REPO / "modelserver"
+
+# What each setting means. backend/settings.py owns names, types and defaults; this owns the words.
+SETTING_MEANINGS: dict[str, str] = {
+    "GATEWAY_UPSTREAM": "`grpc`, `rest` or `local` (in-process predictor; that one imports "
+    "TensorFlow)",
+    "GATEWAY_TFS_GRPC": "model server gRPC target; several replicas with gRPC's own naming "
+    "(`dns:///tf-serving-headless:8500`, `ipv4:10.0.0.5:8500,10.0.0.6:8500`), each call to one "
+    "that reported its version "
+    "([replicas](../guides/model-lifecycle.md#several-model-server-replicas))",
+    "GATEWAY_TFS_REST": "model server REST base URL; several replicas as a comma-separated list "
+    "(the same replica rules)",
+    "GATEWAY_MODEL_BASE_PATH": "the model tree the model server reads (vocabularies and "
+    "`model.json` come from here)",
+    "GATEWAY_MODEL_CONFIG_FILE": "the serving config (`models.config`); version labels are read "
+    "from it",
+    "GATEWAY_DEFAULT_MODEL": "the model `/readyz` checks",
+    "GATEWAY_TIMEOUT_S": "whole-request deadline; past it the answer is 504",
+    "GATEWAY_STATUS_CACHE_S": "how long version states from the model server are cached (then the "
+    "last answer, up to twice this old, is served while one refresh runs; an older one is "
+    "refetched first)",
+    "GATEWAY_STATUS_DEADLINE_S": "one deadline for asking every replica its version states; a "
+    "replica slower than that while others answer gets no calls until it answers in time",
+    "GATEWAY_LABELS_CACHE_S": "how often a worker re-reads the config file for labels, the routing "
+    "file and the API keys file (their content: a stat() can hide a change on NFS)",
+    "GATEWAY_MAX_BATCH": "texts per upstream call",
+    "GATEWAY_MAX_CONCURRENT_CHUNKS": "upstream calls in flight per request",
+    "GATEWAY_MAX_BODY_BYTES": "larger bodies get 413",
+    "GATEWAY_MAX_TEXTS": "more texts get 413",
+    "GATEWAY_MAX_TEXT_CHARS": "longer texts get 422",
+    "GATEWAY_BUCKETING": "pad length-sorted chunks to 16/32/64/… buckets (`0`: pad to the longest)",
+    "GATEWAY_GRPC_RETRIES": "retries (with jitter) on UNAVAILABLE only",
+    "GATEWAY_RETRY_AFTER_S": "the `Retry-After` of a 503",
+    "GATEWAY_DEBUG_ENDPOINTS": "`/debug/modules` (the tests use it to prove workers never load "
+    "TensorFlow)",
+    "GATEWAY_API_KEYS_FILE": "a file of named API keys (`python -m ops.apikeys` writes it); empty: "
+    "no keys asked for ([clients and keys](../guides/clients-and-keys.md))",
+    "GATEWAY_METRICS_REQUIRE_KEY": "`/metrics` asks for an API key too (when keys are on)",
+    "GATEWAY_DEFAULT_SPEED": "early-exit models: the `speed` of a request that gives none (0 = the "
+    "full model … 1 = the earliest exit); unset: the model's own `early_exit.default_speed` from "
+    "`model.json`, else 0",
+    "GATEWAY_ROUTING_FILE": "weights and shadow per model ([rollouts](../guides/rollouts.md)); "
+    "empty: `routing.yaml` beside the serving config",
+    "GATEWAY_SHADOW_QUEUE": "shadow requests that may wait per worker behind the one running; more "
+    'are dropped and counted (`gateway_shadow_requests_total{outcome="dropped"}`)',
+    "GATEWAY_SHADOW_TIMEOUT_S": "deadline of one shadow call",
+    "GATEWAY_SHADOW_TFS_GRPC": "model servers of the shadow's own (the same forms as "
+    "`GATEWAY_TFS_GRPC`): shadow calls go there, with their own version states, so they never "
+    "queue beside clients' calls; empty: the clients' model servers",
+    "GATEWAY_SHADOW_TFS_REST": "the same for the REST upstream (the same forms as "
+    "`GATEWAY_TFS_REST`)",
+    "GATEWAY_GROUP_IN_FLIGHT": "upstream calls of one kind (model, version, length bucket) a "
+    "worker runs at once; requests that arrive meanwhile share the next call, up to "
+    "`GATEWAY_MAX_BATCH` rows (no timer: a lone request never waits); `0`: every request calls "
+    "alone",
+    # docker/gunicorn.conf.py
+    "GATEWAY_BIND": "the address gunicorn listens on",
+    "GATEWAY_WORKERS": "gunicorn worker processes (default: the CPU cores this process may use)",
+    "GATEWAY_THREADS": "threads per worker (they overlap requests waiting upstream)",
+    "GATEWAY_WORKER_CLASS": "gunicorn's worker class (default "
+    "`backend.httpworker.LingeringThreadWorker`; `gthread` is gunicorn's own)",
+    "GATEWAY_ACCESS_LOG": "where the JSON access log goes (`-`: stdout; empty turns it off)",
+    "GATEWAY_LOG_LEVEL": "gunicorn's log level",
+    "GATEWAY_CONTROL_SOCKET": "the path of gunicorn's control socket (off unless set)",
+}
+# Defaults of the variables docker/gunicorn.conf.py reads (it has no settings object to ask).
+GUNICORN_DEFAULTS: dict[str, str] = {
+    "GATEWAY_BIND": "`0.0.0.0:8000`",
+    "GATEWAY_WORKERS": "(cores)",
+    "GATEWAY_THREADS": "`8`",
+    "GATEWAY_WORKER_CLASS": "(lingering gthread)",
+    "GATEWAY_ACCESS_LOG": "`-`",
+    "GATEWAY_LOG_LEVEL": "`info`",
+    "GATEWAY_CONTROL_SOCKET": "(none)",
+}
+
+# Command lines whose --help goes into docs/reference/cli.md: (what a user types, python's argv).
+PYTHON_MODULES: list[tuple[str, list[str]]] = [
+    ("python -m export build", ["-m", "export", "build"]),
+    ("python -m export inspect", ["-m", "export", "inspect"]),
+    ("python -m export verify", ["-m", "export", "verify"]),
+    ("python -m finetune", ["-m", "finetune"]),
+    ("python -m finetune distill-exits", ["-m", "finetune", "distill-exits"]),
+    ("python -m finetune.demo", ["-m", "finetune.demo"]),
+    ("python -m finetune.heads_demo", ["-m", "finetune.heads_demo"]),
+    ("python -m ops.apikeys", ["-m", "ops.apikeys"]),
+    ("python -m ops.apikeys add", ["-m", "ops.apikeys", "add"]),
+    ("python -m ops.apikeys remove", ["-m", "ops.apikeys", "remove"]),
+    ("python -m ops.tfs_ready", ["-m", "ops.tfs_ready"]),
+]
+MODEL_SERVER: tuple[str, list[str]] = ("python -m modelserver", ["-m", "modelserver"])
+
+
+def block(name: str, body: str) -> str:
+    """Return ``body`` between the markers of the generated block ``name``."""
+    return (
+        f"<!-- BEGIN generated: {name} "
+        "(scripts/gen_docs.py; change the code, then `make docs`) -->\n"
+        f"{body.rstrip()}\n<!-- END generated: {name} -->"
+    )
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """Return ``text`` with its generated block ``name`` replaced by ``body``."""
+    key = re.escape(name)
+    pattern = re.compile(
+        rf"<!-- BEGIN generated: {key} .*?-->\n.*?<!-- END generated: {key} -->", re.S
+    )
+    if not pattern.search(text):
+        raise SystemExit(f"no generated block {name!r} in the page: add its two markers")
+    return pattern.sub(lambda _: block(name, body), text, count=1)
+
+
+def _default(value: Any) -> str:
+    if value is None or value == "":
+        return "(none)"
+    if isinstance(value, bool):
+        return f"`{int(value)}`"
+    if isinstance(value, float) and value.is_integer():
+        return f"`{int(value)}`"
+    return f"`{value}`"
+
+
+def gunicorn_variables() -> list[str]:
+    """Return the GATEWAY_* variables docker/gunicorn.conf.py reads, in file order."""
+    found = re.findall(r"environ(?:\.get\()?\[?\(?\"(GATEWAY_[A-Z_]+)\"", GUNICORN_CONF.read_text())
+    return list(dict.fromkeys(found))
+
+
+def settings_rows() -> list[tuple[str, str, str, str]]:
+    """Return (variable, default, type, meaning) for every GATEWAY_* setting the gateway reads."""
+    defaults = Settings()
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(Settings)}
+    rows = []
+    for env, field in ENV_NAMES.items():
+        kind = kinds[field].replace("float | None", "float or unset")
+        rows.append((env, _default(getattr(defaults, field)), kind, SETTING_MEANINGS.get(env, "")))
+    for env in gunicorn_variables():
+        if env in ENV_NAMES:
+            continue
+        rows.append(
+            (env, GUNICORN_DEFAULTS.get(env, "?"), "gunicorn", SETTING_MEANINGS.get(env, ""))
+        )
+    missing = [env for env, _, _, meaning in rows if not meaning]
+    if missing:
+        raise SystemExit(f"say what {missing} mean in scripts/gen_docs.py SETTING_MEANINGS")
+    return rows
+
+
+def configuration_table() -> str:
+    """Return the markdown table of every setting."""
+    lines = ["| variable | default | type | meaning |", "|---|---|---|---|"]
+    lines += [
+        f"| `{env}` | {default} | {kind} | {meaning} |"
+        for env, default, kind, meaning in settings_rows()
+    ]
+    return "\n".join(lines)
+
+
+def route_rows() -> list[tuple[str, str, str]]:
+    """Return (path as in OpenAPI, methods, summary) for every route of the gateway."""
+    app = create_app({"GATEWAY_DEBUG_ENDPOINTS": "1"})
+    paths = openapi_document(load_settings({}))["paths"]
+    rows = []
+    for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
+        methods = sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
+        operations = paths.get(path, {})
+        summary = next(
+            (op.get("summary", "") for m, op in operations.items() if m.upper() in methods), ""
+        )
+        if not operations:
+            summary = (
+                summary or "not in the OpenAPI document (off unless `GATEWAY_DEBUG_ENDPOINTS=1`)"
+            )
+        rows.append((path, ", ".join(methods), summary))
+    return rows
+
+
+def routes_table() -> str:
+    """Return the markdown table of every route."""
+    lines = ["| route | methods | what it does |", "|---|---|---|"]
+    lines += [f"| `{path}` | {methods} | {summary} |" for path, methods, summary in route_rows()]
+    return "\n".join(lines)
+
+
+def openapi_text() -> str:
+    """Return the gateway's OpenAPI document under default settings, as committed."""
+    return json.dumps(openapi_document(load_settings({})), indent=2, ensure_ascii=False) + "\n"
+
+
+def gateway_metric_rows() -> list[tuple[str, str, str, str]]:
+    """Return (exposed name, type, labels, help) for every metric in backend/metrics.py."""
+    rows = []
+    for value in vars(gateway_metrics).values():
+        kind = getattr(value, "_type", None)
+        name = getattr(value, "_name", None)
+        if kind is None or name is None or not hasattr(value, "_labelnames"):
+            continue
+        exposed = f"{name}_total" if kind == "counter" else name
+        labels = ", ".join(f"`{label}`" for label in value._labelnames) or "—"
+        text = " ".join(value._documentation.split()).replace("|", "\\|")
+        rows.append((exposed, kind, labels, text))
+    return sorted(rows)
+
+
+def modelserver_metric_rows() -> list[tuple[str, str, str, str]]:
+    """Return (name, type, labels, recorded in) for each metric modelserver/ records.
+
+    Read from the source: every ``inc(NAME, ((label, value), ...))`` and ``observe(...)`` call
+    (its Metrics registry names its series at the call, not at declaration).
+    """
+    names = {}
+    tree = ast.parse((MODELSERVER / "metrics.py").read_text())
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Constant):
+            target = statement.targets[0]
+            value = str(statement.value.value)
+            if isinstance(target, ast.Name) and value.startswith(":tensorflow"):
+                names[target.id] = value
+    found: dict[str, tuple[str, set[str], set[str]]] = {}
+    for path in sorted(MODELSERVER.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr not in ("inc", "observe") or len(node.args) < 2:
+                continue
+            first = node.args[0]
+            if not (isinstance(first, ast.Name) and first.id in names):
+                continue
+            kind = "counter" if node.func.attr == "inc" else "histogram"
+            labels = {
+                element.elts[0].value
+                for element in getattr(node.args[1], "elts", [])
+                if isinstance(element, ast.Tuple) and isinstance(element.elts[0], ast.Constant)
+            }
+            entry = found.setdefault(names[first.id], (kind, set(), set()))
+            entry[1].update(str(label) for label in labels)
+            entry[2].add(f"`modelserver/{path.name}`")
+    return [
+        (
+            name,
+            kind,
+            ", ".join(f"`{label}`" for label in sorted(labels)) or "—",
+            ", ".join(sorted(where)),
+        )
+        for name, (kind, labels, where) in sorted(found.items())
+    ]
+
+
+def metrics_tables() -> tuple[str, str]:
+    """Return the gateway's and the model server's metric tables."""
+    gateway = ["| metric | type | labels | what it counts |", "|---|---|---|---|"]
+    gateway += [f"| `{n}` | {k} | {labels} | {h} |" for n, k, labels, h in gateway_metric_rows()]
+    server = ["| metric | type | labels | recorded in |", "|---|---|---|---|"]
+    server += [f"| `{n}` | {k} | {labels} | {w} |" for n, k, labels, w in modelserver_metric_rows()]
+    return "\n".join(gateway), "\n".join(server)
+
+
+def script_entry_points() -> list[tuple[str, list[str]]]:
+    """Return (command, argv) for every script in scripts/ that takes --help."""
+    found = []
+    for path in sorted((REPO / "scripts").glob("*.py")):
+        found.append((f"python scripts/{path.name}", [f"scripts/{path.name}"]))
+    return found
+
+
+def help_text(argv: list[str]) -> str:
+    """Return the --help output of ``python argv``, wrapped at 100 columns, paths relative."""
+    env = dict(os.environ, COLUMNS="100", PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run(
+        [sys.executable, *argv, "--help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    return out.replace(str(REPO) + "/", "").replace(str(REPO), ".").rstrip() + "\n"
+
+
+def cli_entry_points() -> list[tuple[str, list[str]]]:
+    """Return every command line cli.md documents."""
+    return PYTHON_MODULES + script_entry_points()
+
+
+def all_helps() -> dict[str, str]:
+    """Return command -> --help output for cli.md's commands and the model server."""
+    commands = [*cli_entry_points(), MODEL_SERVER]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        outputs = pool.map(lambda item: help_text(item[1]), commands)
+        return {command: text for (command, _), text in zip(commands, outputs, strict=True)}
+
+
+def cli_body(helps: dict[str, str]) -> str:
+    """Return every command's --help, one section each."""
+    parts = []
+    for command, _ in cli_entry_points():
+        parts.append(f"### `{command}`\n\n```text\n{helps[command]}```\n")
+    return "\n".join(parts)
+
+
+def generated_pages(helps: dict[str, str] | None = None) -> dict[Path, str]:
+    """Return path -> the text it must have, for every page this script generates."""
+    helps = all_helps() if helps is None else helps
+    gateway_table, server_table = metrics_tables()
+    blocks = {
+        REFERENCE / "configuration.md": {"settings": configuration_table()},
+        REFERENCE / "http-api.md": {"routes": routes_table()},
+        REFERENCE / "metrics.md": {
+            "gateway-metrics": gateway_table,
+            "modelserver-metrics": server_table,
+        },
+        REFERENCE / "cli.md": {"cli": cli_body(helps)},
+        REFERENCE / "model-server.md": {
+            "modelserver-help": f"```text\n{helps[MODEL_SERVER[0]]}```"
+        },
+    }
+    pages = {}
+    for path, named in blocks.items():
+        text = path.read_text(encoding="utf-8")
+        for name, body in named.items():
+            text = replace_block(text, name, body)
+        pages[path] = text
+    pages[REFERENCE / "openapi.json"] = openapi_text()
+    pages[runs.SUMMARY] = runs.render_summary(runs.RUNS_DIR)
+    return pages
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a page is stale"
+    )
+    args = parser.parse_args()
+    stale = []
+    for path, text in generated_pages().items():
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        stale.append(str(path.relative_to(REPO)))
+        if not args.check:
+            path.write_text(text, encoding="utf-8")
+    verb = "stale (run `make docs`)" if args.check else "written"
+    print(f"{verb}: {', '.join(stale)}" if stale else "docs: every generated page is current")
+    return 1 if (args.check and stale) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""Benchmark results that stay true (benchmarks/runs.py): a run adds a dated file per CPU class and
+the summary is made from the run files; nothing hand-written is overwritten; no machine paths."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from benchmarks import runs
+
+TABLE = """| figure | value | ratio | aim | CPU | how measured |
+|---|---|---|---|---|---|
+| gateway overhead p50 | {p50} | 1.7× the floor | ≤ 1.5× | {cpu} | 300 calls |
+| bucketing vs padding | 36 texts/s | 2.07× | ≥ 1.25× | {cpu} | 256 texts |
+"""
+
+
+def write(runs_dir: Path, when: dt.datetime, cpu: str, p50: str, machine: str = "AMD EPYC") -> Path:
+    body = TABLE.format(p50=p50, cpu=cpu)
+    return runs.write_run(runs_dir, when, cpu, "bench", machine, "python scripts/bench.py", body)
+
+
+def test_each_run_gets_its_own_dated_file_per_cpu_class(tmp_path: Path) -> None:
+    when = dt.datetime(2026, 11, 26, 21, 5, tzinfo=dt.UTC)
+    first = write(tmp_path, when, "AVX2", "1.94 ms")
+    second = write(tmp_path, when, "AVX2", "1.90 ms")  # the same minute: a second file
+    other = write(tmp_path, when, "AVX-512 + bf16", "1.20 ms")
+    assert [p.name for p in (first, second, other)] == [
+        "2026-11-26-2105-avx2-bench.md",
+        "2026-11-26-2105-avx2-bench-2.md",
+        "2026-11-26-2105-avx512-bf16-bench.md",
+    ]
+    assert "1.94 ms" in first.read_text() and "1.90 ms" in second.read_text()
+
+
+def test_nothing_hand_written_is_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    curated = tmp_path / "2026-11-26-2105-avx2-bench.md"
+    curated.write_text("a page someone wrote by hand\n")
+    when = dt.datetime(2026, 11, 26, 21, 5, tzinfo=dt.UTC)
+    path = write(tmp_path, when, "AVX2", "1.94 ms")
+    assert path != curated and curated.read_text() == "a page someone wrote by hand\n"
+    # even handed an existing name, the writer refuses rather than overwrite
+    monkeypatch.setattr(runs, "run_path", lambda *args, **kwargs: curated)
+    with pytest.raises(FileExistsError):
+        write(tmp_path, when, "AVX2", "1.50 ms")
+    assert curated.read_text() == "a page someone wrote by hand\n"
+
+
+def test_the_summary_holds_the_newest_value_of_each_figure_per_class(tmp_path: Path) -> None:
+    write(tmp_path, dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC), "AVX2", "2.10 ms")
+    write(tmp_path, dt.datetime(2026, 11, 25, 9, 0, tzinfo=dt.UTC), "AVX2", "1.94 ms")
+    write(tmp_path, dt.datetime(2026, 11, 24, 9, 0, tzinfo=dt.UTC), "AVX-512 + bf16", "1.20 ms")
+    (tmp_path / "notes.md").write_text("# not a run file: no header, no table\n")
+    summary = runs.write_summary(tmp_path, tmp_path.parent / "summary.md").read_text()
+    avx2 = summary.split("## AVX2", 1)[1]
+    assert "1.94 ms" in avx2 and "2.10 ms" not in avx2
+    assert "[2026-11-25-0900-avx2-bench.md](runs/2026-11-25-0900-avx2-bench.md)" in avx2
+    assert "1.20 ms" in summary.split("## AVX-512 + bf16", 1)[1].split("## AVX2", 1)[0]
+    # regenerated from the files: the same text every time
+    assert runs.render_summary(tmp_path) == summary
+
+
+def test_run_files_carry_no_machine_paths(tmp_path: Path) -> None:
+    repo = runs.REPO
+    machine = f"AMD EPYC; model {repo}/run/finetune-demo/tickets-v1; venv /home/ci/.venv/lib"
+    path = write(tmp_path, dt.datetime(2026, 11, 26, tzinfo=dt.UTC), "AVX2", "1 ms", machine)
+    text = path.read_text()
+    assert "run/finetune-demo/tickets-v1" in text
+    assert str(repo) not in text and "/home/" not in text and "/root/" not in text
+
+
+def test_the_committed_summary_is_what_the_run_files_give() -> None:
+    assert runs.SUMMARY.read_text(encoding="utf-8") == runs.render_summary(runs.RUNS_DIR)

@@ -1,0 +1,294 @@
+"""The documents are a reference: complete against the code, current, closed on the repository.
+
+- Every GATEWAY_* setting, metric (with its labels), HTTP route and CLI flag appears in its
+  reference page; the generated parts (scripts/gen_docs.py, `make docs`) are what the code
+  generates now.
+- Every link in the README, CHANGELOG and docs/ resolves inside the repository (anchors included);
+  none points outside it. Every `make` target the documents name exists, and every flag a documented
+  command line passes is one its command takes.
+- The README stays a front page (≤ 12 KB); committed results and docs carry no machine's paths.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import subprocess
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from backend.settings import ENV_NAMES
+from ops.procs import REPO
+
+DOCS = REPO / "docs"
+REFERENCE = DOCS / "reference"
+PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+README_LIMIT = 12 * 1024
+
+
+@cache
+def gen_docs() -> ModuleType:
+    """Return scripts/gen_docs.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gen_docs", REPO / "scripts" / "gen_docs.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
+def helps() -> dict[str, str]:
+    """Return every documented command's --help, as the code prints it now."""
+    result: dict[str, str] = gen_docs().all_helps()
+    return result
+
+
+def page(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+# --- the README ---------------------------------------------------------------------------------
+
+
+def test_the_readme_fits_on_a_few_screens() -> None:
+    size = len((REPO / "README.md").read_bytes())
+    assert size <= README_LIMIT, f"README.md is {size} bytes: move detail into docs/"
+
+
+# --- complete against the code ------------------------------------------------------------------
+
+
+def test_every_setting_is_in_the_configuration_reference() -> None:
+    text = page(REFERENCE / "configuration.md")
+    names = [*ENV_NAMES, *gen_docs().gunicorn_variables()]
+    missing = [name for name in names if f"| `{name}` |" not in text]
+    assert not missing, f"settings missing from docs/reference/configuration.md: {missing}"
+
+
+def test_every_gateway_metric_and_its_labels_are_in_the_metrics_reference() -> None:
+    text = page(REFERENCE / "metrics.md")
+    rows = gen_docs().gateway_metric_rows() + gen_docs().modelserver_metric_rows()
+    assert len(rows) > 20
+    for name, _, labels, _ in rows:
+        line = next((ln for ln in text.splitlines() if ln.startswith(f"| `{name}` |")), None)
+        assert line is not None, f"metric {name} missing from docs/reference/metrics.md"
+        assert labels in line, f"{name}: labels {labels} not in its row: {line}"
+
+
+def test_every_route_is_in_the_http_reference_and_the_committed_openapi() -> None:
+    text = page(REFERENCE / "http-api.md")
+    committed = json.loads(page(REFERENCE / "openapi.json"))["paths"]
+    for path, methods, summary in gen_docs().route_rows():
+        assert f"| `{path}` | {methods} |" in text, f"route {path} missing from http-api.md"
+        if "not in the OpenAPI document" not in summary:
+            assert path in committed, f"route {path} missing from docs/reference/openapi.json"
+
+
+def test_every_cli_flag_is_in_the_cli_reference() -> None:
+    documented = page(REFERENCE / "cli.md") + page(REFERENCE / "model-server.md")
+    for command, text in helps().items():
+        flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", text))
+        missing = sorted(flag for flag in flags if flag not in documented)
+        assert not missing, f"{command}: flags missing from docs/reference: {missing}"
+
+
+def test_every_model_json_key_the_exporter_writes_is_in_the_model_format_reference() -> None:
+    text = page(REFERENCE / "model-format.md")
+    keys: set[str] = set()
+    for source in (REPO / "export" / "build.py", REPO / "modelformat" / "heads.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "info"
+                and isinstance(node.value, ast.Dict)
+            ):
+                keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "info"
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.slice, ast.Constant)
+            ):
+                keys.add(node.slice.value)
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "update":
+                keys |= {kw.arg for kw in node.keywords if kw.arg}
+    for demo in sorted((REPO / "models").glob("*/*/assets/model.json")):
+        keys |= set(json.loads(demo.read_text(encoding="utf-8")))
+    assert {"task", "bucket_signatures", "early_exit", "thresholds"} <= keys
+    missing = sorted(key for key in keys if f"`{key}`" not in text)
+    assert not missing, f"model.json keys missing from docs/reference/model-format.md: {missing}"
+
+
+# --- current ------------------------------------------------------------------------------------
+
+
+def test_the_generated_reference_is_current() -> None:
+    stale = [
+        str(path.relative_to(REPO))
+        for path, text in gen_docs().generated_pages(helps()).items()
+        if not path.exists() or path.read_text(encoding="utf-8") != text
+    ]
+    assert not stale, f"stale generated docs (run `make docs`): {stale}"
+
+
+def test_a_missing_setting_meaning_stops_the_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = gen_docs()
+    monkeypatch.delitem(module.SETTING_MEANINGS, "GATEWAY_TIMEOUT_S")
+    with pytest.raises(SystemExit, match="GATEWAY_TIMEOUT_S"):
+        module.settings_rows()
+
+
+def test_a_setting_missing_from_the_page_is_found(tmp_path: Path) -> None:
+    """The check above bites: the page without one setting's row is stale and incomplete."""
+    text = page(REFERENCE / "configuration.md")
+    cut = "".join(ln for ln in text.splitlines(True) if "`GATEWAY_ROUTING_FILE`" not in ln)
+    assert cut != text
+    assert gen_docs().replace_block(cut, "settings", gen_docs().configuration_table()) == text
+
+
+# --- closed on the repository --------------------------------------------------------------------
+
+
+def slugs(markdown: str) -> set[str]:
+    """Return the anchors GitHub gives the headings of a page."""
+    found = set()
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not line.startswith("#"):
+            continue
+        title = line.lstrip("#").strip().lower()
+        found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page(path), flags=re.S)
+    return [a or b for a, b in LINK.findall(text)]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_link_resolves_inside_the_repository(path: Path) -> None:
+    broken = []
+    for target in links(path):
+        if re.match(r"[a-z]+:", target):
+            broken.append(f"{target} (outside the repository)")
+            continue
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file).resolve() if file else path
+        if not resolved.exists() or not resolved.is_relative_to(REPO):
+            broken.append(target)
+        elif anchor and resolved.suffix == ".md" and anchor not in slugs(page(resolved)):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, f"{path.relative_to(REPO)}: {broken}"
+
+
+def test_nothing_points_at_documents_outside_the_repository() -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    pattern = re.compile(r"DESIGN\.md|\.\./shared/|shared/reference")
+    hits = [
+        name
+        for name in tracked
+        if name.endswith((".py", ".md", ".yaml", ".txt", ".config", "Makefile"))
+        and name != "tests/test_docs.py"
+        and (REPO / name).is_file()
+        and pattern.search((REPO / name).read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert not hits, f"pointers outside the repository (point into docs/ instead): {hits}"
+
+
+def test_no_machine_paths_in_committed_results_and_docs() -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files", "results", "docs", "README.md", "CHANGELOG.md"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    pattern = re.compile(r"(?<![\w.])/(?:work|root|home)/")
+    hits = [
+        name
+        for name in tracked
+        if not name.endswith(".png")
+        and (REPO / name).is_file()
+        and pattern.search((REPO / name).read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert not hits, f"machine paths in committed files: {hits}"
+
+
+# --- the commands the documents show -------------------------------------------------------------
+
+
+def code_lines() -> list[tuple[str, str]]:
+    """Return (page, command line) for every line of every code block, continuations joined."""
+    found = []
+    for path in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for block in re.findall(r"```(?:bash|sh|text)?\n(.*?)```", page(path), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                found.append((str(path.relative_to(REPO)), line.split("#")[0].strip()))
+    return found
+
+
+def make_targets() -> set[str]:
+    makefile = page(REPO / "Makefile")
+    return set(re.findall(r"^([a-zA-Z][\w-]*):", makefile, re.M))
+
+
+def test_every_make_target_the_documents_name_exists() -> None:
+    targets = make_targets()
+    named = set()
+    for path in PAGES:
+        named |= set(re.findall(r"`make ([a-z][\w-]*)", page(path)))
+    for _, line in code_lines():
+        named |= set(re.findall(r"^make ([a-z][\w-]*)", line))
+    assert named, "no make targets found in the documents"
+    assert not sorted(named - targets), f"make targets that do not exist: {sorted(named - targets)}"
+
+
+def documented_command(line: str) -> str | None:
+    """Return the cli.md command a command line runs, or None when it is not one of ours."""
+    commands = sorted(helps(), key=len, reverse=True)
+    words = line.replace(".venv/bin/python", "python").replace("python3", "python")
+    for command in commands:
+        if re.search(rf"(?:^|\s){re.escape(command)}(?:\s|$)", words):
+            return command
+    return None
+
+
+def test_every_flag_a_documented_command_passes_is_one_it_takes() -> None:
+    checked = 0
+    wrong = []
+    for where, line in code_lines():
+        command = documented_command(line)
+        if command is None:
+            continue
+        own = line.split(" -- ", 1)[0]  # after `--`, flags go to another command (the exporter)
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", own):
+            checked += 1
+            if flag not in helps()[command]:
+                wrong.append(f"{where}: {command} {flag}")
+    assert checked > 20, "the documents' command lines were not found"
+    assert not wrong, f"flags the command does not take: {wrong}"
+
+
+def test_the_documented_scripts_and_modules_exist() -> None:
+    missing = []
+    for where, line in code_lines():
+        for script in re.findall(r"scripts/[\w-]+\.(?:py|sh)", line):
+            if not (REPO / script).is_file():
+                missing.append(f"{where}: {script}")
+        for module in re.findall(r"python -m ([\w.]+)", line.replace(".venv/bin/python", "python")):
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{where}: {module}")
+    assert not missing, missing
