@@ -46,7 +46,7 @@ LOWER_IS_WORSE = (
     "token_agreement", "exit_agreement", "decisive_exit_agreement",
 )  # fmt: skip
 # The speed an early-exit export is gated at when its default is 0 (which never exits): the speed
-# the README quotes (the fastest within a point of the full model on the demo).
+# docs/guides/early-exits.md quotes (the fastest within a point of the full model on the demo).
 EXIT_GATE_SPEED = 0.8
 # A row is an exit tie when an FP32 normalised entropy at a layer up to its exit is closer than
 # this to the exit threshold (its speed mapped through the checkpoint's calibration): 16-bit
