@@ -109,7 +109,7 @@ def test_every_model_json_key_the_exporter_writes_is_in_the_model_format_referen
                 and node.targets[0].id == "info"
                 and isinstance(node.value, ast.Dict)
             ):
-                keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                keys |= {str(k.value) for k in node.value.keys if isinstance(k, ast.Constant)}
             if (
                 isinstance(node, ast.Subscript)
                 and isinstance(node.value, ast.Name)
@@ -117,7 +117,7 @@ def test_every_model_json_key_the_exporter_writes_is_in_the_model_format_referen
                 and isinstance(node.ctx, ast.Store)
                 and isinstance(node.slice, ast.Constant)
             ):
-                keys.add(node.slice.value)
+                keys.add(str(node.slice.value))
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "update":
                 keys |= {kw.arg for kw in node.keywords if kw.arg}
     for demo in sorted((REPO / "models").glob("*/*/assets/model.json")):
