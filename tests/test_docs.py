@@ -292,3 +292,24 @@ def test_the_documented_scripts_and_modules_exist() -> None:
             if importlib.util.find_spec(module) is None:
                 missing.append(f"{where}: {module}")
     assert not missing, missing
+
+
+def test_the_drills_page_counts_the_drills_make_drills_runs() -> None:
+    makefile = page(REPO / "Makefile")
+    recipe = makefile.split("\ndrills:", 1)[1].split("\n\n", 1)[0]
+    scripts = re.findall(r"scripts/(\w+_drill)\.py", recipe)
+    words = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    text = page(DOCS / "operations" / "drills.md")
+    assert f"`make drills` runs {words[len(scripts)]} drills" in text
+    assert all(f"scripts/{name}.py" in text for name in scripts)
+
+
+def test_the_readme_performance_figures_are_the_performance_pages() -> None:
+    """The README's summary quotes the current table; a figure it shows must be there too."""
+    readme = page(REPO / "README.md").split("## Performance", 1)[1].split("\n## ", 1)[0]
+    current = page(DOCS / "performance" / "index.md")
+    rows = [line for line in readme.splitlines() if line.startswith("| ") and "---" not in line]
+    figures = {f for row in rows[1:] for f in re.findall(r"\d+(?:\.\d+)?×?", row)}
+    assert figures, "no figures in the README's performance table"
+    missing = sorted(f for f in figures if f not in current)
+    assert not missing, f"README figures not in docs/performance/index.md: {missing}"
