@@ -4,6 +4,8 @@ the summary is made from the run files; nothing hand-written is overwritten; no 
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,19 @@ def test_run_files_carry_no_machine_paths(tmp_path: Path) -> None:
 
 def test_the_committed_summary_is_what_the_run_files_give() -> None:
     assert runs.SUMMARY.read_text(encoding="utf-8") == runs.render_summary(runs.RUNS_DIR)
+
+
+def test_bench_writes_a_run_file_and_the_summary_where_it_is_told(tmp_path: Path) -> None:
+    """scripts/bench.py end to end on a module that fails at once: its row still lands in a new
+    run file under --runs-dir, the summary is regenerated, and results/ is left alone."""
+    before = sorted(runs.RUNS_DIR.iterdir()), runs.SUMMARY.read_text(encoding="utf-8")
+    summary = tmp_path / "summary.md"
+    done = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--only", "no_such_bench", "--runs-dir",
+         str(tmp_path / "runs"), "--summary", str(summary)],
+        cwd=runs.REPO, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    (run_file,) = (tmp_path / "runs").glob("*-bench.md")
+    assert "FAILED" in run_file.read_text() and "- cpu_class: " in run_file.read_text()
+    assert run_file.name in summary.read_text() and "run file:" in done.stdout
+    assert (sorted(runs.RUNS_DIR.iterdir()), runs.SUMMARY.read_text(encoding="utf-8")) == before
