@@ -313,3 +313,20 @@ def test_the_readme_performance_figures_are_the_performance_pages() -> None:
     assert figures, "no figures in the README's performance table"
     missing = sorted(f for f in figures if f not in current)
     assert not missing, f"README figures not in docs/performance/index.md: {missing}"
+
+
+def test_every_issue_the_repository_cites_is_in_the_changelog() -> None:
+    """A cited "issue 23" resolves: CHANGELOG.md lists it under the release that closed it."""
+    changelog = page(REPO / "CHANGELOG.md")
+    groups = re.findall(r"issues? ([\d, ]+)", changelog)
+    listed = {int(n) for group in groups for n in re.findall(r"\d+", group)}
+    cited = subprocess.run(
+        ["git", "grep", "-ohiE", r"issues? [0-9]+"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    numbers = {int(n) for n in re.findall(r"\d+", cited)}
+    assert numbers, "no issue citations found"
+    assert not sorted(numbers - listed), f"issues cited but not in CHANGELOG.md: {numbers - listed}"
