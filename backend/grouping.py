@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backend import metrics
+from backend import metrics, timing
 from backend.clients.base import Outputs
 from backend.errors import UpstreamTimeout
 
@@ -66,10 +66,18 @@ class UpstreamGroups:
         self._lanes: dict[Hashable, _Lane] = {}
 
     def call(
-        self, key: Hashable, inputs: Mapping[str, np.ndarray], send: Send, deadline: float
+        self,
+        key: Hashable,
+        inputs: Mapping[str, np.ndarray],
+        send: Send,
+        deadline: float,
+        *,
+        model: str = "",
     ) -> tuple[Outputs, int]:
         """Return (outputs for ``inputs``' rows, served version); ``send(batch, timeout_s)``
-        makes one upstream call. Raises what the shared call raised, or UpstreamTimeout."""
+        makes one upstream call. Raises what the shared call raised, or UpstreamTimeout.
+        A request that queues counts in ``gateway_requests_waiting{model}`` and its wait is
+        its ``queue`` stage (backend/timing.py)."""
         me = _Member(inputs, int(next(iter(inputs.values())).shape[0]), deadline)
         if me.rows >= self.max_rows:  # a full batch has no room to share: it goes at once
             metrics.UPSTREAM_GROUP_REQUESTS.observe(1)
@@ -82,7 +90,7 @@ class UpstreamGroups:
             else:
                 me.ready = threading.Event()
                 lane.queue.append(me)
-        if me.group is None and not self._wait(lane, me):
+        if me.group is None and not self._queued(lane, me, model):
             raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S waiting for its call")
         if me.group is not None:
             self._lead(lane, me.group, send)
@@ -90,6 +98,16 @@ class UpstreamGroups:
             raise me.error
         assert me.result is not None
         return me.result
+
+    def _queued(self, lane: _Lane, me: _Member, model: str) -> bool:
+        """``_wait``, counted in the waiting gauge and timed as the request's queue stage."""
+        waiting = metrics.child(metrics.WAITING, model)
+        waiting.inc()
+        try:
+            with timing.stage("queue"):
+                return self._wait(lane, me)
+        finally:
+            waiting.dec()
 
     def _wait(self, lane: _Lane, me: _Member) -> bool:
         """Wait until a call answered ``me`` or made it the next sender; False past its deadline."""
