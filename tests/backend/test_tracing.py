@@ -4,6 +4,7 @@ context the upstream clients send on to TF Serving."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,9 +52,14 @@ def traced(
             **gateway_env(modelserver, "grpc", model_base, config_file),
             **otel_env(endpoint),
             "GATEWAY_ROUTING_FILE": str(routing_file),
+            "GATEWAY_SHADOW_QUEUE": "8",  # the warm-up's shadows must not crowd ours out
         }
         gateway = Gateway(env, log_dir, workers=1)
-        try:
+        try:  # warm (the model server's first call on a model is slow): the traces show a warm one
+            for _ in range(3):
+                requests.post(
+                    f"{gateway.url}/v1/models/{INTENT}:classify", json={"texts": ["hi"]}, timeout=30
+                )
             yield receiver, gateway
         finally:
             gateway.stop()
@@ -102,10 +108,11 @@ def test_a_request_is_a_span_tree_joined_to_the_callers_traceparent(
     assert abs(float(timing["tokenize"]) - by_name["gateway.tokenize"].ms) < 0.01
 
     # the shadow call (v2) is a trace of its own, linked to the request it repeats
-    shadows = receiver.wait_for(
-        lambda got: any(s.name == "gateway.shadow" and s.links for s in got)
-    )
-    shadow = next(s for s in shadows if s.name == "gateway.shadow" and s.links)
+    def linked_to_ours(span: Span) -> bool:
+        return span.name == "gateway.shadow" and any(t == CALLER_TRACE for t, _ in span.links)
+
+    shadows = receiver.wait_for(lambda got: any(linked_to_ours(s) for s in got))
+    shadow = next(s for s in shadows if linked_to_ours(s))
     assert shadow.links == [(CALLER_TRACE, root.span_id)] and shadow.parent_id == ""
     assert shadow.attributes["gateway.shadow_version"] == 2
     shadow_calls = _trace(receiver, shadow.trace_id, {"tfserving.predict"})
@@ -117,7 +124,45 @@ def test_a_request_is_a_span_tree_joined_to_the_callers_traceparent(
     while CALLER_TRACE not in gateway.process.tail(200) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert f'"trace_id":"{CALLER_TRACE}"' in gateway.process.tail(200)
-    print(text_tree(spans, CALLER_TRACE, ("tfserving.version", "tfserving.rows")))
+    _figures(spans + shadow_calls, root, shadow)
+
+
+def _figures(spans: list[Span], root: Span, shadow: Span) -> None:
+    """With OBSERVABILITY_FIGURES=<dir>: the request's trace (and its linked shadow trace) as a
+    text tree (<dir>/trace.txt) and as a timeline (<dir>/trace.png)."""
+    where = os.environ.get("OBSERVABILITY_FIGURES")
+    if not where:
+        return
+    keys = ("tfserving.model", "tfserving.version", "tfserving.rows", "tfserving.replica",
+            "gateway.version", "http.response.status_code")  # fmt: skip
+    text = (
+        text_tree(spans, root.trace_id, keys)
+        + f"\n\n(linked from {root.name}, trace {shadow.trace_id[:8]}...)\n"
+        + text_tree(spans, shadow.trace_id, keys)
+    )
+    Path(where).mkdir(parents=True, exist_ok=True)
+    (Path(where) / "trace.txt").write_text(text + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mine = sorted((s for s in spans if s.trace_id == root.trace_id), key=lambda s: s.start_ns)
+    depth = {root.span_id: 0}
+    for span in mine:
+        depth.setdefault(span.span_id, depth.get(span.parent_id, -1) + 1)
+    figure, ax = plt.subplots(figsize=(10, 0.45 * len(mine) + 1))
+    for row, span in enumerate(mine):
+        start = (span.start_ns - root.start_ns) / 1e6
+        ax.barh(row, span.ms, left=start, color=f"C{depth[span.span_id]}")
+        ax.text(start, row, f" {span.name} {span.ms:.2f} ms", va="center", fontsize=8)
+    ax.set_yticks([])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the request span started")
+    ax.set_title(f"trace {root.trace_id[:8]}... of one :classify request (received over OTLP)")
+    figure.tight_layout()
+    figure.savefig(Path(where) / "trace.png", dpi=90)
+    plt.close(figure)
 
 
 def test_an_error_answer_is_recorded_on_its_request_span(traced: tuple[Receiver, Gateway]) -> None:
