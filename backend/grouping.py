@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backend import metrics, timing
+from backend import metrics, timing, tracing
 from backend.clients.base import Outputs
 from backend.errors import UpstreamTimeout
 
@@ -45,6 +45,7 @@ class _Member:
     group: list[_Member] | None = None  # set when this member must send the group
     result: tuple[Outputs, int] | None = None
     error: BaseException | None = None
+    shared: int = 1  # requests in the call that answered it
 
 
 @dataclass
@@ -94,6 +95,7 @@ class UpstreamGroups:
             raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S waiting for its call")
         if me.group is not None:
             self._lead(lane, me.group, send)
+        tracing.annotate("gateway.group_requests", me.shared)  # on the upstream stage's span
         if me.error is not None:
             raise me.error
         assert me.result is not None
@@ -131,6 +133,8 @@ class UpstreamGroups:
                 else {n: np.concatenate([m.inputs[n] for m in group]) for n in group[0].inputs}
             )
             metrics.UPSTREAM_GROUP_REQUESTS.observe(len(group))
+            for member in group:
+                member.shared = len(group)
             outputs, served = send(batch, max(m.deadline for m in group) - time.monotonic())
             if len(group) == 1:
                 group[0].result = (outputs, served)

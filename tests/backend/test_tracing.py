@@ -95,6 +95,7 @@ def test_a_request_is_a_span_tree_joined_to_the_callers_traceparent(
     assert root.attributes["gateway.model"] == INTENT and root.attributes["gateway.version"] == 1
     for stage in ("gateway.tokenize", "gateway.upstream", "gateway.postprocess"):
         assert by_name[stage].parent_id == root.span_id
+    assert by_name["gateway.upstream"].attributes["gateway.group_requests"] == 1  # went alone
     call = by_name["tfserving.predict"]
     assert call.parent_id == by_name["gateway.upstream"].span_id and call.kind == CLIENT
     assert call.attributes["tfserving.model"] == INTENT
