@@ -260,3 +260,26 @@ def test_without_otel_variables_nothing_of_opentelemetry_is_imported(tmp_path: P
 
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_failed_upstream_marks_the_request_span_failed(
+    in_process_tracing: Receiver, model_base: Path
+) -> None:
+    from backend.app import create_app
+
+    app = create_app({
+        "upstream": "grpc", "tfs_grpc_target": "127.0.0.1:1", "model_base_path": str(model_base),
+        "grpc_retries": 0, "tracing": True,
+    })  # fmt: skip
+    trace = "2" * 32
+
+    answer = app.test_client().post(
+        f"/v1/models/{INTENT}:classify", json={"texts": ["hi"]},
+        headers={"traceparent": f"00-{trace}-{CALLER_SPAN}-01"},
+    )  # fmt: skip
+
+    assert answer.status_code == 503
+    tracing.shutdown()  # flush
+    (root,) = [s for s in in_process_tracing.spans if s.trace_id == trace]
+    assert root.status == 2 and root.attributes["error.type"] == "upstream_unavailable"
+    assert root.attributes["http.response.status_code"] == 503
