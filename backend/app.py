@@ -18,7 +18,7 @@ from typing import Any
 from flask import Flask, Response, current_app, g, request
 from werkzeug.routing import BaseConverter
 
-from backend import auth, metrics, routing
+from backend import auth, metrics, observability, routing
 from backend.api import (
     BODY_READ,
     authorize_model,
@@ -54,6 +54,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.after_request(_record_request)
     app.after_request(_queue_shadow)
     app.after_request(_finish_body)
+    observability.install(app, settings)  # clock, timing headers, request span, access-log fields
     _use_gunicorn_logging()
     return app
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backend import metrics
+from backend import metrics, timing, tracing
 from backend.clients.base import Outputs
 from backend.errors import UpstreamTimeout
 
@@ -45,6 +45,7 @@ class _Member:
     group: list[_Member] | None = None  # set when this member must send the group
     result: tuple[Outputs, int] | None = None
     error: BaseException | None = None
+    shared: int = 1  # requests in the call that answered it
 
 
 @dataclass
@@ -66,10 +67,18 @@ class UpstreamGroups:
         self._lanes: dict[Hashable, _Lane] = {}
 
     def call(
-        self, key: Hashable, inputs: Mapping[str, np.ndarray], send: Send, deadline: float
+        self,
+        key: Hashable,
+        inputs: Mapping[str, np.ndarray],
+        send: Send,
+        deadline: float,
+        *,
+        model: str = "",
     ) -> tuple[Outputs, int]:
         """Return (outputs for ``inputs``' rows, served version); ``send(batch, timeout_s)``
-        makes one upstream call. Raises what the shared call raised, or UpstreamTimeout."""
+        makes one upstream call. Raises what the shared call raised, or UpstreamTimeout.
+        A request that queues counts in ``gateway_requests_waiting{model}`` and its wait is
+        its ``queue`` stage (backend/timing.py)."""
         me = _Member(inputs, int(next(iter(inputs.values())).shape[0]), deadline)
         if me.rows >= self.max_rows:  # a full batch has no room to share: it goes at once
             metrics.UPSTREAM_GROUP_REQUESTS.observe(1)
@@ -82,14 +91,25 @@ class UpstreamGroups:
             else:
                 me.ready = threading.Event()
                 lane.queue.append(me)
-        if me.group is None and not self._wait(lane, me):
+        if me.group is None and not self._queued(lane, me, model):
             raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S waiting for its call")
         if me.group is not None:
             self._lead(lane, me.group, send)
+        tracing.annotate("gateway.group_requests", me.shared)  # on the upstream stage's span
         if me.error is not None:
             raise me.error
         assert me.result is not None
         return me.result
+
+    def _queued(self, lane: _Lane, me: _Member, model: str) -> bool:
+        """``_wait``, counted in the waiting gauge and timed as the request's queue stage."""
+        waiting = metrics.child(metrics.WAITING, model)
+        waiting.inc()
+        try:
+            with timing.stage("queue"):
+                return self._wait(lane, me)
+        finally:
+            waiting.dec()
 
     def _wait(self, lane: _Lane, me: _Member) -> bool:
         """Wait until a call answered ``me`` or made it the next sender; False past its deadline."""
@@ -113,6 +133,8 @@ class UpstreamGroups:
                 else {n: np.concatenate([m.inputs[n] for m in group]) for n in group[0].inputs}
             )
             metrics.UPSTREAM_GROUP_REQUESTS.observe(len(group))
+            for member in group:
+                member.shared = len(group)
             outputs, served = send(batch, max(m.deadline for m in group) - time.monotonic())
             if len(group) == 1:
                 group[0].result = (outputs, served)

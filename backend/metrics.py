@@ -41,7 +41,8 @@ REQUEST_SECONDS = Histogram(
 )
 STAGE_SECONDS = Histogram(
     "gateway_stage_duration_seconds",
-    "Latency of one stage of a request: tokenize, upstream, postprocess.",
+    "Latency of one stage of a request: queue (waiting for a shared upstream call), tokenize, "
+    "upstream (the queue wait included), postprocess.",
     ["stage"],
     buckets=LATENCY_BUCKETS,
 )
@@ -169,6 +170,20 @@ SHADOW_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
+# Autoscaling signals (deploy/k8s: the gateway's HPA scales on them), summed over live workers.
+IN_FLIGHT = Gauge(
+    "gateway_requests_in_flight",
+    "Requests to a model's routes the gateway is working on (waiting included), per model.",
+    ["model"],
+    multiprocess_mode="livesum",
+)
+WAITING = Gauge(
+    "gateway_requests_waiting",
+    "Requests queued for a model-server call shared with others (backend/grouping.py), per model.",
+    ["model"],
+    multiprocess_mode="livesum",
+)
+
 # (metric, label values) -> the labelled child. ``labels()`` validates and looks the values up
 # under a lock on every call; the hot path asks for the same few children every request.
 _children: dict[tuple[Any, tuple[str, ...]], Any] = {}
@@ -192,15 +207,20 @@ def quiet_stages() -> None:
     _quiet.on = True
 
 
+def observe_stage(name: str, seconds: float) -> None:
+    """Observe one stage's seconds (backend/timing.py measures them once for every consumer)."""
+    if not getattr(_quiet, "on", False):
+        child(STAGE_SECONDS, name).observe(seconds)
+
+
 @contextmanager
 def stage(name: str) -> Iterator[None]:
-    """Time the enclosed block as stage ``name``."""
+    """Time the enclosed block as stage ``name`` (requests use ``timing.stage``)."""
     started = time.perf_counter()
     try:
         yield
     finally:
-        if not getattr(_quiet, "on", False):
-            child(STAGE_SECONDS, name).observe(time.perf_counter() - started)
+        observe_stage(name, time.perf_counter() - started)
 
 
 def render() -> tuple[bytes, str]:

@@ -5,6 +5,7 @@ No Flask here; views call these methods and return what they give back.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from backend import metrics, routing
+from backend import metrics, routing, timing, tracing
 from backend.bucketing import Chunk, pad_batch, plan_chunks, reassemble
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
@@ -150,7 +151,7 @@ class Gateway:
         )  # fmt: skip
         labels = done.assets.labels
         early_exit = done.assets.early_exit
-        with metrics.stage("postprocess"):
+        with timing.stage("postprocess"):
             predictions = classifications(
                 done.outputs, labels, request.top_k, with_logits=request.return_logits,
                 head=done.assets.head, with_scores=request.return_scores,
@@ -213,7 +214,7 @@ class Gateway:
             encode = lambda assets: assets.tokenizer.encode_ids(token_ids)  # noqa: E731
         encode = encode or _directed(texts, direction)
         done = self._infer(model, texts, version, label, truncate, task="embed", encode=encode)
-        with metrics.stage("postprocess"):
+        with timing.stage("postprocess"):
             embeddings = done.outputs.get("embedding")
             if embeddings is None:
                 raise UpstreamError("the model returned no 'embedding' output")
@@ -271,7 +272,7 @@ class Gateway:
             model, request.texts, request.version, request.label, True, task="tag",
             encode=encode, per_token=True,
         )  # fmt: skip
-        with metrics.stage("postprocess"):
+        with timing.stage("postprocess"):
             values = done.outputs.get("logits")
             probabilities = values is None
             if values is None:
@@ -337,7 +338,7 @@ class Gateway:
             model, [query, *documents], version, label, True, task=("embed", "classify"),
             check=check, encode=encode,
         )  # fmt: skip
-        with metrics.stage("postprocess"):
+        with timing.stage("postprocess"):
             if done.assets.task == "classify":
                 scores = head_scores(done.outputs, done.assets.head.activation)
                 return done, scores[:, _positive(model, done.assets)].astype(np.float32)
@@ -486,7 +487,10 @@ class Gateway:
 
         routing.pending_shadow.set(ShadowJob(
             model=model, task=done.assets.task, served_version=served, shadow_version=shadow,
-            labels=done.assets.labels, outputs=done.outputs, run=run,
+            labels=done.assets.labels, outputs=done.outputs,
+            run=tracing.linked("gateway.shadow", run, {
+                "gateway.model": model, "gateway.version": served, "gateway.shadow_version": shadow,
+            }),
         ))  # fmt: skip
 
     def _infer_once(
@@ -524,7 +528,7 @@ class Gateway:
             )
         if check is not None:
             check(assets)
-        with metrics.stage("tokenize"):
+        with timing.stage("tokenize"):
             encoded = encode(assets) if encode is not None else assets.tokenizer.encode(texts)
         speeds = None
         if assets.early_exit is not None:
@@ -544,6 +548,7 @@ class Gateway:
         lengths = [e.ids.shape[0] for e in encoded]
         metrics.TEXTS_PER_REQUEST.observe(len(encoded))
         metrics.TOKENS_PER_REQUEST.observe(sum(lengths))
+        timing.count(sum(lengths), sum(map(len, texts)))
         chunks = plan_chunks(
             lengths,
             self.settings.max_batch_size,
@@ -551,7 +556,7 @@ class Gateway:
             bucketing=self.settings.bucketing,
             bucket_lens=sorted(assets.bucket_signatures) or None,
         )
-        with metrics.stage("upstream"):
+        with timing.stage("upstream"):
             results = self._run_chunks(model, resolved, chunks, encoded, assets, deadline, speeds)
         outputs = reassemble(chunks, results, len(encoded), per_token=per_token)
         return Inference(assets=assets, outputs=outputs, truncated=cut, token_counts=lengths)
@@ -589,18 +594,20 @@ class Gateway:
             signature = by_length.get(chunk.seq_len)
 
             def send(inputs: Any, timeout_s: float) -> tuple[Outputs, int]:
-                return self._upstream_call(
-                    lambda: self.client.predict(
-                        model, inputs, version=version, timeout_s=timeout_s,
-                        signature_name=signature,
-                    )
-                )  # fmt: skip
+                rows = int(next(iter(inputs.values())).shape[0])
+                with tracing.upstream_call(model, version, signature, rows, self.client.transport):
+                    return self._upstream_call(
+                        lambda: self.client.predict(
+                            model, inputs, version=version, timeout_s=timeout_s,
+                            signature_name=signature,
+                        )
+                    )  # fmt: skip
 
             if self.groups is None:
                 outputs, served = send(batch, remaining)
             else:  # concurrent requests of this kind share calls (backend/grouping.py)
                 kind = (model, version, signature, chunk.seq_len, tuple(sorted(batch)))
-                outputs, served = self.groups.call(kind, batch, send, deadline)
+                outputs, served = self.groups.call(kind, batch, send, deadline, model=model)
             if served not in (version, -1):
                 # Never return answers from a version other than the one we tokenized for.
                 raise UpstreamError(f"asked for version {version}, the model server used {served}")
@@ -619,7 +626,9 @@ class Gateway:
             while queue or pending:
                 while queue and len(pending) < limit:
                     index, chunk = queue.pop(0)
-                    pending[self._pool.submit(call, chunk)] = index
+                    # in the request's context: its clock and span follow the chunk's call
+                    context = contextvars.copy_context()
+                    pending[self._pool.submit(context.run, call, chunk)] = index
                 remaining = deadline - time.monotonic()
                 done, _ = wait(pending, timeout=max(0.0, remaining), return_when=FIRST_COMPLETED)
                 if not done:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 UPSTREAMS = ("grpc", "rest", "local")
+LOG_FORMATS = ("json", "text")
 
 
 class SettingsError(ValueError):
@@ -63,6 +64,12 @@ class Settings:
     # upstream calls of one kind (model, version, bucket) a worker runs at once; requests that
     # arrive meanwhile share the next call (backend/grouping.py); 0: every request calls alone
     group_in_flight: int = 2
+    # observability (backend/observability.py): TEI's x-*-time headers and Server-Timing on
+    # inference answers; access and error log lines as JSON ("json") or gunicorn's text
+    timing_headers: bool = True
+    log_format: str = "json"
+    # OpenTelemetry traces: on when the standard OTEL_* variables name an OTLP endpoint
+    tracing: bool = False
 
     def __post_init__(self) -> None:
         if self.upstream not in UPSTREAMS:
@@ -79,6 +86,10 @@ class Settings:
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
             raise SettingsError(
                 "request_timeout_s, status_deadline_s and shadow_timeout_s must be positive"
+            )
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(
+                f"GATEWAY_LOG_FORMAT must be one of {LOG_FORMATS}, not {self.log_format!r}"
             )
         if self.default_speed is not None and not 0 <= self.default_speed <= 1:  # NaN too
             raise SettingsError(
@@ -130,6 +141,8 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_SHADOW_TFS_GRPC": "shadow_tfs_grpc_target",
     "GATEWAY_SHADOW_TFS_REST": "shadow_tfs_rest_url",
     "GATEWAY_GROUP_IN_FLIGHT": "group_in_flight",
+    "GATEWAY_TIMING_HEADERS": "timing_headers",
+    "GATEWAY_LOG_FORMAT": "log_format",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -163,7 +176,7 @@ def load_settings(
     """Return settings from GATEWAY_* variables, then ``overrides`` (field or env names)."""
     env = os.environ if environ is None else environ
     types = {f.name: f.type for f in fields(Settings)}
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"tracing": otel_traces_configured(env)}
     for env_name, field_name in ENV_NAMES.items():
         if env_name in env:
             values[field_name] = _convert(env_name, types[field_name], env[env_name])
@@ -173,3 +186,16 @@ def load_settings(
             raise SettingsError(f"unknown setting {key!r}")
         values[field_name] = _convert(key, types[field_name], raw)
     return Settings(**values)
+
+
+def otel_traces_configured(environ: Mapping[str, str]) -> bool:
+    """Return True when the standard OTEL_* variables ask for traces over OTLP: an endpoint is
+    set and neither OTEL_SDK_DISABLED=true nor OTEL_TRACES_EXPORTER=none."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() in ("none", ""):
+        return False
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )

@@ -12,6 +12,7 @@ import threading
 
 from flask import Flask
 
+from backend import tracing
 from backend.service import Gateway
 
 
@@ -37,7 +38,8 @@ def start_worker(app: Flask) -> Gateway:
 
 
 def stop_worker(app: Flask) -> None:
-    """Close the worker's Gateway (gunicorn worker_exit)."""
+    """Close the worker's Gateway and flush its traces (gunicorn worker_exit)."""
     gateway: Gateway | None = app.extensions.pop("gateway", None)
     if gateway is not None and gateway.pid == os.getpid():
         gateway.close()
+    tracing.shutdown()  # export the spans still buffered (a no-op when not tracing)

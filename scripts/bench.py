@@ -32,6 +32,7 @@ MODULES = [
     "early_exit_bench",
     "e2e_bench",
     "heads_bench",
+    "observability_bench",
 ]
 
 

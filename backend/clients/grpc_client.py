@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 
 import backend.clients.endpoints as endpoints
+from backend import tracing
 from backend.clients.base import Outputs, error_for_status
 from backend.clients.replicas import Replica, ReplicaHung, ReplicaSet
 from backend.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
@@ -140,12 +141,14 @@ class GrpcClient:
         )
         if self.replicas is None:
             assert self._single is not None
+            tracing.annotate("tfserving.replica", self.target)
             return parse_predict_response(
                 self._call(self._single.predict, request, model, timeout_s)
             )
         self.replicas.refresh_in_background(model, STATUS_EVERY_S)
 
         def on(replica: Replica[Stubs], remaining: float) -> Any:
+            tracing.annotate("tfserving.replica", replica.address)
             return self._watched(replica, request, model, remaining)
 
         reply = self.replicas.call(model, version, on, time.monotonic() + timeout_s)
@@ -178,7 +181,9 @@ class GrpcClient:
         assert self.replicas is not None
         deadline = time.monotonic() + timeout_s
         try:
-            future = replica.handle.predict.future(request, timeout=timeout_s)
+            future = replica.handle.predict.future(
+                request, timeout=timeout_s, metadata=tracing.grpc_metadata()
+            )
         except ValueError as exc:  # the channel was closed under us (the replica went away)
             raise UpstreamUnavailable(f"model server replica {replica.address}: {exc}") from exc
         self.replicas.watch(replica, future)
@@ -241,7 +246,8 @@ class GrpcClient:
             if remaining <= 0:
                 raise UpstreamTimeout(f"the model server did not answer within {timeout_s:.3g}s")
             try:
-                return method(request, timeout=remaining)
+                # the trace context goes on to TF Serving (traceparent), when tracing
+                return method(request, timeout=remaining, metadata=tracing.grpc_metadata())
             except ValueError as exc:  # "Cannot invoke RPC on closed channel!"
                 raise UpstreamUnavailable(
                     f"model server channel closed: {exc}", retry_after_s=self.retry_after_s

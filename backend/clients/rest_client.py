@@ -20,6 +20,7 @@ import orjson
 import requests
 from requests.adapters import HTTPAdapter
 
+from backend import tracing
 from backend.clients.base import Outputs, error_for_status
 from backend.clients.replicas import ReplicaSet
 from backend.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -99,6 +100,7 @@ class RestClient:
         )
 
         def at(url: str, left: float) -> tuple[Any, dict[str, Any]]:
+            tracing.annotate("tfserving.replica", url)
             reply = self._request_at(url, "POST", f"{path}:predict", model, left, body)
             specs = self._output_specs(url, model, path, version, label, signature, left)
             return reply, specs
@@ -194,12 +196,16 @@ class RestClient:
     ) -> Any:
         """Send one request to ``base_url`` and return its parsed JSON; map every failure to a
         gateway error."""
+        headers = None
+        if body is not None:
+            headers = {"Content-Type": "application/json"}
+            tracing.inject(headers)  # the trace context goes on to TF Serving, when tracing
         try:
             response = self._session.request(
                 method,
                 base_url + path,
                 data=body,
-                headers={"Content-Type": "application/json"} if body is not None else None,
+                headers=headers,
                 timeout=(min(CONNECT_TIMEOUT_S, timeout_s), timeout_s),
             )
         except requests.ConnectTimeout as exc:

@@ -1,0 +1,127 @@
+"""One clock per request: its stages feed the metrics, the timing headers and the spans alike.
+
+A request's ``Clock`` (a context variable, set when the request starts) collects how long each
+stage took: ``queue`` (waiting for a shared upstream call, backend/grouping.py), ``tokenize``,
+``upstream`` (the model server's calls, the queue wait included) and ``postprocess``. The same
+measured seconds go to ``gateway_stage_duration_seconds``, to the span of the stage (when tracing
+is on, backend/tracing.py) and to the answer's headers, so the three never disagree.
+
+Headers on every inference answer (GATEWAY_TIMING_HEADERS, on by default), in the names of
+Hugging Face's text-embeddings-inference (whole milliseconds, as TEI sends them):
+
+- ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time`` (upstream minus queue),
+- ``x-compute-time`` (tokenize + queue + inference + post-process: the inference's own work),
+- ``x-total-time`` (the request in the gateway, from its first hook to its headers),
+- ``x-compute-tokens`` (tokens sent, specials included, before padding), ``x-compute-characters``;
+
+and the same stages in W3C ``Server-Timing`` with fractional milliseconds
+(``queue;dur=0.012, tokenize;dur=0.231, ...``), which browsers' developer tools show.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend import metrics, tracing
+
+STAGES = ("queue", "tokenize", "upstream", "postprocess")
+
+
+@dataclass
+class Clock:
+    """The stages of one request, in seconds, and what its inference computed."""
+
+    started: float = field(default_factory=time.perf_counter)
+    stages: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    characters: int = 0
+    inferred: bool = False  # a tokenize stage ran: the answer is an inference's
+    trace_id: str = ""  # for the error log's lines (backend/access_log.py)
+
+    def add(self, stage: str, seconds: float) -> None:
+        """Add ``seconds`` to ``stage`` (a request may run a stage more than once)."""
+        self.stages[stage] = self.stages.get(stage, 0.0) + seconds
+
+    def headers(self, now: float | None = None) -> dict[str, str]:
+        """Return the timing headers of the answer (TEI's names and Server-Timing)."""
+        total = (time.perf_counter() if now is None else now) - self.started
+        get = self.stages.get
+        queue, tokenize = get("queue", 0.0), get("tokenize", 0.0)
+        inference = max(0.0, get("upstream", 0.0) - queue)
+        compute = tokenize + queue + inference + get("postprocess", 0.0)
+        timing = ", ".join(
+            f"{name};dur={get(name, 0.0) * 1000:.3f}" for name in STAGES
+        )  # fmt: skip
+        return {
+            "x-compute-time": str(int(compute * 1000)),
+            "x-tokenization-time": str(int(tokenize * 1000)),
+            "x-queue-time": str(int(queue * 1000)),
+            "x-inference-time": str(int(inference * 1000)),
+            "x-total-time": str(int(total * 1000)),
+            "x-compute-tokens": str(self.tokens),
+            "x-compute-characters": str(self.characters),
+            "Server-Timing": f"{timing}, total;dur={total * 1000:.3f}",
+        }
+
+
+_current: ContextVar[Clock | None] = ContextVar("gateway_clock", default=None)
+
+
+def start() -> Clock:
+    """Start this request's clock (the app's first hook)."""
+    clock = Clock()
+    _current.set(clock)
+    return clock
+
+
+def current() -> Clock | None:
+    """Return the running request's clock (None outside a request: the shadow thread)."""
+    return _current.get()
+
+
+def stop() -> None:
+    """Forget the clock (a pool thread's next request starts its own)."""
+    _current.set(None)
+
+
+def count(tokens: int, characters: int) -> None:
+    """Record what the request's inference computed (x-compute-tokens/-characters)."""
+    clock = _current.get()
+    if clock is not None:
+        clock.tokens += tokens
+        clock.characters += characters
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Time the enclosed block as stage ``name``: one measurement for the clock, the stage
+    histogram and the stage's span (recording the error that leaves the block, if any)."""
+    span = tracing.start_stage(name) if tracing.active() else None
+    started = time.perf_counter()
+    try:
+        yield
+    except BaseException as exc:
+        if span is not None:
+            tracing.fail(span[0], exc)
+        raise
+    finally:
+        elapsed = time.perf_counter() - started
+        clock = _current.get()
+        if clock is not None:
+            clock.add(name, elapsed)
+            if name == "tokenize":
+                clock.inferred = True
+        metrics.observe_stage(name, elapsed)
+        if span is not None:
+            tracing.end_stage(span, elapsed)
+
+
+def add_headers(headers: Any, clock: Clock) -> None:
+    """Put the clock's timing headers on an inference answer."""
+    if clock.inferred:
+        headers.update(clock.headers())
