@@ -57,6 +57,10 @@ SETTING_MEANINGS: dict[str, str] = {
     "from it",
     "GATEWAY_DEFAULT_MODEL": "the model `/readyz` checks",
     "GATEWAY_TIMEOUT_S": "whole-request deadline; past it the answer is 504",
+    "GATEWAY_TIMING_HEADERS": "TEI's `x-*-time`, `x-compute-tokens`/`-characters` and W3C "
+    "`Server-Timing` on inference answers ([observability](../guides/observability.md))",
+    "GATEWAY_LOG_FORMAT": "`json` (one object per access or error line, with the trace id) or "
+    "`text`",
     "GATEWAY_STATUS_CACHE_S": "how long version states from the model server are cached (then the "
     "last answer, up to twice this old, is served while one refresh runs; an older one is "
     "refetched first)",
