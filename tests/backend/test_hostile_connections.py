@@ -89,6 +89,50 @@ def _connections(port: int, count: int, first: bytes) -> Iterator[list[socket.so
             sock.close()
 
 
+# -- the rules without a server --------------------------------------------------------------
+
+HEAD = b"POST /x HTTP/1.1\r\nHost: t\r\n"
+
+
+@pytest.mark.parametrize(("data", "whole"), [
+    (b"GET / HTTP/1.1\r\nHost: t\r\n", False),
+    (b"GET / HTTP/1.1\r\nHost: t\r\n\r\n", True),
+    (b"\r\n\r\nGET / HTTP/1.1\r\n", False),  # empty lines before a request are no head's end
+    (HEAD + b"Content-Length: 4\r\n\r\nabc", False),
+    (HEAD + b"Content-Length: 4\r\n\r\nabcd", True),
+    (HEAD + b"Content-Length: 4000000\r\n\r\nab", True),  # over the limit: the app says 413
+    (HEAD + b"Content-Length: x\r\n\r\n", True),  # malformed: gunicorn says 400
+    (HEAD + b"Expect: 100-continue\r\nContent-Length: 4\r\n\r\n", True),  # waits for a 100
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n", False),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n", False),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", True),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nT: 1\r\n\r\n", True),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", True),  # malformed: gunicorn's 400
+])  # fmt: skip
+def test_a_thread_gets_a_connection_only_with_a_whole_request(data: bytes, whole: bool) -> None:
+    from backend.httpworker import request_complete
+
+    assert request_complete(data, max_head=8192, max_body=1_048_576) is whole
+
+
+def test_the_read_timeouts_are_positive_seconds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import runpy
+
+    conf_file = str(Path(__file__).parents[2] / "docker" / "gunicorn.conf.py")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setenv("GATEWAY_HEADER_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("GATEWAY_MAX_REQUESTS", "1000")
+    conf = runpy.run_path(conf_file)
+    assert conf["HEADER_TIMEOUT_S"] == 2.5 and conf["BODY_TIMEOUT_S"] == 10.0
+    assert (conf["max_requests"], conf["max_requests_jitter"], conf["keepalive"]) == (1000, 100, 5)
+    for bad in ("0", "-1", "soon", "inf"):
+        monkeypatch.setenv("GATEWAY_BODY_TIMEOUT_S", bad)
+        with pytest.raises(SystemExit, match="GATEWAY_BODY_TIMEOUT_S"):
+            runpy.run_path(conf_file)
+
+
 # -- (a) closing a connection never stalls the worker's loop ---------------------------------
 
 
