@@ -8,8 +8,8 @@ Starts a throw-away model server on a copy of the model's newest version and a g
 closed-loop clients, ``--probe`` s), then runs the same clients paced at ``--load`` of that
 capacity (pooled keep-alive sessions, as SDKs hold them) for ``--duration`` s each:
 
-1. per attack, a quiet phase (nothing else: the baseline), then the attack's phase, the
-   attacker a process of its own:
+1. quiet phases (nothing else: the baselines) with one attack between each two, the attacker
+   a process of its own:
    - ``stalled``: ``--connections`` connections each sending half a request (half a request
      line, half the headers, half a body, half a chunked body) and no more; each one reopened
      as soon as the gateway answers or closes it;
@@ -25,10 +25,11 @@ capacity (pooled keep-alive sessions, as SDKs hold them) for ``--duration`` s ea
    ``GATEWAY_MAX_REQUESTS=--max-requests`` restarts its workers as they reach it.
 
 Checks: no well-behaved request fails in any phase; during each attack their p99 stays within
-``P99_FACTOR`` of the quiet phase's just before; the workers' RSS after the attacks is within
-``RSS_BOUND`` of theirs after the first quiet phase; the restarts happened. The attackers' own
-answers are counted and shown (408 for stalled requests, JSON errors for the rest). ``--json``
-writes the figures; exits 1 if a check fails. ``--attacks`` runs some of the attacks only.
+``P99_FACTOR`` of the quiet phases' on either side (the higher); the workers' RSS after the
+attacks is within ``RSS_BOUND`` of theirs after the first quiet phase; the restarts happened.
+The attackers' own answers are counted and shown (408 for stalled requests, JSON errors for the
+rest). ``--json`` writes the figures; exits 1 if a check fails. ``--attacks`` runs some of the
+attacks only.
 """
 
 from __future__ import annotations
@@ -285,17 +286,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
               f"{args.load:g} of it", flush=True)  # fmt: skip
         phases: dict[str, list[Answer]] = {}
         rss: dict[str, int] = {}
-        for attack in args.attacks:
-            # a quiet run just before each attack: the baseline it is held to (a shared
-            # machine's load drifts over minutes)
+        for n, attack in enumerate(args.attacks):
+            # quiet runs on both sides of each attack are its baseline (a shared machine's
+            # load drifts over minutes); the one after an attack is the next one's before
             print(f"quiet, then attack: {attack}", flush=True)
-            phases[f"quiet before {attack}"] = paced(url, args, interval, args.duration)
+            phases[f"quiet {n}"] = paced(url, args, interval, args.duration)
             rss.setdefault("quiet", worker_rss(gateway))
             attacker = run_attack(url, args, attack)
             phases[attack] = paced(url, args, interval, args.duration)
             out, _ = attacker.communicate(timeout=args.duration + 60)
             result["attackers"][attack] = json.loads(out or "{}")
             rss[attack] = worker_rss(gateway)
+        phases[f"quiet {len(args.attacks)}"] = paced(url, args, interval, args.duration)
         for name, answers in phases.items():
             figures[f"{name}: requests / failed / p99 ms"] = (
                 len(answers),
@@ -328,8 +330,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     bound = max(RSS_BOUND[0] * rss["quiet"], RSS_BOUND[1] * args.workers)
     checks = {f"{name}: 0 failed well-behaved requests": failed(answers) == 0
               for name, answers in phases.items()}  # fmt: skip
-    for attack in args.attacks:
-        hit, quiet = p99_ms(phases[attack]), p99_ms(phases[f"quiet before {attack}"])
+    for n, attack in enumerate(args.attacks):
+        hit = p99_ms(phases[attack])
+        quiet = max(p99_ms(phases[f"quiet {n}"]), p99_ms(phases[f"quiet {n + 1}"]))
         checks[f"{attack}: p99 {hit:.1f} ms within {P99_FACTOR}x quiet {quiet:.1f} ms"] = (
             hit <= P99_FACTOR * quiet
         )
