@@ -110,6 +110,7 @@ drills: setup models ## the five ops drills: reload, fault, replica, rolling upd
 	$(PY) scripts/replica_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
 	$(PY) scripts/rolling_drill.py --spawn $(MODELS) --model minilm-intent --clients 16
 	$(PY) scripts/rollout_drill.py --spawn $(MODELS) --model minilm-intent --clients 16
+	$(PY) scripts/hostile_drill.py --spawn $(MODELS) --model minilm-intent --clients 16
 
 # Fine-tune all-MiniLM-L6-v2 on data/tickets, export it as the next minilm-intent version, compare with zero-shot;
 # then distil early-exit students from the fine-tuned head (checkpoints kept in $(FINETUNE_CKPT), git-ignored run/)

@@ -9,7 +9,11 @@ Run: ``gunicorn -c docker/gunicorn.conf.py 'backend.app:create_app()'``.
   The worker class is gthread's subclass ``backend.httpworker.LingeringThreadWorker``: a pool
   thread serves its keep-alive connection's next request itself while another thread is free,
   instead of the two thread hand-offs gthread makes per request (GATEWAY_WORKER_CLASS=gthread
-  for gunicorn's own).
+  for gunicorn's own). Both thread classes of that module (``GuardedThreadWorker``, and the
+  lingering one built on it) hand a connection to a pool thread only once a whole request has
+  come: its head within GATEWAY_HEADER_TIMEOUT_S of its first byte, its body within
+  GATEWAY_BODY_TIMEOUT_S of the head (else 408), so clients that send slowly or not at all
+  never hold the threads.
 - Timeouts follow GATEWAY_TIMEOUT_S: the app answers 504 at GATEWAY_TIMEOUT_S, so gunicorn's
   worker timeout (a silent, stuck worker) and the graceful stop are set above it.
 - The app is preloaded in the master (imports shared copy-on-write), and each worker creates its
@@ -39,7 +43,23 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def _seconds(name: str, default: str) -> float:
+    """Return a positive number of seconds from the environment, refusing anything else."""
+    raw = os.environ.get(name) or default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise SystemExit(f"{name}={raw!r}: a positive number of seconds")
+    return value
+
+
 _timeout_s = float(os.environ.get("GATEWAY_TIMEOUT_S", "10"))
+# How long a client may take to send a request's head (from its first byte) and then its body;
+# past either it is answered 408 and the connection closed (backend/httpworker.py).
+HEADER_TIMEOUT_S = _seconds("GATEWAY_HEADER_TIMEOUT_S", "10")
+BODY_TIMEOUT_S = _seconds("GATEWAY_BODY_TIMEOUT_S", "10")
 
 bind = os.environ.get("GATEWAY_BIND", "0.0.0.0:8000")
 # gthread, with keep-alive connections served on by the thread that has them
@@ -50,7 +70,12 @@ threads = int(os.environ.get("GATEWAY_THREADS", "8"))
 preload_app = True
 timeout = int(max(30.0, 3 * _timeout_s))
 graceful_timeout = int(_timeout_s + 5)
-keepalive = 5
+# how long an idle keep-alive connection (or a new one that sends nothing) stays open
+keepalive = max(1, round(_seconds("GATEWAY_KEEPALIVE_S", "5")))
+# a worker restarts (gracefully: a request already sent is answered) after this many requests,
+# give or take a tenth; 0: never
+max_requests = int(os.environ.get("GATEWAY_MAX_REQUESTS") or 0)
+max_requests_jitter = max_requests // 10
 accesslog = os.environ.get("GATEWAY_ACCESS_LOG", "-") or None  # "" turns it off
 errorlog = "-"
 loglevel = os.environ.get("GATEWAY_LOG_LEVEL", "info")
@@ -92,7 +117,12 @@ def post_fork(server: Any, worker: Any) -> None:
     """Create this worker's Gateway (gRPC channel or HTTP session, chunk pool) after the fork."""
     from backend.worker import start_worker
 
-    start_worker(worker.app.wsgi())
+    app = worker.app.wsgi()
+    # backend/httpworker.py's worker classes: read deadlines, and the body size worth waiting for
+    worker.header_timeout_s = HEADER_TIMEOUT_S
+    worker.body_timeout_s = BODY_TIMEOUT_S
+    worker.max_body_bytes = int(app.config.get("MAX_CONTENT_LENGTH") or 1_048_576)
+    start_worker(app)
 
 
 def worker_exit(server: Any, worker: Any) -> None:

@@ -48,7 +48,8 @@ class Load:
     """Closed-loop clients sending ``:verb`` requests to a gateway until stopped.
 
     Client ``i`` asks for ``labels[i % len(labels)]``: a label, ``''`` (the default version) or
-    ``'@N'`` (version N explicitly).
+    ``'@N'`` (version N explicitly). With ``interval_s`` each client sends a request every
+    ``interval_s`` seconds (at once when it is late), not back to back: a fixed offered load.
     """
 
     url: str
@@ -58,6 +59,7 @@ class Load:
     clients: int
     timeout_s: float = 30.0
     answers: list[Answer] = field(default_factory=list)
+    interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -90,7 +92,13 @@ class Load:
             body["label"] = label
         data = orjson.dumps(body)
         endpoint = f"{self.url}/v1/models/{self.model}:{self.verb}"
+        # paced clients start spread over one interval, not all at once
+        due = time.monotonic() + self.interval_s * index / max(1, self.clients)
         while not self._stop.is_set():
+            if self.interval_s:
+                if self._stop.wait(max(0.0, due - time.monotonic())):
+                    break
+                due = max(due + self.interval_s, time.monotonic())
             answer = self._send(session, endpoint, data, index, label)
             with self._lock:
                 self.answers.append(answer)

@@ -107,6 +107,13 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_ACCESS_LOG": "where the JSON access log goes (`-`: stdout; empty turns it off)",
     "GATEWAY_LOG_LEVEL": "gunicorn's log level",
     "GATEWAY_CONTROL_SOCKET": "the path of gunicorn's control socket (off unless set)",
+    "GATEWAY_HEADER_TIMEOUT_S": "a request's head must arrive within this of its first byte, "
+    "else 408 `request_timeout` and close (no pool thread waits on it)",
+    "GATEWAY_BODY_TIMEOUT_S": "its body within this of the head, else 408; also bounds each "
+    "blocking read or write a thread still does",
+    "GATEWAY_KEEPALIVE_S": "how long an idle keep-alive connection is kept (and lingered on)",
+    "GATEWAY_MAX_REQUESTS": "restart a worker after this many requests (0: never; jitter a "
+    "tenth); a request already sent is answered with `Connection: close`",
 }
 # Defaults of the variables docker/gunicorn.conf.py reads (it has no settings object to ask).
 GUNICORN_DEFAULTS: dict[str, str] = {
@@ -117,6 +124,10 @@ GUNICORN_DEFAULTS: dict[str, str] = {
     "GATEWAY_ACCESS_LOG": "`-`",
     "GATEWAY_LOG_LEVEL": "`info`",
     "GATEWAY_CONTROL_SOCKET": "(none)",
+    "GATEWAY_HEADER_TIMEOUT_S": "`10`",
+    "GATEWAY_BODY_TIMEOUT_S": "`10`",
+    "GATEWAY_KEEPALIVE_S": "`5`",
+    "GATEWAY_MAX_REQUESTS": "`0`",
 }
 
 # Command lines whose --help goes into docs/reference/cli.md: (what a user types, python's argv).

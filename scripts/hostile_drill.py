@@ -1,0 +1,11 @@
+"""A hostile client (stalled half requests, idle pooled connections, new names and versions, huge
+token-id lists) against well-behaved clients at half capacity; rolling restarts under keep-alive
+load.
+
+Entry point of ``ops.hostile_drill`` (its code); ``--help`` shows the flags.
+"""
+
+from ops.hostile_drill import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
