@@ -25,9 +25,11 @@ import yaml
 from ops.procs import REPO, ServerProcess, free_port
 from tests.backend.conftest import EMBED, INTENT
 from tests.backend.stack import Gateway, ModelServer, gateway_env
+from tests.debian import needs
 
 MONITORING = REPO / "deploy" / "k8s" / "base" / "monitoring"
 PROMETHEUS = shutil.which("prometheus")
+pytestmark = needs("prometheus", "prometheus")
 LOAD_S = 12.0
 
 

@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.debian import needs
 from tests.deploy.test_k8s import OVERLAYS, find, render
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base" / "monitoring"
 PROMTOOL = shutil.which("promtool")
+pytestmark = needs("promtool", "prometheus")
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
