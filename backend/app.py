@@ -40,12 +40,14 @@ log = logging.getLogger("backend")
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     """Return the gateway app; ``config`` overrides GATEWAY_* variables (by field or env name)."""
     settings = load_settings(config)
+    keys: list[auth.ApiKey] = []
     if settings.api_keys_file:
         try:  # keys configured but none usable: refuse to start rather than refuse every request
-            auth.check_keys_file(settings.api_keys_file)
+            keys = auth.check_keys_file(settings.api_keys_file)
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
     app = Flask("backend", static_folder=None)
+    app.extensions["gateway_start_keys"] = keys
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["gateway_settings"] = settings
     app.extensions["gateway_lock"] = threading.Lock()
@@ -192,7 +194,11 @@ def _key_state(settings: Any) -> tuple[auth.KeyTable, ratelimit.RateLimiter]:
     if state is None or state[0] != os.getpid():
         state = (
             os.getpid(),
-            auth.KeyTable(settings.api_keys_file, recheck_s=settings.labels_cache_s),
+            auth.KeyTable(
+                settings.api_keys_file,
+                recheck_s=settings.labels_cache_s,
+                initial=current_app.extensions.get("gateway_start_keys"),
+            ),
             ratelimit.make_limiter(
                 settings.rate_limit_redis_url, os.environ.get("PROMETHEUS_MULTIPROC_DIR")
             ),

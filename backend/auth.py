@@ -178,9 +178,9 @@ def parse_keys(data: bytes) -> list[ApiKey]:
     return keys
 
 
-def check_keys_file(path: str) -> int:
-    """Return how many keys ``path`` holds; ValueError when it can't be read, breaks a rule or
-    holds none (keys configured but none present: the gateway would refuse every request)."""
+def check_keys_file(path: str) -> list[ApiKey]:
+    """Return the keys ``path`` holds; ValueError when it can't be read, breaks a rule or holds
+    none (keys configured but none present: the gateway would refuse every request)."""
     try:
         keys = parse_keys(Path(path).read_bytes())
     except OSError as exc:
@@ -192,16 +192,20 @@ def check_keys_file(path: str) -> int:
             f"GATEWAY_API_KEYS_FILE {path} holds no key: add one (python -m ops.apikeys --file "
             f"{path} add NAME), or unset the variable to run without keys"
         )
-    return len(keys)
+    return keys
 
 
 class KeyTable:
     """The keys of GATEWAY_API_KEYS_FILE, re-read every ``recheck_s`` by the labels' rule
     (``backend.reloading.ReloadingFile``: content hashed, last good kept, a metric raised)."""
 
-    def __init__(self, path: str, recheck_s: float = 1.0) -> None:
+    def __init__(
+        self, path: str, recheck_s: float = 1.0, initial: list[ApiKey] | None = None
+    ) -> None:
+        # ``initial``: the keys the gateway started with, the last good ones of a worker forked
+        # while the file is broken
         self._file: ReloadingFile[list[ApiKey]] = ReloadingFile(
-            path, parse_keys, [], recheck_s=recheck_s, what="API keys file",
+            path, parse_keys, initial or [], recheck_s=recheck_s, what="API keys file",
             errors=metrics.API_KEYS_ERRORS, stale=metrics.API_KEYS_STALE, logger=log,
         )  # fmt: skip
 
