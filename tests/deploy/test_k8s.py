@@ -395,6 +395,7 @@ def test_gateway_env_is_composes_but_for_the_upstream_addresses(
         del env[name], theirs[name]
     # k8s is closed by default (keys, /metrics on its own port); compose is a local stack
     del env["GATEWAY_API_KEYS_FILE"], env["GATEWAY_METRICS_BIND"]
+    del env["GATEWAY_RATE_LIMIT_REDIS_URL"]  # compose runs one gateway: per-pod limits hold
     env.pop("GATEWAY_SHADOW_TFS_GRPC", None)  # the shadow's own model servers, if any
     del env["GATEWAY_WORKERS"]  # compose lets gunicorn count the host's CPUs
     assert env == {k: str(v) for k, v in theirs.items()}
@@ -860,6 +861,26 @@ def test_clients_reach_the_gateway_and_monitoring_reaches_only_metrics(objs: lis
     for job in ("push-model", "rollout", "models-seed"):
         for number in port_numbers(objs, job).values() or [8000]:
             assert not allowed(objs, "default", {}, job, number)
+
+
+def test_rate_limits_go_to_a_redis_only_the_gateways_reach(objs: list[Obj]) -> None:
+    """The HPA runs several gateway pods: one bucket per key in Redis, not one per pod."""
+    from urllib.parse import urlparse
+
+    url = urlparse(gateway_env(objs)["GATEWAY_RATE_LIMIT_REDIS_URL"])
+    service = find(objs, "Service", "gateway-redis")
+    (port,) = service["spec"]["ports"]
+    assert (url.scheme, url.hostname, url.port) == ("redis", "gateway-redis", port["port"])
+    assert matches({"matchLabels": service["spec"]["selector"]}, pod_labels(objs)["gateway-redis"])
+    number = port_numbers(objs, "gateway-redis")[port["targetPort"]]
+    sources = {name: (NAMESPACE, lab) for name, lab in pod_labels(objs).items()}
+    sources["a pod of another namespace"] = ("default", {"app.kubernetes.io/name": "gateway"})
+    reach = {
+        n for n, (ns, lab) in sources.items() if allowed(objs, ns, lab, "gateway-redis", number)
+    }
+    assert reach == {"gateway"}
+    args = container(find(objs, "Deployment", "gateway-redis"), "redis")["args"]
+    assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"
 
 
 # --- the shadow's own model servers (components/shadow-serving, overlays/cpu-shadow) ----------
