@@ -18,7 +18,7 @@ from typing import Any
 from flask import Flask, Response, current_app, g, request
 from werkzeug.routing import BaseConverter
 
-from backend import auth, metrics, observability, routing
+from backend import auth, metrics, observability, ratelimit, routing
 from backend.api import (
     BODY_READ,
     authorize_model,
@@ -29,8 +29,8 @@ from backend.api import (
     openai,
     rerank,
 )
-from backend.errors import RateLimited, Unauthorized, register_error_handlers
-from backend.settings import load_settings
+from backend.errors import NotFound, RateLimited, Unauthorized, register_error_handlers
+from backend.settings import SettingsError, load_settings
 from backend.worker import get_gateway
 from modelformat.names import valid_model_name
 
@@ -40,7 +40,14 @@ log = logging.getLogger("backend")
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     """Return the gateway app; ``config`` overrides GATEWAY_* variables (by field or env name)."""
     settings = load_settings(config)
+    keys: list[auth.ApiKey] = []
+    if settings.api_keys_file:
+        try:  # keys configured but none usable: refuse to start rather than refuse every request
+            keys = auth.check_keys_file(settings.api_keys_file)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
     app = Flask("backend", static_folder=None)
+    app.extensions["gateway_start_keys"] = keys
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["gateway_settings"] = settings
     app.extensions["gateway_lock"] = threading.Lock()
@@ -49,6 +56,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp):
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
+    app.before_request(_split_ports)
     app.before_request(_authenticate)
     app.before_request(_start_routing)
     app.after_request(_record_request)
@@ -100,6 +108,27 @@ def body_may_stay_unread(app: Flask, headers: Any) -> bool:
 
 def _start_timer() -> None:
     g.started = time.perf_counter()
+    # Threads serve many requests: nothing of the last one may leak into this one, even when a
+    # hook below refuses it before _start_routing runs.
+    routing.start_request(None)
+    auth.current_key.set(None)
+
+
+METRICS_PATH = "/metrics"
+
+
+def _split_ports() -> None:
+    """With GATEWAY_METRICS_BIND: /metrics only on that port, and nothing else there (404s)."""
+    port = current_settings().metrics_port
+    if not port:
+        return
+    on_metrics_port = request.environ.get("SERVER_PORT") == port
+    if on_metrics_port != (request.path == METRICS_PATH):
+        raise NotFound(
+            "/metrics is served on the metrics port only (GATEWAY_METRICS_BIND)"
+            if request.path == METRICS_PATH
+            else "the metrics port serves /metrics only"
+        )
 
 
 # Routes that stay open when API keys are on (probes); /metrics too unless asked otherwise.
@@ -112,7 +141,7 @@ def _authenticate() -> None:
     settings = current_settings()
     if not settings.api_keys_file or request.path in OPEN_PATHS:
         return
-    if request.path == "/metrics" and not settings.metrics_require_key:
+    if request.path == METRICS_PATH and not settings.metrics_require_key:
         return
     keys, limiter = _key_state(settings)
     header = request.headers.get("Authorization", "")
@@ -142,11 +171,11 @@ def _authenticate() -> None:
 
 
 def _start_routing() -> None:
-    """Give this request its routing key: X-Route-Key, else the API key's name (sticky split)."""
-    key = request.headers.get(routing.ROUTE_KEY_HEADER)
-    if not key:
-        api_key = g.get("api_key")
-        key = api_key.name if api_key is not None else None
+    """Give this request its routing key (sticky split) and its API key's scope: the API key's
+    name when keys are on (a client may not pick its side of a split), else X-Route-Key."""
+    api_key = g.get("api_key")
+    auth.current_key.set(api_key)
+    key = api_key.name if api_key is not None else request.headers.get(routing.ROUTE_KEY_HEADER)
     routing.start_request(key or None)
 
 
@@ -160,14 +189,20 @@ def _queue_shadow(response: Response) -> Response:
     return response
 
 
-def _key_state(settings: Any) -> tuple[auth.KeyTable, auth.RateLimiter]:
+def _key_state(settings: Any) -> tuple[auth.KeyTable, ratelimit.RateLimiter]:
     """Return this process's key table and rate limiter (made after fork, on first use)."""
     state = current_app.extensions.get("gateway_keys")
     if state is None or state[0] != os.getpid():
         state = (
             os.getpid(),
-            auth.KeyTable(settings.api_keys_file, recheck_s=settings.labels_cache_s),
-            auth.RateLimiter(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
+            auth.KeyTable(
+                settings.api_keys_file,
+                recheck_s=settings.labels_cache_s,
+                initial=current_app.extensions.get("gateway_start_keys"),
+            ),
+            ratelimit.make_limiter(
+                settings.rate_limit_redis_url, os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+            ),
         )
         current_app.extensions["gateway_keys"] = state
     return state[1], state[2]
@@ -190,8 +225,11 @@ def _record_request(response: Response) -> Response:
     if started is not None:
         elapsed = time.perf_counter() - started
         metrics.child(metrics.REQUEST_SECONDS, rule).observe(elapsed)
-        if served:
+        if served and not routing.pinned.get():  # default traffic only: what rollouts read
             metrics.child(metrics.VERSION_SECONDS, model, served).observe(elapsed)
+    if served and not routing.pinned.get():
+        status = str(response.status_code)
+        metrics.child(metrics.VERSION_REQUESTS, model, served, status).inc()
     return response
 
 

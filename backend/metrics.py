@@ -81,6 +81,10 @@ API_KEYS_STALE = Gauge(
     "1 while a worker serves the last good API keys because the keys file is unusable.",
     multiprocess_mode="livemax",
 )
+RATE_LIMIT_STORE_ERRORS = Counter(
+    "gateway_rate_limit_store_errors_total",
+    "Rate-limit takes Redis failed (GATEWAY_RATE_LIMIT_REDIS_URL); the pod limits alone meanwhile.",
+)
 UPSTREAM_GROUP_REQUESTS = Histogram(
     "gateway_upstream_group_requests",
     "Requests sharing one upstream call (backend/grouping.py; 1: the call went alone).",
@@ -126,9 +130,17 @@ ROUTING_STALE = Gauge(
 )
 
 # Rollouts (ops/rollout.py) read these: per-version latency and errors, the split, the shadow.
+# Only default requests (naming neither a version nor a label: the traffic routing splits) count
+# in these two: a client pinning the new version must not move the figures a rollout decides on.
+VERSION_REQUESTS = Counter(
+    "gateway_version_requests_total",
+    "Default inference requests (no version or label named) by model, served version and status.",
+    ["model", "version", "status"],
+)
 VERSION_SECONDS = Histogram(
     "gateway_version_request_seconds",
-    "Whole-request latency of inference requests by model and the version that served them.",
+    "Whole-request latency of default inference requests by model and the version that served "
+    "them.",
     ["model", "version"],
     buckets=LATENCY_BUCKETS,
 )

@@ -4,8 +4,9 @@ Sits between version resolution and the call (docs/guides/rollouts.md). Only req
 neither a version nor a label are split; the file (``modelformat.routing``) is re-read every
 ``GATEWAY_LABELS_CACHE_S`` with the labels' rule (``backend.reloading``: content hashed, a broken
 file keeps the last good routing and raises ``gateway_routing_stale``); a missing file routes
-nothing. The routing key (``X-Route-Key``, else the API key's name) lives in a context variable
-the app sets per request, so the service reads it without Flask.
+nothing. The routing key (the API key's name when keys are on, so a client can't pick its side of
+the split; ``X-Route-Key`` only without keys) lives in a context variable the app sets per request,
+so the service reads it without Flask.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ route_key: ContextVar[str | None] = ContextVar("route_key", default=None)
 # (model, version) the request resolved to, set before the upstream call: a request that fails
 # after resolution still counts against the version it was sent to (the rollout's error rate).
 resolved_version: ContextVar[tuple[str, int] | None] = ContextVar("resolved_version", default=None)
+# Whether the request named a version or a label (pinned): only the others (default traffic, which
+# the weights split) count in the series a rollout decides on.
+pinned: ContextVar[bool] = ContextVar("pinned", default=False)
 # The shadow job of the request this thread serves: the app queues it once the answer is built
 # (a job queued earlier could run while the view still uses what it shares with the request).
 pending_shadow: ContextVar[Any] = ContextVar("pending_shadow", default=None)
@@ -40,6 +44,7 @@ def start_request(key: str | None) -> None:
     """Reset the per-request routing state of this thread (threads serve many requests)."""
     route_key.set(key)
     resolved_version.set(None)
+    pinned.set(False)
     pending_shadow.set(None)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from backend import metrics, routing, timing, tracing
+from backend import auth, metrics, routing, timing, tracing
 from backend.bucketing import Chunk, pad_batch, plan_chunks, reassemble
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
@@ -365,6 +365,7 @@ class Gateway:
         return assets, assets.tokenizer.decode(ids)
 
     def _assets_for(self, model: str, version: int | None, label: str | None) -> ModelAssets:
+        self._check_reach(model, version, label)
         resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
         return self.assets.get(model, resolved)
 
@@ -439,6 +440,7 @@ class Gateway:
         deadline = time.monotonic() + self._timeout()
         tasks = (task,) if isinstance(task, str) else task
         args = (model, texts, truncate, tasks, check, speed, deadline, encode, per_token, what)
+        self._check_reach(model, version, label)
         # Default traffic (no version, no label) follows the routing file's weights and shadow.
         route = self.routing.route(model) if version is None and label is None else None
         if route is not None and route.weights:
@@ -447,13 +449,30 @@ class Gateway:
                 done = self._infer_once(chosen, None, *args)
             except NotFound:
                 # The weights name a version that is not (or no longer) served here: the
-                # request is served as if it were not split rather than failed.
-                done = self._infer_default(version, label, args)
+                # request goes to the vetted version (the first public label the model has),
+                # never to the newest AVAILABLE one (in a pinned rollout: the unvetted version).
+                done = self._infer_default(None, self._fallback_label(model), args)
         else:
             done = self._infer_default(version, label, args)
         if route is not None:
             self._plan_shadow(route, done, texts, args)
         return done
+
+    def _check_reach(self, model: str, version: int | None, label: str | None) -> None:
+        """403 when the request's API key may not name ``version``/``label`` (backend/auth.py);
+        marks the request pinned (kept out of the series rollouts decide on) when it names one."""
+        if version is None and label is None:
+            return
+        routing.pinned.set(True)
+        key = auth.current_key.get()
+        if key is not None:
+            public = self.settings.public_label_names
+            auth.check_reach(key, model, version, label, self.labels.labels(model), public)
+
+    def _fallback_label(self, model: str) -> str | None:
+        """Return the first public label ``model`` has (None: it has none, nothing is vetted)."""
+        labels = self.labels.labels(model)
+        return next((name for name in self.settings.public_label_names if name in labels), None)
 
     def _infer_default(self, version: int | None, label: str | None, args: tuple) -> Inference:
         try:

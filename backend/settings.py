@@ -47,6 +47,14 @@ class Settings:
     # API keys (backend/auth.py): off when empty; /metrics needs a key only when asked to
     api_keys_file: str = ""
     metrics_require_key: bool = False
+    # labels every key may name (comma-separated); versions newer than the newest of them are
+    # unvetted: only keys whose scope lists them reach them (backend/auth.py)
+    public_labels: str = "stable"
+    # redis://host:port/db: rate limits shared by every pod (backend/ratelimit.py); empty: per pod
+    rate_limit_redis_url: str = ""
+    # host:port of a second listener that alone serves /metrics (docker/gunicorn.conf.py binds it);
+    # empty: /metrics is served on GATEWAY_BIND with the API
+    metrics_bind: str = ""
     # speed of early-exit models when a request gives none (None: the model's own default)
     default_speed: float | None = None
     # weights and shadow per model (backend/routing.py); empty: routing.yaml beside the config
@@ -91,10 +99,29 @@ class Settings:
             raise SettingsError(
                 f"GATEWAY_LOG_FORMAT must be one of {LOG_FORMATS}, not {self.log_format!r}"
             )
+        if self.metrics_bind and not self.metrics_port.isdigit():
+            raise SettingsError(
+                f"GATEWAY_METRICS_BIND must be host:port, not {self.metrics_bind!r}"
+            )
+        if self.rate_limit_redis_url and not self.rate_limit_redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise SettingsError("GATEWAY_RATE_LIMIT_REDIS_URL must be a redis://, rediss:// or "
+                                f"unix:// URL, not {self.rate_limit_redis_url!r}")  # fmt: skip
         if self.default_speed is not None and not 0 <= self.default_speed <= 1:  # NaN too
             raise SettingsError(
                 f"GATEWAY_DEFAULT_SPEED must be in [0, 1] or unset, not {self.default_speed}"
             )
+
+    @property
+    def public_label_names(self) -> tuple[str, ...]:
+        """The public labels, in the order given (the first is the fallback of routing)."""
+        return tuple(name.strip() for name in self.public_labels.split(",") if name.strip())
+
+    @property
+    def metrics_port(self) -> str:
+        """The port of GATEWAY_METRICS_BIND ("" when /metrics shares the API's port)."""
+        return self.metrics_bind.rpartition(":")[2] if self.metrics_bind else ""
 
     def shadow_settings(self) -> Settings | None:
         """Return the settings shadow calls go out with, or None: they use this upstream."""
@@ -134,6 +161,9 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_DEBUG_ENDPOINTS": "debug_endpoints",
     "GATEWAY_API_KEYS_FILE": "api_keys_file",
     "GATEWAY_METRICS_REQUIRE_KEY": "metrics_require_key",
+    "GATEWAY_PUBLIC_LABELS": "public_labels",
+    "GATEWAY_RATE_LIMIT_REDIS_URL": "rate_limit_redis_url",
+    "GATEWAY_METRICS_BIND": "metrics_bind",
     "GATEWAY_DEFAULT_SPEED": "default_speed",
     "GATEWAY_ROUTING_FILE": "routing_file",
     "GATEWAY_SHADOW_QUEUE": "shadow_queue_size",

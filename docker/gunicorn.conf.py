@@ -61,7 +61,11 @@ _timeout_s = float(os.environ.get("GATEWAY_TIMEOUT_S", "10"))
 HEADER_TIMEOUT_S = _seconds("GATEWAY_HEADER_TIMEOUT_S", "10")
 BODY_TIMEOUT_S = _seconds("GATEWAY_BODY_TIMEOUT_S", "10")
 
-bind = os.environ.get("GATEWAY_BIND", "0.0.0.0:8000")
+bind = [os.environ.get("GATEWAY_BIND", "0.0.0.0:8000")]
+# A second listener for /metrics alone (the app refuses everything else there, and /metrics on
+# GATEWAY_BIND): a NetworkPolicy can then open it to the monitoring namespace only.
+if os.environ.get("GATEWAY_METRICS_BIND"):
+    bind.append(os.environ["GATEWAY_METRICS_BIND"])
 # gthread, with keep-alive connections served on by the thread that has them
 # (backend/httpworker.py); GATEWAY_WORKER_CLASS=gthread is gunicorn's own.
 worker_class = os.environ.get("GATEWAY_WORKER_CLASS") or "backend.httpworker.LingeringThreadWorker"

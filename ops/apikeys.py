@@ -1,12 +1,16 @@
 """Add, list and remove the gateway's API keys (GATEWAY_API_KEYS_FILE), stored hashed.
 
   python -m ops.apikeys --file keys.json add team-a --models minilm --rate 10 --burst 20
+  python -m ops.apikeys --file keys.json add canary-testers --versions public,canary
+  python -m ops.apikeys --file keys.json add ops --versions '*'
   python -m ops.apikeys --file keys.json list
   python -m ops.apikeys --file keys.json remove team-a
 
 ``add`` prints the new key once (it is not stored, only its SHA-256: lose it and add another).
 The file is rewritten atomically under a lock, so running gateways pick it up within
-GATEWAY_LABELS_CACHE_S and never read half of it.
+GATEWAY_LABELS_CACHE_S and never read half of it. ``--versions`` is the key's scope
+(backend/auth.py): ``public`` (the default: the public labels and vetted version numbers), label
+names, version numbers, or ``*`` for every version, unvetted ones included.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def save(path: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def add(path: Path, name: str, models: list[str] | None, rate: float | None,
-        burst: float | None) -> str:  # fmt: skip
+        burst: float | None, versions: list[str | int] | None = None) -> str:  # fmt: skip
     """Add a key named ``name``; return the key (shown once, stored only as its hash)."""
     key = PREFIX + secrets.token_urlsafe(32)
     with serverconfig.config_lock(path, timeout_s=30):
@@ -53,7 +57,10 @@ def add(path: Path, name: str, models: list[str] | None, rate: float | None,
             entry["models"] = models
         if rate is not None:
             entry["rate"] = rate
-            entry["burst"] = burst if burst is not None else rate
+            entry["burst"] = burst if burst is not None else max(1.0, rate)
+        if versions is not None:
+            entry["versions"] = versions
+        parse_keys(orjson.dumps({"keys": [*entries, entry]}))  # the gateway's rules, before saving
         save(path, [*entries, entry])
     return key
 
@@ -77,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("name")
     a.add_argument("--models", help="comma-separated models it may use (default: all)")
     a.add_argument("--rate", type=float, help="requests per second (default: no limit)")
-    a.add_argument("--burst", type=float, help="requests at once above the rate (default: rate)")
+    a.add_argument(
+        "--burst",
+        type=float,
+        help="requests at once above the rate, at least 1 (default: rate, at least 1)",
+    )
+    a.add_argument("--versions", help="comma-separated scope: public, labels, version numbers, "
+                   "or * (default: public)")  # fmt: skip
     sub.add_parser("list", help="show the keys' names, models and limits")
     r = sub.add_parser("remove", help="remove a key")
     r.add_argument("name")
@@ -91,11 +104,18 @@ def main(argv: list[str] | None = None) -> int:
             models = (
                 [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
             )
-            print(add(args.file, args.name, models, args.rate, args.burst))
+            versions = (
+                [int(v) if v.strip().isdigit() else v.strip()
+                 for v in args.versions.split(",") if v.strip()]
+                if args.versions is not None else None
+            )  # fmt: skip
+            print(add(args.file, args.name, models, args.rate, args.burst, versions))
         elif args.command == "list":
             for e in load(args.file):
                 limit = f"{e['rate']:g}/s burst {e['burst']:g}" if "rate" in e else "no limit"
-                print(f"{e['name']}\tmodels: {','.join(e.get('models', [])) or 'all'}\t{limit}")
+                scope = ",".join(map(str, e.get("versions", ["public"])))
+                print(f"{e['name']}\tmodels: {','.join(e.get('models', [])) or 'all'}\t{limit}"
+                      f"\tversions: {scope}")  # fmt: skip
         else:
             remove(args.file, args.name)
     except (ValueError, OSError) as exc:

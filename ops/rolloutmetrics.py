@@ -29,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ops.modelconfig import OpsError
 
-REQUESTS = "gateway_requests_total"
+# default traffic only (the split): requests naming a version or a label are not the rollout's
+REQUESTS = "gateway_version_requests_total"
 LATENCY_BUCKET = "gateway_version_request_seconds_bucket"
 SHADOW_REQUESTS = "gateway_shadow_requests_total"
 AGREEMENT_SUM = "gateway_shadow_agreement_sum"

@@ -57,6 +57,13 @@ SETTING_MEANINGS: dict[str, str] = {
     "from it",
     "GATEWAY_DEFAULT_MODEL": "the model `/readyz` checks",
     "GATEWAY_TIMEOUT_S": "whole-request deadline; past it the answer is 504",
+    "GATEWAY_PUBLIC_LABELS": "comma-separated labels every key may name (default `stable`); a "
+    "version newer than the newest one they name is unvetted: only keys whose `versions` list it "
+    "reach it ([security](../guides/security.md))",
+    "GATEWAY_RATE_LIMIT_REDIS_URL": "a Redis URL: each key's rate limit shared by every pod "
+    "(unset: per pod) ([security](../guides/security.md))",
+    "GATEWAY_METRICS_BIND": "host:port of a second listener that alone serves `/metrics` "
+    "(unset: `/metrics` on the main port)",
     "GATEWAY_TIMING_HEADERS": "TEI's `x-*-time`, `x-compute-tokens`/`-characters` and W3C "
     "`Server-Timing` on inference answers ([observability](../guides/observability.md))",
     "GATEWAY_LOG_FORMAT": "`json` (one object per access or error line, with the trace id) or "

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, Response
+from flask import Blueprint, Response, current_app, g
 
+from backend import metrics
 from backend.api import (
     body_as,
     current_gateway,
@@ -30,9 +33,10 @@ from backend.errors import (
     PayloadTooLarge,
     UnprocessableInput,
 )
+from backend.reloading import ReloadingFile
 from backend.schemas import EmbeddingsRequest, check_texts
+from backend.settings import Settings
 from modelformat import layout, serverconfig
-from modelformat.errors import FormatError
 from modelformat.names import valid_model_name
 
 bp = Blueprint("openai", __name__)
@@ -125,22 +129,11 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
 
 @bp.get("/v1/models")
 def list_models() -> Response:
-    """List the served models (OpenAI's shape): the models of the serving config, else every
-    model directory with a version under the gateway's model tree."""
+    """List the models this request's API key may use (OpenAI's shape): the models of the
+    serving config, else every model directory with a version under the gateway's model tree."""
     settings = current_settings()
     base = Path(settings.model_base_path)
-    names: list[str] = []
-    if settings.model_config_file:
-        try:
-            config = serverconfig.read(settings.model_config_file)
-            names = [m.name for m in config.model_config_list.config]
-        except FormatError:
-            names = []
-    if not names and base.is_dir():
-        names = sorted(
-            p.name for p in base.iterdir()
-            if valid_model_name(p.name) and p.is_dir() and layout.list_versions(p)
-        )  # fmt: skip
+    key = g.get("api_key")
     data = [
         {
             "id": name,
@@ -148,9 +141,61 @@ def list_models() -> Response:
             "created": _created(base / name),
             "owned_by": "bert-gateway",
         }
-        for name in names
+        for name in _model_list(settings).names()
+        if key is None or key.allows(name)
     ]
     return json_response({"object": "list", "data": data})
+
+
+class ModelList:
+    """The served models' names, at most ``recheck_s`` old: the serving config's (re-read by
+    the labels' rule: parsed only when its content changes, last good kept), else the model
+    directories that hold a version."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.base = Path(settings.model_base_path)
+        self.recheck_s = settings.labels_cache_s
+        self._config: ReloadingFile[list[str]] | None = None
+        if settings.model_config_file:
+            self._config = ReloadingFile(
+                settings.model_config_file, _config_names, [], recheck_s=self.recheck_s,
+                what="serving config", errors=metrics.MODEL_CONFIG_ERRORS,
+                stale=metrics.MODEL_CONFIG_STALE,
+            )  # fmt: skip
+        self._listed: tuple[float, list[str]] = (-float("inf"), [])
+        self._lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        """Return the names (the config's, else the model tree's)."""
+        names = self._config.get() if self._config is not None else []
+        return names or self._tree()
+
+    def _tree(self) -> list[str]:
+        with self._lock:
+            checked, names = self._listed
+            if time.monotonic() - checked >= self.recheck_s:
+                names = sorted(
+                    p.name for p in self.base.iterdir()
+                    if valid_model_name(p.name) and p.is_dir() and layout.list_versions(p)
+                ) if self.base.is_dir() else []  # fmt: skip
+                self._listed = (time.monotonic(), names)
+            return names
+
+
+def _config_names(data: bytes) -> list[str]:
+    """Return the model names of a serving config (FormatError, a ValueError, when broken)."""
+    config = serverconfig.parse(data.decode("utf-8"))
+    return [m.name for m in config.model_config_list.config]
+
+
+def _model_list(settings: Settings) -> ModelList:
+    """Return this process's ModelList (made after fork, on first use)."""
+    state = current_app.extensions.get("gateway_model_list")
+    if state is None or state[0] != os.getpid():
+        state = (os.getpid(), ModelList(settings))
+        current_app.extensions["gateway_model_list"] = state
+    models: ModelList = state[1]
+    return models
 
 
 def _created(path: Path) -> int:

@@ -1,21 +1,26 @@
 """API keys (issue 21 item 5) on a real gunicorn gateway with 2 workers: 401/403/429 through the
-openai and cohere SDKs and plain HTTP, one rate limit across workers, no key in logs or metrics."""
+openai and cohere SDKs and plain HTTP, one rate limit across workers, no key in logs or metrics;
+a keys file that breaks a rule keeps the last good keys (never a 500), a gateway with keys
+configured but none present does not start, /v1/models lists what the key may use (issue 34)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cohere
 import cohere.errors
 import openai
+import orjson
 import pytest
 import requests
 
+from backend.app import create_app
+from modelformat import serverconfig
 from ops import apikeys
-from tests.backend.conftest import EMBED, INTENT
+from tests.backend.conftest import EMBED, EXITS, INTENT, TAGGER
 from tests.backend.stack import Gateway, ModelServer, gateway_env
 
 RATE = 10.0
@@ -158,16 +163,91 @@ def test_no_key_appears_in_logs_or_metrics_but_its_name_does(
     assert '"key":"all"' in log
 
 
-def test_a_broken_keys_file_keeps_the_last_good_keys(
-    keyed: Gateway, keys: tuple[Path, dict[str, str]]
+def stale(gateway: Gateway) -> str:
+    text = requests.get(f"{gateway.url}/metrics", timeout=10).text
+    return next(line for line in text.splitlines() if line.startswith("gateway_api_keys_stale "))
+
+
+def with_entry(good: bytes, entry: dict) -> str:
+    doc = orjson.loads(good)
+    return orjson.dumps({"keys": [*doc["keys"], entry]}).decode()
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        lambda good: "{ not json",
+        lambda good: with_entry(good, {"name": "x", "sha256": "\u00e9" * 64}),  # non-hex
+        lambda good: with_entry(good, {"name": "y", "sha256": "a" * 64, "rate": 5, "burst": 0.5}),
+        lambda good: with_entry(good, {"name": "all", "sha256": "b" * 64}),  # a name twice
+    ],
+    ids=["not-json", "non-hex-sha256", "burst-under-1", "duplicate-name"],
+)
+def test_a_keys_file_that_breaks_a_rule_keeps_the_last_good_keys(
+    keyed: Gateway, keys: tuple[Path, dict[str, str]], broken: Callable[[bytes], str]
 ) -> None:
     path, made = keys
     good = path.read_bytes()
+    headers = {"Authorization": f"Bearer {made['all']}"}
+    deadline = time.monotonic() + 10
+    while stale(keyed) != "gateway_api_keys_stale 0.0" and time.monotonic() < deadline:
+        classify(keyed, headers)  # both workers back on the good file (an earlier case)
+        time.sleep(0.1)
     try:
-        path.write_text("{ not json")
+        path.write_text(broken(good))
         time.sleep(0.8)
-        for _ in range(4):  # both workers re-read it
-            assert classify(keyed, {"Authorization": f"Bearer {made['all']}"}).status_code == 200
-        assert "gateway_api_keys_stale 1.0" in requests.get(f"{keyed.url}/metrics", timeout=10).text
+
+        statuses = {classify(keyed, headers).status_code for _ in range(6)}  # both workers
+
+        assert statuses == {200}  # the last good keys, never a 500 per request
+        assert stale(keyed) == "gateway_api_keys_stale 1.0"
     finally:
         path.write_bytes(good)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [('{"keys": []}', "holds no key"), (None, "cannot read it"),
+     ('{"keys": [{"name": "a", "sha256": "zz"}]}', "64 hex characters")],
+    ids=["no-key", "missing", "broken"],
+)  # fmt: skip
+def test_the_gateway_refuses_to_start_with_keys_configured_but_none_present(
+    model_base: Path, config_file: Path, tmp_path: Path, content: str | None, reason: str
+) -> None:
+    path = tmp_path / "keys.json"
+    if content is not None:
+        path.write_text(content)
+    env = gateway_env(None, "grpc", model_base, config_file)
+    env["GATEWAY_API_KEYS_FILE"] = str(path)
+
+    with pytest.raises(RuntimeError, match=reason):
+        Gateway(env, tmp_path, workers=1).stop()
+
+
+def test_v1_models_lists_only_the_models_the_key_may_use(
+    keyed: Gateway, keys: tuple[Path, dict[str, str]]
+) -> None:
+    def listed(key: str) -> set[str]:
+        reply = requests.get(f"{keyed.url}/v1/models", timeout=10,
+                             headers={"Authorization": f"Bearer {keys[1][key]}"})  # fmt: skip
+        assert reply.status_code == 200
+        return {m["id"] for m in reply.json()["data"]}
+
+    assert listed("embed-only") == {EMBED}
+    assert listed("all") == {INTENT, EMBED, EXITS, TAGGER}
+
+
+def test_v1_models_does_not_parse_the_serving_config_per_call(
+    model_base: Path, config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parses: list[str] = []
+    parse = serverconfig.parse
+    monkeypatch.setattr(serverconfig, "parse", lambda *a, **k: parses.append("x") or parse(*a, **k))
+    app = create_app({"model_base_path": str(model_base), "model_config_file": str(config_file),
+                      "labels_cache_s": 60})  # fmt: skip
+    client = app.test_client()
+
+    names = [{m["id"] for m in client.get("/v1/models").json["data"]} for _ in range(5)]
+
+    assert names == [{INTENT, EMBED, EXITS, TAGGER}] * 5
+    assert len(parses) == 1

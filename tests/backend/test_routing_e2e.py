@@ -2,6 +2,8 @@
 
 tiny-route v1 and v3 are the same checkpoint; v2 is that checkpoint with two labels swapped in
 its id2label (numerically identical, wrong on every text whose top label is one of the two).
+stable = v1, canary = v3: v2 and v3 are unvetted (newer than stable). A second gateway has API
+keys: who reaches which version (issue 34 item 5).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import requests
 
 from modelformat import routing
+from ops import apikeys
 from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
 
 ROUTED = "tiny-route"
@@ -38,7 +41,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         for version, labels in ((1, LABELS), (2, SWAPPED), (3, LABELS)):
             build(ckpt, ROUTED, base, version=version, labels=labels, max_seq_len=32, warmup=False)
     config = base / "models.config"
-    config.write_text(model_config(base, {ROUTED: {"stable": 1}}, [ROUTED]), encoding="utf-8")
+    labels = {ROUTED: {"stable": 1, "canary": 3}}
+    config.write_text(model_config(base, labels, [ROUTED]), encoding="utf-8")
+    keys_file = base / "keys.json"
+    keys = {
+        "plain": apikeys.add(keys_file, "plain", None, None, None),
+        "tester": apikeys.add(keys_file, "tester", None, None, None, ["public", "canary"]),
+        "ops": apikeys.add(keys_file, "ops", None, None, None, ["*"]),
+    }
     routing_file = base / "routing.yaml"
     routing_file.write_text("{}\n", encoding="utf-8")
     logs = tmp_path_factory.mktemp("routed-logs")
@@ -53,7 +63,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         env.update(GATEWAY_LABELS_CACHE_S="0.2", GATEWAY_DEFAULT_MODEL=ROUTED,
                    GATEWAY_SHADOW_QUEUE="64")  # fmt: skip
         gateways.append(Gateway(env, logs, workers=2))
-        yield {"gateway": gateways[0], "routing": routing_file, "env": env, "logs": logs}
+        keyed_env = dict(env, GATEWAY_API_KEYS_FILE=str(keys_file))
+        gateways.append(Gateway(keyed_env, logs, workers=1))
+        yield {"gateway": gateways[0], "routing": routing_file, "env": env, "logs": logs,
+               "keyed": gateways[1], "keys": keys}  # fmt: skip
     finally:
         for gateway in gateways:
             gateway.stop()
@@ -139,13 +152,12 @@ def test_requests_naming_a_version_or_a_label_are_not_split(stack: dict) -> None
     assert {served(url, label="stable") for _ in range(5)} == {1}
 
 
-def test_weights_naming_a_version_that_is_not_served_fall_back_to_the_default(
-    stack: dict,
-) -> None:
+def test_weights_naming_a_version_that_is_not_served_fall_back_to_stable(stack: dict) -> None:
     url = stack["gateway"].url
     set_routing(stack["routing"], f"{ROUTED}:\n  weights: {{9: 100}}\n")
 
-    assert {served(url) for _ in range(3)} == {3}  # the newest AVAILABLE, as without routing
+    # stable, never the newest AVAILABLE (v3: in a pinned rollout, the unvetted version)
+    assert {served(url) for _ in range(3)} == {1}
 
 
 def test_a_broken_routing_file_keeps_the_last_good_split(stack: dict) -> None:
@@ -209,3 +221,86 @@ def test_a_request_that_fails_after_resolution_counts_against_its_version(stack:
     assert reply.status_code == 422
     after = metric_sum(url, "gateway_requests_total", model=ROUTED, version="3", status="422")
     assert after == before + 1
+
+
+def keyed_reply(stack: dict, key: str, body: dict[str, Any], **headers: str) -> requests.Response:
+    headers["Authorization"] = f"Bearer {stack['keys'][key]}"
+    return requests.post(
+        f"{stack['keyed'].url}/v1/models/{ROUTED}:classify",
+        json={"texts": ["hello world"], **body}, headers=headers, timeout=10,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "body", "status", "version"),
+    [
+        ("plain", {}, 200, None),
+        ("plain", {"label": "stable"}, 200, 1),
+        ("plain", {"version": 1}, 200, 1),
+        ("plain", {"version": 2}, 403, None),  # unvetted: newer than stable
+        ("plain", {"version": 3}, 403, None),
+        ("plain", {"label": "canary"}, 403, None),
+        ("tester", {"label": "canary"}, 200, 3),
+        ("tester", {"version": 3}, 403, None),  # its scope names the label, not the number
+        ("tester", {"version": 1}, 200, 1),
+        ("ops", {"version": 2}, 200, 2),
+        ("ops", {"label": "canary"}, 200, 3),
+    ],
+)
+def test_an_api_key_reaches_only_the_versions_and_labels_its_scope_names(
+    stack: dict, key: str, body: dict[str, Any], status: int, version: int | None
+) -> None:
+    set_routing(stack["routing"], "{}\n")
+
+    reply = keyed_reply(stack, key, body)
+
+    assert reply.status_code == status, reply.text
+    if status == 403:
+        assert reply.json()["error"]["code"] == "forbidden"
+    elif version is not None:
+        assert reply.json()["model"]["version"] == version
+
+
+def test_tokenize_and_the_openai_model_form_keep_to_the_scope_too(stack: dict) -> None:
+    url, plain = stack["keyed"].url, {"Authorization": f"Bearer {stack['keys']['plain']}"}
+
+    tokenize = requests.post(
+        f"{url}/v1/models/{ROUTED}:tokenize", json={"texts": ["hi"], "version": 3}, headers=plain,
+        timeout=10,
+    )  # fmt: skip
+    embeddings = requests.post(f"{url}/v1/embeddings",
+                               json={"input": "hi", "model": f"{ROUTED}:canary"}, headers=plain,
+                               timeout=10)  # fmt: skip
+
+    assert tokenize.status_code == 403 and embeddings.status_code == 403
+
+
+def test_x_route_key_does_not_override_the_api_keys_sticky_split(stack: dict) -> None:
+    text = f"{ROUTED}:\n  weights: {{1: 50, 3: 50}}\n"
+    set_routing(stack["routing"], text)
+    route = routing.parse(text).route(ROUTED)
+    assert route is not None
+    own = route.choose("plain", ROUTED)
+    other = next(f"k{i}" for i in range(100) if route.choose(f"k{i}", ROUTED) != own)
+
+    versions = {keyed_reply(stack, "plain", {}, **{"X-Route-Key": other}).json()["model"]["version"]
+                for _ in range(4)}  # fmt: skip
+
+    assert versions == {own}
+
+
+def test_rollout_series_count_only_default_traffic_not_pinned_requests(stack: dict) -> None:
+    url = stack["gateway"].url
+    set_routing(stack["routing"], f"{ROUTED}:\n  weights: {{1: 100}}\n")
+    series = ("gateway_version_requests_total", "gateway_version_request_seconds_count")
+    before = {(n, v): metric_sum(url, n, model=ROUTED, version=v) for n in series for v in "13"}
+
+    for _ in range(3):
+        served(url, version=3)
+        served(url, label="canary")
+        served(url, label="stable")
+    assert {served(url) for _ in range(4)} == {1}
+
+    after = {(n, v): metric_sum(url, n, model=ROUTED, version=v) for n in series for v in "13"}
+    assert all(after[(n, "3")] == before[(n, "3")] for n in series)  # pinned: not the rollout's
+    assert all(after[(n, "1")] == before[(n, "1")] + 4 for n in series)  # label stable: pinned too

@@ -340,14 +340,39 @@ def test_gateway_probes_and_scrape_path_are_routes_of_the_app(
     assert {"/readyz", "/healthz", "/metrics"} <= gateway_routes
 
 
-def test_gateway_port_is_its_bind_port_everywhere(objs: list[Obj]) -> None:
-    port = int(gateway_env(objs)["GATEWAY_BIND"].rpartition(":")[2])
+def test_gateway_ports_are_its_bind_ports_everywhere(objs: list[Obj]) -> None:
+    env = gateway_env(objs)
+    port = int(env["GATEWAY_BIND"].rpartition(":")[2])
+    metrics_port = int(env["GATEWAY_METRICS_BIND"].rpartition(":")[2])
     deployment = find(objs, "Deployment", "gateway")
-    (container_port,) = container(deployment, "gateway")["ports"]
-    assert container_port["containerPort"] == port
+    ports = {p["name"]: p["containerPort"] for p in container(deployment, "gateway")["ports"]}
+    assert ports == {"http": port, "metrics": metrics_port}
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/port"] == str(port)
-    assert find(objs, "Service", "gateway")["spec"]["ports"][0]["targetPort"] == "http"
+    assert annotations["prometheus.io/port"] == str(metrics_port)  # /metrics is only there
+    (service_port,) = find(objs, "Service", "gateway")["spec"]["ports"]
+    assert service_port["targetPort"] == "http"  # clients' Service: never the metrics port
+
+
+def test_api_keys_are_on_from_a_secret_that_ships_without_a_key(objs: list[Obj]) -> None:
+    """Closed by default: the keys file is a mounted Secret, and as shipped it holds no key,
+    so the gateway refuses to start until the user fills it (backend.auth.check_keys_file)."""
+    import base64
+
+    from backend.auth import check_keys_file, parse_keys
+
+    env = gateway_env(objs)
+    deployment = find(objs, "Deployment", "gateway")
+    gateway = container(deployment, "gateway")
+    volume, inside = mount_source(deployment, gateway, env["GATEWAY_API_KEYS_FILE"])
+    secret = find(objs, "Secret", "gateway-api-keys")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert volume["secret"]["defaultMode"] & 0o004  # the gateway's uid reads it (no fsGroup)
+    content = base64.b64decode(secret["data"][inside])
+    assert parse_keys(content) == []
+    assert env.get("GATEWAY_METRICS_REQUIRE_KEY", "0") in ("0", "")
+    shipped = BASE / "api-keys.json"
+    with pytest.raises(ValueError, match="holds no key"):
+        check_keys_file(str(shipped))
 
 
 def test_gateway_env_names_only_known_settings_and_loads(objs: list[Obj]) -> None:
@@ -368,6 +393,9 @@ def test_gateway_env_is_composes_but_for_the_upstream_addresses(
     theirs = dict(compose["services"]["gateway"]["environment"])
     for name in ("GATEWAY_TFS_GRPC", "GATEWAY_TFS_REST", "GATEWAY_MODEL_CONFIG_FILE"):
         del env[name], theirs[name]
+    # k8s is closed by default (keys, /metrics on its own port); compose is a local stack
+    del env["GATEWAY_API_KEYS_FILE"], env["GATEWAY_METRICS_BIND"]
+    del env["GATEWAY_RATE_LIMIT_REDIS_URL"]  # compose runs one gateway: per-pod limits hold
     env.pop("GATEWAY_SHADOW_TFS_GRPC", None)  # the shadow's own model servers, if any
     del env["GATEWAY_WORKERS"]  # compose lets gunicorn count the host's CPUs
     assert env == {k: str(v) for k, v in theirs.items()}
@@ -665,6 +693,21 @@ def test_readme_push_examples_use_push_model_flags() -> None:
     assert used <= push_model_flags(), f"push_model has no {used - push_model_flags()}"
 
 
+def test_readme_apikeys_commands_fill_the_secret_the_gateway_starts_with(tmp_path: Path) -> None:
+    from backend.auth import check_keys_file
+    from ops import apikeys
+
+    readme = (K8S / "README.md").read_text()
+    commands = re.findall(r"^python -m ops\.apikeys (.+)$", readme, re.M)
+    assert len(commands) >= 2
+    keys = tmp_path / "api-keys.json"
+    keys.write_bytes((BASE / "api-keys.json").read_bytes())
+    for command in commands:
+        argv = shlex.split(command.replace("deploy/k8s/base/api-keys.json", str(keys)))
+        assert apikeys.main(argv) == 0, command
+    assert len(check_keys_file(str(keys))) == len(commands)
+
+
 # --- access: NetworkPolicies and service-account tokens -----------------------------------------
 
 
@@ -793,6 +836,18 @@ def test_clients_reach_the_gateway_and_monitoring_reaches_only_metrics(objs: lis
     port = port_numbers(objs, "gateway")["http"]
     assert allowed(objs, "default", {}, "gateway", port)
     assert allowed(objs, "ingress-nginx", {"app": "x"}, "gateway", port)
+    # The gateway's /metrics port: the monitoring namespace only, never clients or the namespace
+    metrics_port = port_numbers(objs, "gateway")["metrics"]
+    policy = find(objs, "NetworkPolicy", "gateway")["spec"]
+    (gateway_monitoring,) = [
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for rule in policy["ingress"] for peer in rule.get("from", [])
+        if "namespaceSelector" in peer
+    ]  # fmt: skip
+    assert gateway_monitoring == "monitoring"
+    assert allowed(objs, "monitoring", {}, "gateway", metrics_port)
+    for namespace, labels in (("default", {}), ("ingress-nginx", {"app": "x"}), (NAMESPACE, {})):
+        assert not allowed(objs, namespace, labels, "gateway", metrics_port), namespace
     for server in model_servers(objs):
         tfs = port_numbers(objs, server)
         policy = find(objs, "NetworkPolicy", server)["spec"]
@@ -806,6 +861,26 @@ def test_clients_reach_the_gateway_and_monitoring_reaches_only_metrics(objs: lis
     for job in ("push-model", "rollout", "models-seed"):
         for number in port_numbers(objs, job).values() or [8000]:
             assert not allowed(objs, "default", {}, job, number)
+
+
+def test_rate_limits_go_to_a_redis_only_the_gateways_reach(objs: list[Obj]) -> None:
+    """The HPA runs several gateway pods: one bucket per key in Redis, not one per pod."""
+    from urllib.parse import urlparse
+
+    url = urlparse(gateway_env(objs)["GATEWAY_RATE_LIMIT_REDIS_URL"])
+    service = find(objs, "Service", "gateway-redis")
+    (port,) = service["spec"]["ports"]
+    assert (url.scheme, url.hostname, url.port) == ("redis", "gateway-redis", port["port"])
+    assert matches({"matchLabels": service["spec"]["selector"]}, pod_labels(objs)["gateway-redis"])
+    number = port_numbers(objs, "gateway-redis")[port["targetPort"]]
+    sources = {name: (NAMESPACE, lab) for name, lab in pod_labels(objs).items()}
+    sources["a pod of another namespace"] = ("default", {"app.kubernetes.io/name": "gateway"})
+    reach = {
+        n for n, (ns, lab) in sources.items() if allowed(objs, ns, lab, "gateway-redis", number)
+    }
+    assert reach == {"gateway"}
+    args = container(find(objs, "Deployment", "gateway-redis"), "redis")["args"]
+    assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"
 
 
 # --- the shadow's own model servers (components/shadow-serving, overlays/cpu-shadow) ----------

@@ -37,3 +37,32 @@ def test_a_broken_file_is_a_clear_error_and_is_never_overwritten(
     assert apikeys.main(["--file", str(path), "add", "y"]) == 1
     assert "64 hex characters" in capsys.readouterr().err
     assert "short" in path.read_text()
+
+
+def test_a_keys_scope_is_stored_listed_and_read_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "keys.json"
+    assert apikeys.main(["--file", str(path), "add", "testers", "--versions", "public,canary,7",
+                         "--rate", "0.5"]) == 0  # fmt: skip
+    key = capsys.readouterr().out.strip()
+    assert apikeys.main(["--file", str(path), "list"]) == 0
+    assert "versions: public,canary,7" in capsys.readouterr().out
+
+    found = KeyTable(str(path)).find(key)
+
+    assert found is not None and found.versions == {"public", "canary", 7}
+    assert found.burst == 1.0  # a rate under 1/s still lets one request through
+    labels, public = {"stable": 2, "canary": 3}, ("stable",)
+    assert found.may_name(None, "canary", labels, public) and found.may_name(
+        7, None, labels, public
+    )
+    assert found.may_name(2, None, labels, public) and not found.may_name(3, None, labels, public)
+
+
+def test_add_refuses_what_the_gateway_would_refuse(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    assert apikeys.main(["--file", str(path), "add", "a", "--versions", ""]) == 0  # default only
+    with pytest.raises(ValueError, match="'burst' must be at least 1"):
+        apikeys.add(path, "b", None, 5.0, 0.5)
+    assert [e["name"] for e in apikeys.load(path)] == ["a"]

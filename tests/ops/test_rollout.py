@@ -91,7 +91,7 @@ class FakeGateway:
         self.lock = threading.Lock()
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "gateway_requests_total", "", ["route", "model", "version", "status"],
+            "gateway_version_requests_total", "", ["model", "version", "status"],
             registry=self.registry,
         )  # fmt: skip
         self.seconds = Histogram(
@@ -146,7 +146,7 @@ class FakeGateway:
             errors = round(n * how.error_rate) if share >= how.errors_from_share else 0
             for status, count in (("200", n - errors), ("503", errors)):
                 if count:
-                    self.requests.labels("classify", MODEL, str(version), status).inc(count)
+                    self.requests.labels(MODEL, str(version), status).inc(count)
             for _ in range(n):
                 self.seconds.labels(MODEL, str(version)).observe(how.latency_s)
         if route.shadow is not None and route.weights:
@@ -428,7 +428,8 @@ def test_prometheus_source_reads_the_same_figures_as_the_gateways(serving: Path)
     assert figs.stable.requests == 200
     assert figs.shadow.compared == 100
     assert figs.shadow.measure() == ("top1", pytest.approx(0.9), 100)
-    assert 'sum by (version, status) (gateway_requests_total{model="tiny"})' in prometheus.queries
+    query = 'sum by (version, status) (gateway_version_requests_total{model="tiny"})'
+    assert query in prometheus.queries
 
 
 def test_prometheus_source_reports_a_refused_query() -> None:
