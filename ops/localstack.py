@@ -126,7 +126,6 @@ def gateway_env(
             "GATEWAY_TFS_REST": f"http://127.0.0.1:{ports.rest}",
             "GATEWAY_MODEL_BASE_PATH": str(base_path.resolve()),
             "GATEWAY_MODEL_CONFIG_FILE": str(config),
-            "GATEWAY_DEFAULT_MODEL": "minilm-intent",
             "GATEWAY_BIND": f"127.0.0.1:{ports.gateway}",
         }
     )
