@@ -47,6 +47,7 @@ from modelformat.errors import FormatError
 from modelformat.heads import TASKS
 from modelformat.publish import copy_in
 from ops import addmodel, labelhistory, modelconfig
+from ops.localstack import stack_grpc_target
 from ops.modelconfig import OpsError
 from ops.procs import REPO
 from ops.server import ModelServer, ReplicaSet, wait_available_everywhere
@@ -632,7 +633,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )  # fmt: skip
     parser.add_argument(
         "--server", action="append",
-        help="model server gRPC host:port (default 127.0.0.1:8500); repeat it or separate with "
+        help="model server gRPC host:port (default: the `make run` stack's running on --config, "
+        "else 127.0.0.1:8500); repeat it or separate with "
         "commas for several replicas; a name (or dns:///name:port) stands for every address "
         "it resolves to, e.g. a headless Service: each gets the config reload, and a label "
         "moves only once every one reports the version AVAILABLE",
@@ -661,7 +663,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     if args.keep < 1:
         parser.error("--keep must be at least 1: the newest version is always served")
     check_add_args(parser, args, extra)
-    args.server = args.server or ["127.0.0.1:8500"]
+    args.server = args.server or [stack_grpc_target(args.config) or "127.0.0.1:8500"]
     if args.reader_wait is None:
         try:
             args.reader_wait = default_reader_wait_s()
