@@ -6,7 +6,8 @@ version: no model name is written in compose, Kubernetes or the gateway's settin
 a model that joins the config later (``push_model.py --add``) is not waited on: every gateway
 reads the same file, so waiting on it would take every pod out of the Service while the new
 model loads, an outage for the models already served. The model server must still answer, and
-the default model (when set) must stay AVAILABLE.
+the default model (when set) must stay AVAILABLE. The answer lists every model of the config with
+its newest AVAILABLE version (null while it has none).
 """
 
 from __future__ import annotations
@@ -39,30 +40,40 @@ class Readiness:
         self.retry_after_s = retry_after_s
         self._ready_once = threading.Event()
 
-    def required(self) -> list[str]:
-        """Return the models that must be AVAILABLE now (the config's until first ready)."""
-        names = [] if self._ready_once.is_set() else self.labels.models()
+    def names(self) -> list[str]:
+        """Return the models the answer reports: the config's, and the default model."""
+        names = self.labels.models()
         if self.default_model and self.default_model not in names:
             names.append(self.default_model)
         return names
 
+    def required(self) -> set[str]:
+        """Return the models that must be AVAILABLE now (all of them until first ready)."""
+        if not self._ready_once.is_set():
+            return set(self.names())
+        return {self.default_model} if self.default_model else set()
+
     def check(self) -> dict[str, Any]:
-        """Return the ready answer, or raise NotReady (503) naming what is missing."""
-        required = self.required()
-        versions: dict[str, int] = {}
+        """Return the ready answer, or raise NotReady (503) naming what is missing.
+
+        The answer lists every model of the config with its newest AVAILABLE version (null
+        while none is): the same on every worker, whichever has been ready before.
+        """
+        names, required = self.names(), self.required()
+        versions: dict[str, int | None] = {}
         try:
-            if not required:
+            if not names:
                 self.probe()
-            for model in required:
+            for model in names:
                 # The cached, merged states: a refresh slowed by a hung replica serves the last
                 # answer, so the probe never waits on it.
-                version = newest_available(self._states(model))
-                if version is None:
+                version = self._newest(model, model in required)
+                if version is None and model in required:
                     raise NotReady(f"model {model!r} has no AVAILABLE version yet")
                 versions[model] = version
         except NotReady:
             raise
-        except GatewayError as exc:
+        except GatewayError as exc:  # the model server does not answer
             raise NotReady(
                 f"model server not ready: {exc.message}", retry_after_s=self.retry_after_s
             ) from exc
@@ -75,8 +86,10 @@ class Readiness:
             "models": versions,
         }
 
-    def _states(self, model: str) -> list[VersionStatus]:
+    def _newest(self, model: str, required: bool) -> int | None:
         try:
-            return self.statuses.get(model)
+            return newest_available(self.statuses.get(model))
         except (NotFound, UpstreamError) as exc:
-            raise NotReady(f"model {model!r} is not ready: {exc.message}") from None
+            if required:
+                raise NotReady(f"model {model!r} is not ready: {exc.message}") from None
+            return None

@@ -243,8 +243,10 @@ def test_a_model_added_once_ready_does_not_take_the_gateway_out_while_it_loads(
     assert client.get("/readyz").status_code == 200
 
     config.write_text(model_config(model_base, {}, [INTENT, "still-loading"]))
+    response = client.get("/readyz")
 
-    assert client.get("/readyz").status_code == 200
+    assert response.status_code == 200
+    assert response.get_json()["models"] == {INTENT: 2, "still-loading": None}
 
 
 def test_readyz_is_503_when_the_default_model_is_not_served(modelserver: ModelServer) -> None:
