@@ -437,12 +437,17 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
                 print(f"{plan.model} v{version} AVAILABLE ({max(took.values()):.1f}s)")
             if apply_config(server, config_path, writes.load, writes.label, args.timeout):
                 outcome.labels_moved_at = time.monotonic()
-        except OpsError:
+        except OpsError as exc:
             # Put the config back to the pin: with the new version on disk, the old policy
             # would unload a labelled version or (latest/all) serve the new one; the published
             # version stays on disk, unserved.
             restore_config(server, config_path, writes.pin, args.timeout)
-            raise
+            if plan.entry is None:
+                raise
+            raise OpsError(
+                f"{plan.model} was not added (the config is as it was; what was published stays "
+                f"on disk, and the same command uses it once the cause is fixed): {exc}"
+            ) from exc
         if plan.history is not None and plan.history != history:
             record_history(history_path, plan.history)  # under the lock, right after the move
         if unloads:

@@ -150,3 +150,19 @@ def test_offline_add_writes_the_config_a_server_starts_on(checkpoint: Path, tmp_
         f"/models/{NAME}"
     )
     assert list_versions(tmp_path / "models" / NAME) == [1]
+
+
+def test_a_model_that_never_loads_leaves_the_config_as_it_was(
+    ops_server: OpsServer, checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = serverconfig.render(modelconfig.load_config(ops_server.config))
+    args = add_args(ops_server, checkpoint, "--timeout", "3")
+    args[args.index("--name") + 1] = "never-loads"
+    # Published into a directory the server does not read: the entry points at an empty one.
+    args[args.index("--base-path") + 1] = str(tmp_path / "elsewhere")
+
+    assert push.main(args) == 1
+
+    assert "never-loads was not added (the config is as it was" in capsys.readouterr().err
+    assert serverconfig.render(modelconfig.load_config(ops_server.config)) == before
+    assert list_versions(tmp_path / "elsewhere" / "never-loads") == [1]  # kept, unserved
