@@ -4,6 +4,7 @@
   push_model.py --from-dir exported/7 --name minilm-intent --label canary  # copy an exported dir
   push_model.py --name minilm-intent --promote canary stable  # stable := canary's version
   push_model.py --name minilm-intent --rollback stable        # stable := its previous value
+  push_model.py --add --name my-model --checkpoint ckpt/ --task classify  # a new model
   Add --dry-run to any of them to see the plan and the models.config diff, changing nothing.
   Arguments after `--` go to `python -m export build` (e.g. `-- --task embed --precision bf16`).
 
