@@ -28,11 +28,9 @@ from backend.early_exit import (
     text_speeds,
 )
 from backend.errors import (
-    GatewayError,
     ModelAssetsError,
     ModelNotFound,
     NotFound,
-    NotReady,
     TaskMismatch,
     TextTooLong,
     UnprocessableInput,
@@ -43,6 +41,7 @@ from backend.errors import (
 )
 from backend.grouping import UpstreamGroups
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
+from backend.readiness import Readiness
 from backend.routing import RoutingTable, routing_file_for
 from backend.schemas import ClassifyRequest, EmbedRequest, TagRequest
 from backend.settings import Settings
@@ -83,6 +82,10 @@ class Gateway:
         )
         self.labels = LabelTable(settings.model_config_file, recheck_s=settings.labels_cache_s)
         self.resolver = VersionResolver(self.statuses, self.labels)
+        self.ready = Readiness(
+            self.statuses, self.labels, settings.default_model, self._probe_server,
+            settings.retry_after_s,
+        )  # fmt: skip
         self.routing = RoutingTable(
             routing_file_for(settings.routing_file, settings.model_config_file),
             recheck_s=settings.labels_cache_s,
@@ -390,31 +393,15 @@ class Gateway:
         }
 
     def readiness(self) -> dict[str, Any]:
-        """Return the ready answer, or raise 503 when the default model is not AVAILABLE."""
-        model = self.settings.default_model
+        """Return the ready answer, or raise 503 (``backend.readiness`` says when)."""
+        return self.ready.check()
+
+    def _probe_server(self) -> list[Any]:
+        """Ask the model server anything: an answer, even a 404, means it is up."""
         try:
-            if model:
-                # The cached, merged states: a refresh slowed by a hung replica serves the last
-                # answer, so the probe never waits on it.
-                statuses = self.statuses.get(model)
-            else:
-                statuses = self.client.model_status(
-                    "readiness-probe", timeout_s=min(2.0, self._timeout())
-                )
-        except (NotFound, UpstreamError) as exc:
-            if model:
-                raise NotReady(f"model {model!r} is not ready: {exc.message}") from None
-            statuses = []  # no default model: any answer at all means the server is up
-        except GatewayError as exc:
-            raise NotReady(
-                f"model server not ready: {exc.message}", retry_after_s=self.settings.retry_after_s
-            ) from exc
-        if not model:
-            return {"status": "ready", "model": None, "version": None}
-        version = newest_available(statuses)
-        if version is None:
-            raise NotReady(f"model {model!r} has no AVAILABLE version yet")
-        return {"status": "ready", "model": model, "version": version}
+            return self.client.model_status("readiness-probe", timeout_s=min(2.0, self._timeout()))
+        except (NotFound, UpstreamError):
+            return []
 
     # -- the pipeline -----------------------------------------------------------------------
 

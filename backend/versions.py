@@ -222,6 +222,10 @@ class LabelTable:
         """Return every label of ``model``."""
         return dict(self._current().get(model, {}))
 
+    def models(self) -> list[str]:
+        """Return the names of the models the serving config lists, in its order."""
+        return list(self._current())
+
     def _current(self) -> dict[str, dict[str, int]]:
         return self._file.get() if self._file is not None else {}
 

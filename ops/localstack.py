@@ -10,6 +10,7 @@ The stack keeps running in the background; ``make stop`` (``--stop``) ends it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -22,6 +23,7 @@ import requests
 from ops.procs import REPO, ServerProcess, child_env, http_ok, port_open, stop_group
 
 STATE_DIR = REPO / ".stack"
+PORTS_FILE = "ports.json"  # the running stack's ports, beside its models.config
 SERVING_CONFIG = REPO / "serving_config"
 DEMO_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     (
@@ -109,6 +111,15 @@ def local_model_config(base_path: Path, state_dir: Path) -> Path:
     return out
 
 
+def stack_grpc_target(config: Path) -> str | None:
+    """Return the gRPC target of the stack running on ``config`` (None: not a running stack's)."""
+    try:
+        ports = json.loads((config.parent / PORTS_FILE).read_text())
+        return f"127.0.0.1:{int(ports['grpc'])}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _spawn(name: str, cmd: list[str], env: dict[str, str], state_dir: Path) -> ServerProcess:
     proc = ServerProcess(cmd, state_dir / f"{name}.log", env, name=name)
     (state_dir / f"{name}.pid").write_text(str(proc.pid))  # for `make stop` from another shell
@@ -126,7 +137,6 @@ def gateway_env(
             "GATEWAY_TFS_REST": f"http://127.0.0.1:{ports.rest}",
             "GATEWAY_MODEL_BASE_PATH": str(base_path.resolve()),
             "GATEWAY_MODEL_CONFIG_FILE": str(config),
-            "GATEWAY_DEFAULT_MODEL": "minilm-intent",
             "GATEWAY_BIND": f"127.0.0.1:{ports.gateway}",
         }
     )
@@ -141,6 +151,8 @@ def start_stack(
         if port_open(port):
             raise RuntimeError(f"port {port} is in use (a stack already running? `make stop`)")
     config = local_model_config(base_path, state_dir)
+    # beside the config: push_model.py, given this config, tells this stack's model server
+    (state_dir / PORTS_FILE).write_text(json.dumps(dataclasses.asdict(ports)) + "\n")
     env = child_env(TF_CPP_MIN_LOG_LEVEL="2")
     print(f"starting model server on :{ports.grpc} (gRPC) and :{ports.rest} (REST) ...", flush=True)
     server_cmd = [
@@ -174,6 +186,7 @@ def stop_stack(state_dir: Path = STATE_DIR) -> None:
         stop_group(int(pid_file.read_text()))
         pid_file.unlink()
         print(f"stopped {name}")
+    (state_dir / PORTS_FILE).unlink(missing_ok=True)
 
 
 def show_requests(port: int, base_path: Path) -> None:

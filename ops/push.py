@@ -4,6 +4,7 @@
   push_model.py --from-dir exported/7 --name minilm-intent --label canary  # copy an exported dir
   push_model.py --name minilm-intent --promote canary stable  # stable := canary's version
   push_model.py --name minilm-intent --rollback stable        # stable := its previous value
+  push_model.py --add --name my-model --checkpoint ckpt/ --task classify  # a new model
   Add --dry-run to any of them to see the plan and the models.config diff, changing nothing.
   Arguments after `--` go to `python -m export build` (e.g. `-- --task embed --precision bf16`).
 
@@ -44,8 +45,10 @@ from backend.settings import SettingsError, load_settings
 from backend.versions import label_staleness_bound_s
 from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
+from modelformat.heads import TASKS
 from modelformat.publish import copy_in
-from ops import labelhistory, modelconfig
+from ops import addmodel, labelhistory, modelconfig
+from ops.localstack import stack_grpc_target
 from ops.modelconfig import OpsError
 from ops.procs import REPO
 from ops.server import ModelServer, ReplicaSet, wait_available_everywhere
@@ -62,12 +65,20 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     # the label history once the labels moved (None: leave the history file as it is)
     history: labelhistory.History | None = None
+    # --add: the entry the config gets (None: the model is in the config already)
+    entry: Any = None
+    # versions to wait for besides the new one and the label targets (--add of one on disk)
+    wait_for: list[int] = field(default_factory=list)
+
+
+# the committed serving config (docker layout), and the running `make run` stack's copy of it
+COMMITTED_CONFIG = REPO / "serving_config" / "models.config"
+STACK_CONFIG = REPO / ".stack" / "models.config"
 
 
 def default_config_path() -> Path:
     """Return the config the local stack runs with (``.stack/``) or else the committed one."""
-    local = REPO / ".stack" / "models.config"
-    return local if local.is_file() else REPO / "serving_config" / "models.config"
+    return STACK_CONFIG if STACK_CONFIG.is_file() else COMMITTED_CONFIG
 
 
 def plan_push(
@@ -331,13 +342,23 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
     config = modelconfig.load_config(config_path)
     if not args.dry_run:
         pause_for_tests(config_path, args.timeout)
-    model = modelconfig.find_model(config, args.name)
+    entry = None
+    if args.add and not addmodel.has_model(config, args.name):
+        entry = addmodel.new_entry(config, args.name, str(args.base_path.resolve()))
+    model = entry if entry is not None else modelconfig.find_model(config, args.name)
     model_dir = modelconfig.model_dir_on_host(model, args.base_path)
     on_disk = layout.list_versions(model_dir)
     history_path = labelhistory.history_path_for(config_path)
     history = labelhistory.load(history_path)
+    add_plan = plan_add(args, model, entry, model_dir, on_disk) if args.add else None
+    if args.add and add_plan is None:  # already served: only the other configs may lack it
+        if not args.dry_run:
+            copy_entry_to(args.also_config, config, args.name, args)
+        return Outcome()
 
-    if args.promote:
+    if add_plan is not None:
+        plan = add_plan
+    elif args.promote:
         plan = plan_promote(model, *args.promote)
     elif args.rollback:
         plan = plan_rollback(model, history, args.rollback, args.to)
@@ -351,7 +372,10 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             history, model.name, dict(model.version_labels), plan.labels
         )
     future_disk = sorted({*on_disk, *([plan.new_version] if plan.new_version else [])})
-    writes = plan_writes(config, model, plan, on_disk, args.keep)
+    if plan.entry is not None:
+        writes = plan_add_writes(config, plan, future_disk)
+    else:
+        writes = plan_writes(config, model, plan, on_disk, args.keep)
     unloads = sorted(
         served(writes.label, plan.model, future_disk)
         - served(writes.shrink, plan.model, future_disk)
@@ -373,6 +397,14 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
     if args.dry_run:
         print("dry run: nothing changed")
         return outcome
+    if args.offline:  # --add of a model no server serves yet: publish, then one write
+        if plan.new_version is not None:
+            publish(args, plan, model_dir, extra)
+            outcome.new_version = plan.new_version
+        serverconfig.write_atomic(config_path, writes.shrink)
+        copy_entry_to(args.also_config, writes.shrink, plan.model, args)
+        print(f"{config_path}: {plan.model} added; a server reading it loads it at its next poll")
+        return outcome
 
     server = ReplicaSet(args.server)
     server.applied = config
@@ -387,8 +419,12 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
         if plan.new_version is not None:
             # Under latest/all the new version itself makes the server unload the oldest one.
             pinned = writes.pin
-            gone = sorted(
-                served(pinned, plan.model, on_disk) - served(pinned, plan.model, future_disk)
+            gone = (
+                []
+                if plan.entry is not None  # an added model is not in the config yet
+                else sorted(
+                    served(pinned, plan.model, on_disk) - served(pinned, plan.model, future_disk)
+                )
             )
             if gone:
                 outcome.reader_wait_s += wait_for_readers(config_path, args.reader_wait, gone)
@@ -396,17 +432,23 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             outcome.new_version = plan.new_version
         try:
             apply_config(server, config_path, writes.pin, writes.load, args.timeout)
-            for version in sorted({*plan.labels.values(), plan.new_version or 0} - {0}):
+            waits = {*plan.labels.values(), *plan.wait_for, plan.new_version or 0} - {0}
+            for version in sorted(waits):
                 took = wait_available_everywhere(server, plan.model, version, args.timeout)
                 print(f"{plan.model} v{version} AVAILABLE ({max(took.values()):.1f}s)")
             if apply_config(server, config_path, writes.load, writes.label, args.timeout):
                 outcome.labels_moved_at = time.monotonic()
-        except OpsError:
+        except OpsError as exc:
             # Put the config back to the pin: with the new version on disk, the old policy
             # would unload a labelled version or (latest/all) serve the new one; the published
             # version stays on disk, unserved.
             restore_config(server, config_path, writes.pin, args.timeout)
-            raise
+            if plan.entry is None:
+                raise
+            raise OpsError(
+                f"{plan.model} was not added (the config is as it was; what was published stays "
+                f"on disk, and the same command uses it once the cause is fixed): {exc}"
+            ) from exc
         if plan.history is not None and plan.history != history:
             record_history(history_path, plan.history)  # under the lock, right after the move
         if unloads:
@@ -424,10 +466,71 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
             print(f"policy: {', '.join(f'v{v}' for v in unloads)} unloading")
         labels = modelconfig.find_model(writes.label, plan.model).version_labels
         moved = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        copy_entry_to(args.also_config, writes.shrink, plan.model, args)
         print(f"done in {time.monotonic() - started:.1f}s; labels: {moved or 'none'}")
     finally:
         server.close()
     return outcome
+
+
+def plan_add(
+    args: argparse.Namespace, model: Any, entry: Any, model_dir: Path, on_disk: list[int]
+) -> Plan | None:
+    """Return the plan of ``--add``, or None when the model already serves this source.
+
+    Adding what is already served changes nothing (the command may be run again); a model in
+    the config with another checkpoint gets it as its next version, as any push; one not in
+    the config gets the entry, and version 1 unless a version exported from the same source
+    is on disk already (an earlier ``--add`` whose reload failed).
+    """
+    source = addmodel.source_of(args.checkpoint, args.from_dir, args.task)
+    same = addmodel.served_as(model_dir, source, on_disk)
+    if same is not None and entry is None:
+        print(f"{model.name} v{same} was exported from {args.checkpoint or args.from_dir}: "
+              "already in the config, nothing to do")  # fmt: skip
+        return None
+    if entry is not None and same is not None:
+        plan = Plan(model=model.name, entry=entry, wait_for=[same])
+        plan.notes.append(f"add {model.name} to the config: v{same} is on disk already")
+        if args.label:
+            plan.labels[args.label] = same
+    else:
+        if entry is None and args.offline:
+            raise OpsError(
+                f"{model.name} is in the config already: push its new version to the running "
+                "model server (drop --offline)"
+            )
+        plan = plan_push(model, model_dir, str(args.checkpoint or args.from_dir), args.label,
+                         args.version)  # fmt: skip
+        plan.entry = entry
+        if entry is not None:
+            plan.notes.append(f"add {model.name} to the config (base path {entry.base_path})")
+    return plan
+
+
+def plan_add_writes(config: Any, plan: Plan, future_disk: list[int]) -> Writes:
+    """Return the writes of ``--add`` for a model not in ``config``: nothing to pin (no server
+    watches its directory yet), then the entry with its labels in one write."""
+    entry = modelconfig.move_labels(plan.entry, future_disk, plan.labels)
+    added = addmodel.with_entry(config, entry)
+    return Writes(pin=config, load=added, label=added, shrink=added)
+
+
+def copy_entry_to(paths: list[Path], config: Any, name: str, args: argparse.Namespace) -> None:
+    """Add ``name``'s entry of ``config`` to each of ``paths`` that lacks it (its base path
+    beside that file's models), each under its own lock and written atomically."""
+    source = modelconfig.find_model(config, name)
+    for path in paths:
+        with serverconfig.config_lock(path, args.lock_timeout):
+            other = modelconfig.load_config(path)
+            if addmodel.has_model(other, name):
+                continue
+            entry = addmodel.new_entry(other, name, addmodel.CONTAINER_MODELS)
+            base_path = entry.base_path
+            entry.CopyFrom(source)
+            entry.base_path = base_path
+            serverconfig.write_atomic(path, addmodel.with_entry(other, entry))
+        print(f"{path}: {name} added (base path {base_path})")
 
 
 def publish(args: argparse.Namespace, plan: Plan, model_dir: Path, extra: list[str]) -> None:
@@ -448,6 +551,34 @@ def split_exporter_args(argv: list[str] | None) -> tuple[list[str], list[str]]:
         return argv, []
     cut = argv.index("--")
     return argv[:cut], argv[cut + 1 :]
+
+
+def check_add_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
+) -> None:
+    """Check --add, --task, --also-config and --offline; pass --task on to the exporter."""
+    if args.add:
+        try:
+            addmodel.check_name(args.name)
+        except OpsError as exc:
+            parser.error(str(exc))
+        if args.promote or args.rollback:
+            parser.error("--add goes with --checkpoint or --from-dir")
+        if args.checkpoint and not args.task and "--task" not in extra:
+            parser.error(f"--add --checkpoint needs --task ({', '.join(TASKS)})")
+    elif args.offline or args.also_config:
+        parser.error("--offline and --also-config go with --add")
+    if args.task:
+        if not args.checkpoint:
+            parser.error("--task goes with --checkpoint (an exported directory has its task)")
+        if "--task" in extra:
+            parser.error("--task is given twice (before and after --)")
+        extra[:0] = ["--task", args.task]
+    if args.add and args.config.resolve() == STACK_CONFIG.resolve():
+        args.also_config.append(COMMITTED_CONFIG)
+    args.also_config = [
+        p for p in dict.fromkeys(args.also_config) if p.resolve() != args.config.resolve()
+    ]
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -471,6 +602,30 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         help="with --rollback: point LABEL at VERSION instead (when the history has no earlier "
         "value, or to go further back)",
     )  # fmt: skip
+    parser.add_argument(
+        "--add", action="store_true",
+        help="the model may be new: add its entry to the config (beside the other models) once "
+        "the checkpoint is published as version 1; run again, it changes nothing while the "
+        "newest version comes from the same checkpoint and task (a changed checkpoint is "
+        "pushed as the next version)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--task", choices=TASKS,
+        help="with --checkpoint: what to export (classify, embed, tag; passed to `python -m "
+        "export build --task`); required with --add",
+    )  # fmt: skip
+    parser.add_argument(
+        "--also-config", type=Path, action="append", default=[],
+        help="with --add: another serving config that gets the entry too (its base path beside "
+        "that file's models; no server is told); by default, when --config is the running "
+        "`make run` stack's copy, serving_config/models.config, so the model stays served by "
+        "the next `make run`, docker compose and the k8s seed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--offline", action="store_true",
+        help="with --add: no model server is told (none runs yet): publish the version and "
+        "write the config; a server started on it, or polling it, loads the model",
+    )  # fmt: skip
     parser.add_argument("--label", help="point this label at the new version once it is loaded")
     parser.add_argument("--version", type=int, help="version number (default: next free)")
     parser.add_argument(
@@ -484,7 +639,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )  # fmt: skip
     parser.add_argument(
         "--server", action="append",
-        help="model server gRPC host:port (default 127.0.0.1:8500); repeat it or separate with "
+        help="model server gRPC host:port (default: the `make run` stack's running on --config, "
+        "else 127.0.0.1:8500); repeat it or separate with "
         "commas for several replicas; a name (or dns:///name:port) stands for every address "
         "it resolves to, e.g. a headless Service: each gets the config reload, and a label "
         "moves only once every one reports the version AVAILABLE",
@@ -512,7 +668,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         parser.error("--to goes with --rollback")
     if args.keep < 1:
         parser.error("--keep must be at least 1: the newest version is always served")
-    args.server = args.server or ["127.0.0.1:8500"]
+    check_add_args(parser, args, extra)
+    args.server = args.server or [stack_grpc_target(args.config) or "127.0.0.1:8500"]
     if args.reader_wait is None:
         try:
             args.reader_wait = default_reader_wait_s()

@@ -55,7 +55,8 @@ SETTING_MEANINGS: dict[str, str] = {
     "`model.json` come from here)",
     "GATEWAY_MODEL_CONFIG_FILE": "the serving config (`models.config`); version labels are read "
     "from it",
-    "GATEWAY_DEFAULT_MODEL": "the model `/readyz` checks",
+    "GATEWAY_DEFAULT_MODEL": "optional: a model `/readyz` requires AVAILABLE on every probe (the "
+    "serving config's models are required until the worker is first ready)",
     "GATEWAY_TIMEOUT_S": "whole-request deadline; past it the answer is 504",
     "GATEWAY_PUBLIC_LABELS": "comma-separated labels every key may name (default `stable`); a "
     "version newer than the newest one they name is unvetted: only keys whose `versions` list it "

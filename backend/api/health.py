@@ -17,5 +17,6 @@ def healthz() -> Response:
 
 @bp.get("/readyz")
 def readyz() -> Response:
-    """Return 200 when the model server answers and the default model is AVAILABLE, else 503."""
+    """Return 200 when the model server answers and the configured models are AVAILABLE, else
+    503 (``backend.readiness``)."""
     return json_response(current_gateway().readiness())

@@ -150,7 +150,9 @@ def test_readyz_is_200_when_the_default_model_is_available(gateway: Gateway) -> 
     response = requests.get(f"{gateway.url}/readyz", timeout=10)
 
     assert response.status_code == 200
-    assert response.json() == {"status": "ready", "model": INTENT, "version": 2}
+    body = response.json()
+    assert (body["status"], body["model"], body["version"]) == ("ready", INTENT, 2)
+    assert body["models"][INTENT] == 2  # with every model of the config, on the first answer
 
 
 def test_metrics_count_requests_by_route_model_version_and_status(gateway: Gateway) -> None:

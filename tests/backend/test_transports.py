@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from backend.app import create_app
 from tests.backend.conftest import EMBED, EXITS, INTENT
-from tests.backend.stack import Gateway, ModelServer, hung_port
+from tests.backend.stack import Gateway, ModelServer, hung_port, model_config
 
 TEXTS = ["my card was charged twice", "我的订单还没到", "hello", " ".join(["refund"] * 80)]
 REQUESTS: list[tuple[str, dict[str, Any]]] = [
@@ -203,8 +203,50 @@ def test_readyz_without_a_default_model_checks_the_server_answers(
     ).test_client()  # fmt: skip
     down = _app(model_base, "grpc", _closed_port())
 
-    assert up.get("/readyz").get_json() == {"status": "ready", "model": None, "version": None}
+    assert up.get("/readyz").get_json() == {
+        "status": "ready", "model": None, "version": None, "models": {}
+    }  # fmt: skip
     assert down.get("/readyz").status_code == 503
+
+
+def _config_app(modelserver: ModelServer, model_base: Path, config: Path) -> FlaskClient:
+    return create_app(
+        {"upstream": "grpc", "tfs_grpc_target": modelserver.grpc_target,
+         "model_base_path": str(model_base), "model_config_file": str(config),
+         "labels_cache_s": 0.0}
+    ).test_client()  # fmt: skip
+
+
+def test_readyz_waits_for_every_model_of_the_serving_config(
+    modelserver: ModelServer, model_base: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "models.config"
+    config.write_text(model_config(model_base, {}, [INTENT, EMBED, "not-served"]))
+    client = _config_app(modelserver, model_base, config)
+
+    waiting = client.get("/readyz")
+    config.write_text(model_config(model_base, {}, [INTENT, EMBED]))
+    ready = client.get("/readyz")
+
+    assert waiting.status_code == 503 and "'not-served'" in waiting.get_json()["error"]["message"]
+    assert ready.status_code == 200
+    assert ready.get_json()["models"] == {INTENT: 2, EMBED: 1}
+    assert ready.get_json()["model"] is None  # no GATEWAY_DEFAULT_MODEL: none is special
+
+
+def test_a_model_added_once_ready_does_not_take_the_gateway_out_while_it_loads(
+    modelserver: ModelServer, model_base: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "models.config"
+    config.write_text(model_config(model_base, {}, [INTENT]))
+    client = _config_app(modelserver, model_base, config)
+    assert client.get("/readyz").status_code == 200
+
+    config.write_text(model_config(model_base, {}, [INTENT, "still-loading"]))
+    response = client.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.get_json()["models"] == {INTENT: 2, "still-loading": None}
 
 
 def test_readyz_is_503_when_the_default_model_is_not_served(modelserver: ModelServer) -> None:

@@ -292,6 +292,15 @@ def test_tfserving_readiness_is_every_named_version_and_names_no_model(
     assert not [name for name in model_names if name in text]
 
 
+def test_no_object_but_the_config_seed_names_a_model(
+    objs: list[Obj], model_names: set[str]
+) -> None:
+    """The models are the serving config's: adding one edits that file, no manifest."""
+    seed = find(objs, "ConfigMap", "models-config-seed")
+    text = yaml.safe_dump_all([o for o in objs if o is not seed])
+    assert not [name for name in model_names if re.search(rf"\b{re.escape(name)}\b", text)]
+
+
 def test_tfserving_liveness_is_the_grpc_port(objs: list[Obj]) -> None:
     tfs = container(find(objs, "Deployment", "tf-serving"), "tf-serving")
     assert tfs["livenessProbe"]["tcpSocket"]["port"] == "grpc"
@@ -420,7 +429,9 @@ def test_gateway_reads_the_model_tree_and_config_tf_serving_reads(
     assert models_mount(gateway)["mountPath"] == env["GATEWAY_MODEL_BASE_PATH"]
     assert models_mount(tfs)["mountPath"] == env["GATEWAY_MODEL_BASE_PATH"]
     assert env["GATEWAY_MODEL_CONFIG_FILE"] == tfs_flags(objs)["model_config_file"]
-    assert env["GATEWAY_DEFAULT_MODEL"] in model_names
+    assert model_names, "models.config lists no model"
+    # readiness covers the models of that file: no demo model is named in the manifests
+    assert "GATEWAY_DEFAULT_MODEL" not in env
 
 
 def test_gateway_image_is_the_backend_dockerfiles_and_its_user(

@@ -168,16 +168,46 @@ def test_both_tf_serving_ports_are_published_on_the_hosts_loopback_only(
     assert {p.strip('"') for p in tfs["ports"]} == {"127.0.0.1:8500:8500", "127.0.0.1:8501:8501"}
 
 
-def test_tfserving_healthcheck_needs_no_curl_and_names_a_configured_model(
-    tfs: dict[str, Any], model_config: Any
-) -> None:
+def test_tfserving_healthcheck_needs_no_curl_and_names_no_model(tfs: dict[str, Any]) -> None:
     test = tfs["healthcheck"]["test"]
     script = " ".join(test)
     assert "curl" not in script and "wget" not in script
     assert test[:2] == ["CMD", "bash"] and "/dev/tcp/127.0.0.1/8501" in script
+    assert "/config/models.config" in script  # the names come from the file the server reads
+    assert not re.search(r"/v1/models/[\w.-]", script), "a model name is written in compose"
+
+
+def healthcheck_script(tfs: dict[str, Any], config: Path, rest_port: int) -> str:
+    """Return the compose healthcheck as the shell runs it, aimed at ``config`` and a port."""
+    script: str = tfs["healthcheck"]["test"][3]
+    script = script.replace("$$", "$").replace("/config/models.config", str(config))
+    return script.replace("/dev/tcp/127.0.0.1/8501", f"/dev/tcp/127.0.0.1/{rest_port}")
+
+
+@pytest.mark.parametrize("extra", [[], ["not-loaded"]], ids=["all-loaded", "one-missing"])
+def test_tfserving_healthcheck_requires_every_configured_model_available(
+    tfs: dict[str, Any], ops_server: Any, tmp_path: Path, extra: list[str]
+) -> None:
+    from modelformat import serverconfig
+
+    served = serverconfig.read(ops_server.config)  # what the server loads, one name per line
+    for name in extra:
+        served.model_config_list.config.add(name=name, base_path=f"/models/{name}")
+    config = tmp_path / "models.config"
+    config.write_text(serverconfig.render(served))
+
+    script = healthcheck_script(tfs, config, ops_server.rest_port)
+    result = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30)
+
+    assert result.returncode == (1 if extra else 0), result.stderr
+
+
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.gpu.yml"])
+def test_compose_names_no_model(model_config: Any, name: str) -> None:
+    """The models are the serving config's: adding one edits that file, not compose."""
+    text = (DOCKER / name).read_text()
     names = {c.name for c in model_config.model_config_list.config}
-    checked = re.search(r"/v1/models/([\w.-]+)", script)
-    assert checked and checked.group(1) in names
+    assert not [n for n in names if re.search(rf"\b{re.escape(n)}\b", text)]
 
 
 def test_gateway_waits_for_a_healthy_model_server(compose: dict[str, Any]) -> None:
