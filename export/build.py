@@ -268,6 +268,8 @@ def _build_modules(
             ckpt.vocab,
             ckpt.do_lower_case,
             max_seq_len,
+            ckpt.tokenizer.json_text if ckpt.tokenizer is not None else None,
+            int(ckpt.tokenizer.entry.get("pad_id", 0)) if ckpt.tokenizer is not None else 0,
         )
         scale = ZERO_SHOT_SCALE
 
@@ -299,6 +301,13 @@ def special_ids(vocab: Sequence[str]) -> tuple[int, int]:
     return index.get("[CLS]", 0), index.get("[SEP]", 0)
 
 
+def _special_ids(ckpt: Checkpoint) -> tuple[int, int]:
+    """Return the first and last special token of one text ([CLS] / <s>, [SEP] / </s>)."""
+    if ckpt.tokenizer is not None:
+        return ckpt.tokenizer.special_ids()
+    return special_ids(ckpt.vocab)
+
+
 def _early_exit_info(
     exits: dict[str, Any] | None, ckpt: Checkpoint, default_speed: float
 ) -> dict[str, Any] | None:
@@ -322,7 +331,7 @@ def _early_exit_info(
 def _probe_batch(ckpt: Checkpoint, max_seq_len: int, speed: bool = False) -> dict[str, np.ndarray]:
     from export.warmup import token_batch
 
-    cls_id, sep_id = special_ids(ckpt.vocab)
+    cls_id, sep_id = _special_ids(ckpt)
     # speed 0 for an early-exit graph: it must give the full model's outputs
     return token_batch(PROBE_BATCH, min(64, max_seq_len), len(ckpt.vocab), cls_id, sep_id, 1234,
                        speed=0.0 if speed else None)  # fmt: skip
@@ -437,7 +446,11 @@ def _write_version(
     if early_exit is not None:
         info["early_exit"] = early_exit
     (temp / "assets").mkdir(exist_ok=True)
-    (temp / VOCAB_TXT).write_text("\n".join(ckpt.vocab) + "\n", encoding="utf-8")
+    if ckpt.tokenizer is not None:  # tokenizer.json (+ vocab.txt for a WordPiece one)
+        ckpt.tokenizer.write(temp)
+        info["tokenizer"] = ckpt.tokenizer.entry
+    else:
+        (temp / VOCAB_TXT).write_text("\n".join(ckpt.vocab) + "\n", encoding="utf-8")
     if task in ("classify", "tag"):
         (temp / LABELS_TXT).write_text("\n".join(labels) + "\n", encoding="utf-8")
     (temp / MODEL_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -445,7 +458,7 @@ def _write_version(
         plan = warmup_plan(max_seq_len)
         per_signature = Counter(sig for sig, _, _ in plan)
         say(f"writing {len(plan)} warmup records ({dict(per_signature)}, batches 1/8/32)")
-        cls_id, sep_id = special_ids(ckpt.vocab)
+        cls_id, sep_id = _special_ids(ckpt)
         speed = None if early_exit is None else 0.0  # every layer at the full batch size warmed
         batches = [
             token_batch(b, n, len(ckpt.vocab), cls_id, sep_id, seed=i, speed=speed)
