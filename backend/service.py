@@ -292,6 +292,7 @@ class Gateway:
                 entities = tag_text(
                     text, text_windows, rows, request.aggregation, names,
                     done.assets.tokenizer.unk_id, probabilities=probabilities,
+                    word_aware=done.assets.tokenizer.word_aware,
                 )  # fmt: skip
                 cut_text = text_windows[0].encoded.truncated
                 predictions.append(

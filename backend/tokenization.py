@@ -211,6 +211,11 @@ class TextTokenizer:
             out.append(Encoded(ids, full > self.max_seq_len, full, type_ids))
         return out
 
+    def _vocab_tokens(self, ids: Sequence[int]) -> list[str]:
+        """Return the vocabulary's token of each id (an unknown piece is the unk token, as
+        transformers' ``convert_ids_to_tokens`` gives it, not the text it stands for)."""
+        return [self._tokenizer.id_to_token(i) or "" for i in ids]
+
     def _specials_of(self, part: Part) -> tuple[list[tuple[int, int]], list[str], list[bool]]:
         n = len(part.ids)
         return [(0, 0)] * n, list(part.tokens), [True] * n
@@ -222,7 +227,7 @@ class TextTokenizer:
         ends, the last ending at the text's end (the windows transformers' pipeline makes with
         ``stride``)."""
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
-        ids, tokens = list(encoding.ids), list(encoding.tokens)
+        ids, tokens = list(encoding.ids), self._vocab_tokens(encoding.ids)
         offsets = [(int(s), int(e)) for s, e in encoding.offsets]
         special = [bool(flag) for flag in encoding.special_tokens_mask]
         size = self.max_seq_len - self.layout.single_specials
@@ -287,7 +292,8 @@ class TextTokenizer:
             special = [*head_sp, *[bool(f) for f in encoding.special_tokens_mask[start:stop]],
                        *tail_sp]  # fmt: skip
             out.append({
-                "ids": ids, "tokens": [*head_tok, *encoding.tokens[start:stop], *tail_tok],
+                "ids": ids,
+                "tokens": [*head_tok, *self._vocab_tokens(encoding.ids[start:stop]), *tail_tok],
                 "offsets": offsets, "special": special,
                 "truncated": n > keep, "length": len(ids),
             })  # fmt: skip

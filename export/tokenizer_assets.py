@@ -48,7 +48,7 @@ class TokenizerAssets:
 
     def write(self, version_dir: Path) -> None:
         """Write assets/tokenizer.json (and vocab.txt for a WordPiece tokenizer)."""
-        (version_dir / "assets").mkdir(exist_ok=True)
+        (version_dir / "assets").mkdir(parents=True, exist_ok=True)
         (version_dir / TOKENIZER_JSON).write_text(self.json_text, encoding="utf-8")
         if self.vocab_txt is not None:
             (version_dir / VOCAB_TXT).write_text("\n".join(self.vocab_txt) + "\n", "utf-8")
