@@ -46,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--labels", type=Path, help="file with one label per line (head order)")
     b.add_argument("--label-prompts", type=Path,
                    help="zero-shot head: lines of 'label<TAB>description'")  # fmt: skip
-    b.add_argument("--pooling", choices=["mean", "cls"], default="mean")
+    b.add_argument("--pooling", choices=["mean", "cls"],
+                   help="embed: sentence vectors of a checkpoint that doesn't say (default mean); "
+                        "a sentence-transformers checkpoint's modules.json decides")  # fmt: skip
     b.add_argument("--no-warmup", action="store_true", help="skip the warmup records")
     b.add_argument("--cased", action="store_true", help="do not lower-case (Google checkpoints)")
     b.add_argument("--early-exit", action="store_true",
