@@ -41,8 +41,10 @@ _ERRORS = {
     "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, "
     "text over max_seq_len with truncate=false, a pair whose first segment alone fills "
     "max_seq_len, the wrong task for the model (texts to a sentence-pair model, pairs to a "
-    "single-text one, a tag request to a classifier, ...), or a bad "
-    "'speed' (not a number in [0, 1], or a list not one per text; wrong types included).",
+    "single-text one, a tag request to a classifier, ...), a bad "
+    "'speed' (not a number in [0, 1], or a list not one per text; wrong types included), "
+    "a 'prompt_name' the embedding model lacks, or int8/uint8 embeddings of vectors that are "
+    "not unit vectors (normalize=false on a model that doesn't normalize).",
     "502": "The model server answered with an error.",
     "503": "The model server is unreachable (with Retry-After).",
     "504": "The model server did not answer within GATEWAY_TIMEOUT_S.",

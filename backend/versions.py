@@ -24,6 +24,7 @@ from typing import Any
 
 from backend import metrics
 from backend.early_exit import EarlyExit, parse_early_exit
+from backend.embeddings import EmbeddingInfo, embedding_info
 from backend.errors import (
     LabelNotFound,
     ModelAssetsError,
@@ -61,6 +62,8 @@ class ModelAssets:
     early_exit: EarlyExit | None = None
     # what the head is (model.json's task, problem_type, score_activation, text_pair, ...)
     head: Head = field(default_factory=Head)
+    # an embedding model's prompts and whether it normalizes (sentence-transformers' modules)
+    embedding: EmbeddingInfo = field(default_factory=EmbeddingInfo)
 
 
 def check_model_name(model: str) -> str:
@@ -97,6 +100,7 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
         }
         early_exit = parse_early_exit(info)
         head = head_from_info(info)  # a value no reader knows is unreadable assets, not a guess
+        embedding = embedding_info(info)
     except Exception as exc:  # OSError, ValueError, ...; tokenizers raises its own types
         raise ModelAssetsError(
             f"model {model!r} version {version} has unreadable assets: {exc}"
@@ -112,6 +116,7 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
         bucket_signatures=bucket_signatures,
         early_exit=early_exit,
         head=head,
+        embedding=embedding,
     )
 
 

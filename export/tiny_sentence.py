@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,14 +29,29 @@ def write_sentence_checkpoint(
     include_prompt: bool = True,
     seed: int = 0,
     hidden: int = 32,
+    tokenizer_kind: str | None = None,
 ) -> Path:
     """Write a sentence-transformers directory and return it; ``dense`` lists (out, activation)
-    Dense modules after the pooling."""
+    Dense modules after the pooling. ``tokenizer_kind`` (export/tiny_tokenizers.py) gives it
+    that tokenizer's files instead of BERT's vocab.txt (the word embedding sized to it)."""
     from safetensors.numpy import save_file
 
     from export.tiny import write_hf_checkpoint
 
-    dest = write_hf_checkpoint(dest, task="embed", seed=seed, hidden=hidden)
+    vocab: list[str] | None = None
+    trained: Any = None
+    if tokenizer_kind is not None:
+        from export.tiny_tokenizers import build_tokenizer
+
+        trained = build_tokenizer(tokenizer_kind)
+        vocab = [f"t{i}" for i in range(trained.get_vocab_size(with_added_tokens=True))]
+    dest = write_hf_checkpoint(dest, task="embed", seed=seed, hidden=hidden, vocab=vocab)
+    if tokenizer_kind is not None:
+        from export.tiny_tokenizers import write_tokenizer
+
+        (dest / "vocab.txt").unlink()
+        (dest / "tokenizer_config.json").unlink()
+        write_tokenizer(dest, tokenizer_kind, trained=trained)
     modules = [{"idx": 0, "name": "0", "path": "",
                 "type": "sentence_transformers.models.Transformer"}]  # fmt: skip
     (dest / "1_Pooling").mkdir(exist_ok=True)

@@ -134,12 +134,14 @@ def write_tokenizer(
     truncation_side: str = "right",
     model_max_length: int = 512,
     vocab_size: int = 400,
+    trained: object | None = None,
 ) -> Path:
     """Write ``kind``'s tokenizer.json, tokenizer_config.json and special_tokens_map.json into
-    ``dest`` (created) and return ``dest``; the config names the class transformers uses."""
+    ``dest`` (created) and return ``dest``; the config names the class transformers uses.
+    ``trained``: a tokenizer ``build_tokenizer`` made (else one is trained here)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(kind, vocab_size)
+    tok = trained if trained is not None else build_tokenizer(kind, vocab_size)
     tok.save(str(dest / "tokenizer.json"))  # type: ignore[attr-defined]
     names = _specials(kind)
     config = {
