@@ -193,9 +193,7 @@ class EmbedRequest(_Request):
         "-> the prompt of that name; a model without it embeds the text as it is. Give "
         "prompt_name or input_type, not both.",
     )
-    embedding_types: (
-        Annotated[list[OutputType], Field(min_length=1, max_length=5)] | SkipJsonSchema[None]
-    ) = Field(
+    embedding_types: Annotated[list[OutputType], Field(min_length=1, max_length=5)] | None = Field(
         default=None,
         description="Cohere v2's embedding types: also answer 'embeddings_by_type' with the "
         "vectors as each type: 'float'; 'int8' / 'uint8' (unit vectors only: each component's "
