@@ -112,6 +112,10 @@ class TextTokenizer:
         # transformers' token-classification pipeline fuses word pieces by their prefix (##)
         # where the model has one, else by the spaces around a token (its fallback)
         self.word_aware = bool(getattr(tokenizer.model, "continuing_subword_prefix", None))
+        self._prefix, self._suffix = list(prefix), list(suffix)
+        layout = self.layout
+        self._typed = bool(layout.type_a or any(layout.prefix.type_ids)
+                           or any(layout.suffix.type_ids))  # fmt: skip
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -125,21 +129,22 @@ class TextTokenizer:
 
     def _bodies(self, texts: Sequence[str]) -> list[list[int]]:
         """Return each text's ids without special tokens."""
-        return [list(e.ids) for e in self._bodies_of(texts)]
+        return [e.ids for e in self._bodies_of(texts)]  # a fresh list per encoding
 
-    def _wrap(self, body: Sequence[int]) -> np.ndarray:
+    def _wrap(self, body: list[int]) -> np.ndarray:
         """Return one text's ids with the template's special tokens around ``body``."""
-        layout = self.layout
-        return np.asarray([*layout.prefix.ids, *body, *layout.suffix.ids], dtype=np.int32)
+        return np.asarray(self._prefix + body + self._suffix, dtype=np.int32)
 
     def _single_types(self, length: int) -> np.ndarray | None:
         """Return the type ids of one wrapped text (None: all zeros, the common case)."""
+        if not self._typed:
+            return None
         layout = self.layout
         kinds = [*layout.prefix.type_ids, *[layout.type_a] * (length - layout.single_specials),
                  *layout.suffix.type_ids]  # fmt: skip
-        return np.asarray(kinds, dtype=np.int32) if any(kinds) else None
+        return np.asarray(kinds, dtype=np.int32)
 
-    def _encoded(self, body: Sequence[int], full: int, truncated: bool) -> Encoded:
+    def _encoded(self, body: list[int], full: int, truncated: bool) -> Encoded:
         ids = self._wrap(body)
         return Encoded(ids, truncated, full, self._single_types(ids.shape[0]))
 

@@ -215,3 +215,25 @@ def test_a_vocab_txt_checkpoint_gets_the_tokenizer_bert_tokenizer_fast_makes(
         want = reference(text, return_offsets_mapping=True)
         assert described["ids"] == want["input_ids"], text
         assert described["offsets"] == [list(o) for o in want["offset_mapping"]], text
+
+
+def test_minilms_tokenizer_json_and_its_vocab_txt_tokenize_alike(minilm_vocab_file: Path) -> None:
+    """A demo version exported before tokenizer.json (vocab.txt only) and one exported now
+    (the checkpoint's tokenizer.json) send the model the same tokens."""
+    from tokenizers import Tokenizer
+
+    from backend.tokenization import BertTokenizer
+
+    legacy = BertTokenizer.from_files(minilm_vocab_file, max_seq_len=MAX_LEN)
+    own = TextTokenizer(Tokenizer.from_file(str(minilm_vocab_file.parent / "tokenizer.json")),
+                        max_seq_len=MAX_LEN, pad_id=0, unk_id=100)  # fmt: skip
+
+    assert [e.ids.tolist() for e in own.encode(CORPUS)] == [
+        e.ids.tolist() for e in legacy.encode(CORPUS)
+    ]
+    assert own.describe(CORPUS) == legacy.describe(CORPUS)
+    pairs = [("hello world", "my card was charged twice"), ("Café", "我的订单还没到")]
+    assert [(e.ids.tolist(), e.type_ids.tolist()) for e in own.encode_pairs(pairs)] == [  # type: ignore[union-attr]
+        (e.ids.tolist(), e.type_ids.tolist())
+        for e in legacy.encode_pairs(pairs)  # type: ignore[union-attr]
+    ]
