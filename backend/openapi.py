@@ -10,6 +10,8 @@ from backend.schemas import (
     NOT_BLANK,
     ClassifyRequest,
     ClassifyResponse,
+    CohereEmbedRequest,
+    CohereEmbedResponse,
     CohereErrorResponse,
     DetokenizeRequest,
     DetokenizeResponse,
@@ -61,6 +63,8 @@ def _schemas() -> dict[str, Any]:
         (EmbedRequest, "validation"),
         (EmbeddingsRequest, "validation"),
         (RerankRequest, "validation"),
+        (CohereEmbedRequest, "validation"),
+        (CohereEmbedResponse, "serialization"),
         (ModelRerankRequest, "validation"),
         (TokenizeRequest, "validation"),
         (DetokenizeRequest, "validation"),
@@ -176,6 +180,13 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                 in_path=False,
                 errors="CohereErrorResponse",
             ),
+            "/v2/embed": _inference(
+                "Embed texts (Cohere v2 API: embeddings by type)",
+                "CohereEmbedRequest",
+                "CohereEmbedResponse",
+                in_path=False,
+                errors="CohereErrorResponse",
+            ),
             "/v2/rerank": _inference(
                 "Rerank (Cohere v2 API)",
                 "RerankRequest",
@@ -251,6 +262,7 @@ def _with_limits(schemas: dict[str, Any], settings: Settings) -> dict[str, Any]:
         ("TokenizeRequest", "texts"): settings.max_texts_per_request,
         ("DetokenizeRequest", "ids"): settings.max_texts_per_request,
         ("RerankRequest", "documents"): settings.max_texts_per_request - 1,
+        ("CohereEmbedRequest", "texts"): settings.max_texts_per_request,
         ("ModelRerankRequest", "documents"): settings.max_texts_per_request - 1,
     }
     for (name, field), most in limits.items():

@@ -283,6 +283,24 @@ class EmbeddingsRequest(BaseModel):
     )
 
 
+class CohereEmbedRequest(BaseModel):
+    """Body of POST /v2/embed (Cohere v2's request; texts only)."""
+
+    model_config = ConfigDict(extra="ignore")  # output_dimension, max_tokens, ...: ignored
+    model: str = Field(min_length=1, description="'name', 'name@version' or 'name:label'.")
+    texts: list[Text] = Field(min_length=1, description="Texts to embed; limits as :embed's texts.")
+    input_type: InputType | None = Field(
+        default=None, description="Mapped onto the model's prompts, as on :embed."
+    )
+    embedding_types: Annotated[list[OutputType], Field(min_length=1, max_length=5)] | None = Field(
+        default=None, description="The output types, as on :embed (default: float)."
+    )
+    truncate: Literal["NONE", "START", "END"] = Field(
+        default="END",
+        description="A text over max_seq_len: NONE is a 422, START cuts its start, END its end.",
+    )
+
+
 class Document(BaseModel):
     """A document given as an object (Cohere v1, Jina): its ``text`` is ranked."""
 
@@ -414,6 +432,16 @@ class EmbeddingsByType(BaseModel):
     uint8: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
     binary: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = None
     ubinary: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
+
+
+class CohereEmbedResponse(BaseModel):
+    """Answer of POST /v2/embed (Cohere v2's shape: embeddings by type)."""
+
+    id: str
+    embeddings: EmbeddingsByType
+    texts: list[str]
+    response_type: Literal["embeddings_by_type"]
+    meta: dict[str, Any]
 
 
 class EmbedResponse(BaseModel):
@@ -564,7 +592,7 @@ class OpenAIErrorResponse(BaseModel):
 
 
 class CohereErrorResponse(BaseModel):
-    """Errors of /v1/rerank and /v2/rerank (Cohere's shape)."""
+    """Errors of /v1/rerank, /v2/rerank and /v2/embed (Cohere's shape)."""
 
     message: str
     code: str

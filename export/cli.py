@@ -126,7 +126,8 @@ def _print_inspection(report: dict[str, Any]) -> None:
     for key in ("name", "task", "problem_type", "score_activation", "text_pair", "thresholds",
                 "label_scheme", "precision", "max_seq_len", "do_lower_case", "pooling",
                 "zero_shot", "labels", "hidden_size", "num_layers", "vocab_size",
-                "early_exit", "exporter_version", "created_at"):  # fmt: skip
+                "embedding_dim", "tokenizer", "sentence_transformers", "early_exit",
+                "exporter_version", "created_at"):  # fmt: skip
         print(f"{key:<17}{model.get(key)}")
     if "precision_requested" in model:  # versions exported before auto existed lack these
         print(f"precision choice {model['precision_requested']}: {model.get('precision_reason')}")

@@ -163,3 +163,31 @@ def test_tokenize_offsets_are_the_checkpoints_tokenizers(
         assert tokens["ids"] == want["input_ids"]
         assert tokens["offsets"] == [list(o) for o in want["offset_mapping"]]
         assert tokens["tokens"][0] == "<s>" and tokens["tokens"][-1] == "</s>"
+
+
+def test_cohere_v2_client_embeds_by_type_with_the_models_prompts(
+    grpc_gateway: Gateway, sentence_checkpoint: Path
+) -> None:
+    import cohere
+
+    client = cohere.ClientV2(api_key="unused", base_url=grpc_gateway.url)
+
+    answer = client.embed(texts=TEXTS, model=SENTENCE, input_type="search_query",
+                          embedding_types=["float", "int8", "ubinary"])  # fmt: skip
+
+    want = _encode(sentence_checkpoint, ["query: " + text for text in TEXTS])
+    floats = np.asarray(answer.embeddings.float_, dtype=np.float32)
+    np.testing.assert_allclose(floats, want, atol=1e-5)
+    assert answer.embeddings.int8 == quantize(floats, "int8").tolist()
+    assert answer.embeddings.ubinary == quantize(floats, "ubinary").tolist()
+
+
+def test_cohere_v2_truncate_none_refuses_a_text_over_max_seq_len(grpc_gateway: Gateway) -> None:
+    import cohere
+    import cohere.errors
+
+    client = cohere.ClientV2(api_key="unused", base_url=grpc_gateway.url)
+
+    with pytest.raises(cohere.errors.UnprocessableEntityError):
+        client.embed(texts=["hello " * 200], model=SENTENCE, input_type="search_document",
+                     embedding_types=["float"], truncate="NONE")  # fmt: skip
