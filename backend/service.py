@@ -353,8 +353,13 @@ class Gateway:
                 _positive(model, assets)
 
         def encode(assets: ModelAssets) -> list[Encoded]:
-            if assets.task == "embed":
-                return assets.tokenizer.encode([query, *documents], direction=direction)
+            if assets.task == "embed":  # the model's query and document prompts, if any
+                ask = give = ""
+                if assets.embedding.include_prompt:
+                    ask = _prompt(assets, None, "search_query")
+                    give = _prompt(assets, None, "search_document")
+                texts = [ask + query, *with_prompt(documents, give)]
+                return assets.tokenizer.encode(texts, direction=direction)
             try:
                 return assets.tokenizer.encode_pairs([(query, d) for d in documents], direction)
             except FirstSegmentTooLong as exc:

@@ -191,3 +191,20 @@ def test_cohere_v2_truncate_none_refuses_a_text_over_max_seq_len(grpc_gateway: G
     with pytest.raises(cohere.errors.UnprocessableEntityError):
         client.embed(texts=["hello " * 200], model=SENTENCE, input_type="search_document",
                      embedding_types=["float"], truncate="NONE")  # fmt: skip
+
+
+def test_rerank_embeds_the_query_and_documents_with_their_prompts(grpc_gateway: Gateway) -> None:
+    query, documents = TEXTS[0], TEXTS[1:]
+
+    ranked = _post(grpc_gateway, f"/v1/models/{SENTENCE}:rerank",
+                   {"query": query, "documents": documents})  # fmt: skip
+    asked = _post(grpc_gateway, f"/v1/models/{SENTENCE}:embed",
+                  {"texts": [query], "prompt_name": "query"})  # fmt: skip
+    given = _post(grpc_gateway, f"/v1/models/{SENTENCE}:embed",
+                  {"texts": documents, "prompt_name": "passage"})  # fmt: skip
+
+    assert ranked.status_code == 200, ranked.text
+    cosine = np.asarray(given.json()["embeddings"]) @ np.asarray(asked.json()["embeddings"][0])
+    scores = {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}
+    np.testing.assert_allclose([scores[i] for i in range(len(documents))], (1 + cosine) / 2,
+                               atol=1e-5)  # fmt: skip
