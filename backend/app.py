@@ -22,6 +22,7 @@ from backend import auth, metrics, observability, ratelimit, routing
 from backend.api import (
     BODY_READ,
     authorize_model,
+    cohere,
     current_settings,
     health,
     meta,
@@ -53,7 +54,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["gateway_lock"] = threading.Lock()
     register_error_handlers(app)
     app.url_map.converters["name"] = ModelNameConverter
-    for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp):
+    for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp, cohere.bp):
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
     app.before_request(_split_ports)

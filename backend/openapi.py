@@ -10,6 +10,8 @@ from backend.schemas import (
     NOT_BLANK,
     ClassifyRequest,
     ClassifyResponse,
+    CohereEmbedRequest,
+    CohereEmbedResponse,
     CohereErrorResponse,
     DetokenizeRequest,
     DetokenizeResponse,
@@ -41,8 +43,10 @@ _ERRORS = {
     "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, "
     "text over max_seq_len with truncate=false, a pair whose first segment alone fills "
     "max_seq_len, the wrong task for the model (texts to a sentence-pair model, pairs to a "
-    "single-text one, a tag request to a classifier, ...), or a bad "
-    "'speed' (not a number in [0, 1], or a list not one per text; wrong types included).",
+    "single-text one, a tag request to a classifier, ...), a bad "
+    "'speed' (not a number in [0, 1], or a list not one per text; wrong types included), "
+    "a 'prompt_name' the embedding model lacks, or int8/uint8 embeddings of vectors that are "
+    "not unit vectors (normalize=false on a model that doesn't normalize).",
     "502": "The model server answered with an error.",
     "503": "The model server is unreachable (with Retry-After).",
     "504": "The model server did not answer within GATEWAY_TIMEOUT_S.",
@@ -59,6 +63,8 @@ def _schemas() -> dict[str, Any]:
         (EmbedRequest, "validation"),
         (EmbeddingsRequest, "validation"),
         (RerankRequest, "validation"),
+        (CohereEmbedRequest, "validation"),
+        (CohereEmbedResponse, "serialization"),
         (ModelRerankRequest, "validation"),
         (TokenizeRequest, "validation"),
         (DetokenizeRequest, "validation"),
@@ -174,6 +180,13 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                 in_path=False,
                 errors="CohereErrorResponse",
             ),
+            "/v2/embed": _inference(
+                "Embed texts (Cohere v2 API: embeddings by type)",
+                "CohereEmbedRequest",
+                "CohereEmbedResponse",
+                in_path=False,
+                errors="CohereErrorResponse",
+            ),
             "/v2/rerank": _inference(
                 "Rerank (Cohere v2 API)",
                 "RerankRequest",
@@ -249,6 +262,7 @@ def _with_limits(schemas: dict[str, Any], settings: Settings) -> dict[str, Any]:
         ("TokenizeRequest", "texts"): settings.max_texts_per_request,
         ("DetokenizeRequest", "ids"): settings.max_texts_per_request,
         ("RerankRequest", "documents"): settings.max_texts_per_request - 1,
+        ("CohereEmbedRequest", "texts"): settings.max_texts_per_request,
         ("ModelRerankRequest", "documents"): settings.max_texts_per_request - 1,
     }
     for (name, field), most in limits.items():

@@ -73,10 +73,11 @@ class _Request(_Inputs):
         description="Cut texts longer than the model's max_seq_len (reported per text); "
         "false makes such a text a 422 error.",
     )
-    truncation_direction: Literal["right", "left"] = Field(
-        default="right",
+    truncation_direction: Literal["right", "left"] | None = Field(
+        default=None,
         description="Which end a cut keeps: 'right' cuts the end (keeps the start), 'left' "
-        "cuts the start (keeps the end).",
+        "cuts the start (keeps the end). Default: the model's tokenizer's truncation side "
+        "(right unless its checkpoint's tokenizer_config said left).",
     )
 
 
@@ -149,10 +150,58 @@ class TagRequest(_Inputs):
     )
 
 
+OutputType = Literal["float", "int8", "uint8", "binary", "ubinary"]
+InputType = Literal["search_query", "search_document", "classification", "clustering"]
+PromptName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+# "prompt_name" and "input_type" both set (not null) is refused: the schema says so too.
+PROMPT_OR_INPUT_TYPE: dict[str, Any] = {
+    "allOf": [{"not": {
+        "required": ["prompt_name", "input_type"],
+        "properties": {"prompt_name": {"type": "string"}, "input_type": {"type": "string"}},
+    }}]
+}  # fmt: skip
+
+
+def _prompt_or_input_type(schema: dict[str, Any]) -> None:
+    """Say in the schema: version or label, prompt_name or input_type (not both of either)."""
+    schema.update(VERSION_OR_LABEL)
+    schema.update(PROMPT_OR_INPUT_TYPE)
+
+
 class EmbedRequest(_Request):
     """Body of POST /v1/models/{model}:embed."""
 
-    normalize: bool = Field(default=True, description="L2-normalize each embedding.")
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_prompt_or_input_type)
+    normalize: bool | None = Field(
+        default=None,
+        description="L2-normalize each embedding. Default: a sentence-transformers model "
+        "answers as SentenceTransformer.encode does (normalized if it has a Normalize module); "
+        "other models normalize.",
+    )
+    prompt_name: PromptName | None = Field(
+        default=None,
+        description="The model's prompt (sentence-transformers' prompts, e.g. 'query') to put "
+        "before each text; default: the model's default prompt, if it has one. 422 for a name "
+        "the model lacks (the message lists its prompts).",
+    )
+    input_type: InputType | None = Field(
+        default=None,
+        description="Cohere's input type, mapped onto the model's prompts: search_query -> "
+        "'query', search_document -> 'document' (else 'passage'), classification / clustering "
+        "-> the prompt of that name; a model without it embeds the text as it is. Give "
+        "prompt_name or input_type, not both.",
+    )
+    embedding_types: Annotated[list[OutputType], Field(min_length=1, max_length=5)] | None = Field(
+        default=None,
+        description="Cohere v2's embedding types: also answer 'embeddings_by_type' with the "
+        "vectors as each type: 'float'; 'int8' / 'uint8' (unit vectors only: each component's "
+        "[-1, 1] range in 256 steps, sentence-transformers' quantize_embeddings rule with "
+        "that fixed range); 'binary' / 'ubinary' (the sign bits packed 8 to a value, first "
+        "component highest; binary as int8 = byte - 128, ubinary as uint8). 'embeddings' is "
+        "left out unless 'float' is listed.",
+    )
     long_text: Literal["truncate", "chunk"] = Field(
         default="truncate",
         description="'chunk': a text over max_seq_len is split into windows overlapping by a "
@@ -188,7 +237,7 @@ class EmbeddingsRequest(BaseModel):
     """Body of POST /v1/embeddings (OpenAI's request)."""
 
     # Other fields are ignored, as clients of other providers send their own.
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra=PROMPT_OR_INPUT_TYPE)
 
     input: (
         Text
@@ -215,8 +264,40 @@ class EmbeddingsRequest(BaseModel):
         default=None, description="Keep the first N dimensions, then L2-normalize again."
     )
     user: str | None = Field(default=None, description="Accepted and ignored.")
-    truncation_direction: Literal["right", "left"] = Field(
-        default="right", description="Not OpenAI's: which end a cut keeps (as on :embed)."
+    truncation_direction: Literal["right", "left"] | None = Field(
+        default=None, description="Not OpenAI's: which end a cut keeps (as on :embed)."
+    )
+    prompt_name: PromptName | None = Field(
+        default=None,
+        description="Not OpenAI's: the model's prompt to put before each text (as on :embed).",
+    )
+    input_type: InputType | None = Field(
+        default=None,
+        description="Cohere's input type, mapped onto the model's prompts (as on :embed).",
+    )
+    embedding_type: OutputType = Field(
+        default="float",
+        description="Not OpenAI's: the embedding's type, as on :embed's embedding_types: "
+        "'float', 'int8', 'uint8', 'binary', 'ubinary' (integers; with encoding_format base64 "
+        "their bytes).",
+    )
+
+
+class CohereEmbedRequest(BaseModel):
+    """Body of POST /v2/embed (Cohere v2's request; texts only)."""
+
+    model_config = ConfigDict(extra="ignore")  # output_dimension, max_tokens, ...: ignored
+    model: str = Field(min_length=1, description="'name', 'name@version' or 'name:label'.")
+    texts: list[Text] = Field(min_length=1, description="Texts to embed; limits as :embed's texts.")
+    input_type: InputType | None = Field(
+        default=None, description="Mapped onto the model's prompts, as on :embed."
+    )
+    embedding_types: Annotated[list[OutputType], Field(min_length=1, max_length=5)] | None = Field(
+        default=None, description="The output types, as on :embed (default: float)."
+    )
+    truncate: Literal["NONE", "START", "END"] = Field(
+        default="END",
+        description="A text over max_seq_len: NONE is a 422, START cuts its start, END its end.",
     )
 
 
@@ -236,8 +317,10 @@ class RerankFields(BaseModel):
     )
     top_n: Positive | None = Field(default=None, description="Return only the best N.")
     return_documents: bool = Field(default=False, description="Echo each document's text.")
-    truncation_direction: Literal["right", "left"] = Field(
-        default="right", description="Which end of a long query or document a cut keeps."
+    truncation_direction: Literal["right", "left"] | None = Field(
+        default=None,
+        description="Which end of a long query or document a cut keeps (default: the model's "
+        "tokenizer's side).",
     )
 
 
@@ -341,12 +424,37 @@ class TagResponse(BaseModel):
     predictions: list[TagPrediction]
 
 
+class EmbeddingsByType(BaseModel):
+    """The embeddings as each type asked in embedding_types (Cohere v2's shape)."""
+
+    float_: list[list[float]] | None = Field(default=None, alias="float")
+    int8: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = None
+    uint8: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
+    binary: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = None
+    ubinary: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
+
+
+class CohereEmbedResponse(BaseModel):
+    """Answer of POST /v2/embed (Cohere v2's shape: embeddings by type)."""
+
+    id: str
+    embeddings: EmbeddingsByType
+    texts: list[str]
+    response_type: Literal["embeddings_by_type"]
+    meta: dict[str, Any]
+
+
 class EmbedResponse(BaseModel):
     """Answer of :embed, embeddings in the order of the request's texts."""
 
     model: ModelRef
-    embeddings: list[list[float]]
-    dim: int
+    embeddings: list[list[float]] | None = Field(
+        default=None, description="float32 vectors; left out when embedding_types lacks 'float'."
+    )
+    embeddings_by_type: EmbeddingsByType | None = Field(
+        default=None, description="embedding_types: the vectors as each type asked."
+    )
+    dim: int = Field(description="Dimensions of the float vectors (binary: ceil(dim / 8) values).")
     truncated: list[bool]
     windows: list[int] | None = Field(
         default=None, description="long_text=chunk: how many windows each text was split into."
@@ -367,7 +475,10 @@ class EmbeddingData(BaseModel):
 
     object: Literal["embedding"]
     index: int
-    embedding: list[float] | str = Field(description="Floats, or base64 of float32 LE bytes.")
+    embedding: list[float] | list[int] | str = Field(
+        description="Floats (integers for embedding_type int8, uint8, binary, ubinary), or "
+        "base64 of their little-endian bytes (float32, or one byte each)."
+    )
 
 
 class Usage(BaseModel):
@@ -481,7 +592,7 @@ class OpenAIErrorResponse(BaseModel):
 
 
 class CohereErrorResponse(BaseModel):
-    """Errors of /v1/rerank and /v2/rerank (Cohere's shape)."""
+    """Errors of /v1/rerank, /v2/rerank and /v2/embed (Cohere's shape)."""
 
     message: str
     code: str
@@ -540,6 +651,8 @@ def parse_request(kind: type[RequestModel], raw: bytes, settings: Settings) -> R
         raise BadRequest(first_error(exc)) from None
     if request.version is not None and request.label is not None:
         raise BadRequest("give 'version' or 'label', not both")
+    if getattr(request, "prompt_name", None) is not None and getattr(request, "input_type", None):
+        raise BadRequest("give 'prompt_name' or 'input_type', not both")
     return request
 
 
@@ -574,6 +687,8 @@ def validate_body(
         raise BadRequest(first_error(exc)) from None
     if getattr(request, "version", None) is not None and getattr(request, "label", None):
         raise BadRequest("give 'version' or 'label', not both")
+    if getattr(request, "prompt_name", None) is not None and getattr(request, "input_type", None):
+        raise BadRequest("give 'prompt_name' or 'input_type', not both")
     return request
 
 

@@ -27,6 +27,7 @@ from backend.early_exit import (
     ignored_note,
     text_speeds,
 )
+from backend.embeddings import prompt_for, quantize, with_prompt
 from backend.errors import (
     ModelAssetsError,
     ModelNotFound,
@@ -183,19 +184,28 @@ class Gateway:
             histogram.observe(layer)
 
     def embed(self, model: str, request: EmbedRequest) -> dict[str, Any]:
-        """Return the :embed answer for ``request`` (embeddings as a float32 array)."""
+        """Return the :embed answer for ``request`` (embeddings as a float32 array, and as
+        each of ``embedding_types`` asked)."""
         if request.long_text == "chunk":
-            return self._embed_chunked(model, request)
-        done, embeddings = self.embeddings(
-            model, request.texts, request.version, request.label, request.truncate,
-            normalize=request.normalize, direction=request.truncation_direction,
-        )  # fmt: skip
-        return {
-            "model": self._model_ref(done),
-            "embeddings": embeddings,
-            "dim": int(embeddings.shape[-1]),
-            "truncated": done.truncated,
-        }
+            answer = self._embed_chunked(model, request)
+        else:
+            done, embeddings = self.embeddings(
+                model, request.texts, request.version, request.label, request.truncate,
+                normalize=request.normalize, direction=request.truncation_direction,
+                prompt_name=request.prompt_name, input_type=request.input_type,
+            )  # fmt: skip
+            answer = {
+                "model": self._model_ref(done),
+                "embeddings": embeddings,
+                "dim": int(embeddings.shape[-1]),
+                "truncated": done.truncated,
+            }
+        types = request.embedding_types
+        if types is not None:
+            answer["embeddings_by_type"] = typed_embeddings(answer["embeddings"], types)
+            if "float" not in types:
+                del answer["embeddings"]
+        return answer
 
     def embeddings(
         self,
@@ -205,22 +215,35 @@ class Gateway:
         label: str | None,
         truncate: bool = True,
         *,
-        normalize: bool = True,
+        normalize: bool | None = None,
         token_ids: Sequence[Sequence[int]] | None = None,
-        direction: str = "right",
+        direction: str | None = None,
         encode: Callable[[ModelAssets], list[Encoded]] | None = None,
+        prompt_name: str | None = None,
+        input_type: str | None = None,
     ) -> tuple[Inference, np.ndarray]:
         """Return the inference and its embeddings, float32 ``[texts, dim]``: the one path every
         embedding route takes (:embed, /v1/embeddings, rerank). ``token_ids`` (instead of texts)
-        are the tokens of each input without [CLS]/[SEP], which the gateway adds."""
+        are the tokens of each input without special tokens, which the gateway adds. The
+        texts get the model's prompt (``prompt_name``, Cohere's ``input_type``, else its
+        default prompt: backend/embeddings.py); ``normalize`` None: the model's own choice."""
         if token_ids is not None:
+            if prompt_name is not None or input_type is not None:
+                raise UnprocessableInput("prompt_name and input_type need texts, not token ids")
             encode = lambda assets: assets.tokenizer.encode_ids(token_ids)  # noqa: E731
-        encode = encode or _directed(texts, direction)
+        if encode is None:
+
+            def encode(assets: ModelAssets) -> list[Encoded]:
+                prompted = with_prompt(texts, _prompt(assets, prompt_name, input_type))
+                return assets.tokenizer.encode(prompted, direction=direction)
+
         done = self._infer(model, texts, version, label, truncate, task="embed", encode=encode)
         with timing.stage("postprocess"):
             embeddings = done.outputs.get("embedding")
             if embeddings is None:
                 raise UpstreamError("the model returned no 'embedding' output")
+            if normalize is None:
+                normalize = done.assets.embedding.normalize_by_default
             if normalize:
                 embeddings = l2_normalize(embeddings)
             return done, np.ascontiguousarray(embeddings, dtype=np.float32)
@@ -233,7 +256,9 @@ class Gateway:
         def encode(assets: ModelAssets) -> list[Encoded]:
             owners.clear()
             out: list[Encoded] = []
-            for index, windows in enumerate(assets.tokenizer.windows(request.texts)):
+            prompt = _prompt(assets, request.prompt_name, request.input_type)
+            texts = with_prompt(request.texts, prompt)
+            for index, windows in enumerate(assets.tokenizer.windows(texts)):
                 owners.extend([index] * len(windows))
                 out.extend(windows)
             return out
@@ -243,12 +268,16 @@ class Gateway:
             model, request.texts, request.version, request.label, True, normalize=True,
             encode=encode,
         )  # fmt: skip
-        weights = np.asarray(done.token_counts, dtype=np.float32) - 2.0  # the window's tokens
+        specials = done.assets.tokenizer.layout.single_specials
+        weights = np.asarray(done.token_counts, dtype=np.float32) - float(specials)
         pooled = np.zeros((len(request.texts), vectors.shape[1]), dtype=np.float32)
         np.add.at(pooled, np.asarray(owners), vectors * weights[:, None])
         totals = np.bincount(owners, weights=weights, minlength=len(request.texts))
         pooled /= np.maximum(totals, 1.0)[:, None].astype(np.float32)
-        if request.normalize:
+        normalize = request.normalize
+        if normalize is None:
+            normalize = done.assets.embedding.normalize_by_default
+        if normalize:
             pooled = l2_normalize(pooled)
         counts = np.bincount(owners, minlength=len(request.texts))
         return {
@@ -296,6 +325,7 @@ class Gateway:
                 entities = tag_text(
                     text, text_windows, rows, request.aggregation, names,
                     done.assets.tokenizer.unk_id, probabilities=probabilities,
+                    word_aware=done.assets.tokenizer.word_aware,
                 )  # fmt: skip
                 cut_text = text_windows[0].encoded.truncated
                 predictions.append(
@@ -311,7 +341,7 @@ class Gateway:
         documents: Sequence[str],
         version: int | None,
         label: str | None,
-        direction: str = "right",
+        direction: str | None = None,
     ) -> tuple[Inference, np.ndarray]:
         """Return the inference and each document's relevance score (float32, documents'
         order): an embedding model's (1 + cosine) / 2 with the query, or a cross-encoder's
@@ -327,8 +357,13 @@ class Gateway:
                 _positive(model, assets)
 
         def encode(assets: ModelAssets) -> list[Encoded]:
-            if assets.task == "embed":
-                return assets.tokenizer.encode([query, *documents], direction=direction)
+            if assets.task == "embed":  # the model's query and document prompts, if any
+                ask = give = ""
+                if assets.embedding.include_prompt:
+                    ask = _prompt(assets, None, "search_query")
+                    give = _prompt(assets, None, "search_document")
+                texts = [ask + query, *with_prompt(documents, give)]
+                return assets.tokenizer.encode(texts, direction=direction)
             try:
                 return assets.tokenizer.encode_pairs([(query, d) for d in documents], direction)
             except FirstSegmentTooLong as exc:
@@ -671,17 +706,35 @@ class Gateway:
         return {"name": done.assets.model, "version": done.assets.version}
 
 
+def _prompt(assets: ModelAssets, prompt_name: str | None, input_type: str | None) -> str:
+    """Return the prompt an embedding request's texts get; 422 for one the model lacks."""
+    try:
+        return prompt_for(assets.embedding, prompt_name, input_type)
+    except ValueError as exc:
+        raise UnprocessableInput(f"{exc} (model {assets.model!r})") from None
+
+
+def typed_embeddings(vectors: np.ndarray, types: Sequence[str]) -> dict[str, np.ndarray]:
+    """Return ``vectors`` as each output type in ``types`` (backend/embeddings.py); 422 for
+    int8/uint8 of vectors that are not unit vectors."""
+    try:
+        return {kind: quantize(vectors, kind) for kind in types}
+    except ValueError as exc:
+        raise UnprocessableInput(str(exc)) from None
+
+
 def _directed(
-    texts: Sequence[str], direction: str
+    texts: Sequence[str], direction: str | None
 ) -> Callable[[ModelAssets], list[Encoded]] | None:
-    """Return an encoder that cuts from the left, or None for the tokenizer's default (right)."""
-    if direction == "right":
+    """Return an encoder that cuts on ``direction``'s side, or None for the tokenizer's own
+    side (model.json's truncation_side: right unless the checkpoint said left)."""
+    if direction is None:
         return None
     return lambda assets: assets.tokenizer.encode(texts, direction=direction)
 
 
 def _paired(
-    pairs: Sequence[tuple[str, str]], direction: str
+    pairs: Sequence[tuple[str, str]], direction: str | None
 ) -> Callable[[ModelAssets], list[Encoded]]:
     """Return an encoder of sentence pairs; 422 for a pair whose first segment fills the model."""
 

@@ -45,10 +45,12 @@ def token_scores(logits: np.ndarray) -> np.ndarray:
 
 
 def pre_entities(
-    text: str, window: TokenWindow, scores: np.ndarray, unk_id: int
+    text: str, window: TokenWindow, scores: np.ndarray, unk_id: int, word_aware: bool = True
 ) -> list[dict[str, Any]]:
     """Return one dict per non-special token of ``window``: scores, offsets and whether it
-    continues the previous word (the pipeline's ``gather_pre_entities``)."""
+    continues the previous word (the pipeline's ``gather_pre_entities``: by the token's
+    length against its text where the tokenizer marks word pieces (``word_aware``: WordPiece's
+    ##), else its fallback: a token not preceded by a space continues the word)."""
     out = []
     ids = window.encoded.ids.tolist()
     for index, (special, (start, end), token) in enumerate(
@@ -56,7 +58,10 @@ def pre_entities(
     ):
         if special:
             continue
-        is_subword = len(token) != len(text[start:end])
+        if word_aware:
+            is_subword = len(token) != len(text[start:end])
+        else:
+            is_subword = start > 0 and " " not in text[start - 1 : start + 1]
         if ids[index] == unk_id:
             is_subword = False
         out.append({"scores": scores[index], "start": start, "end": end, "is_subword": is_subword})
@@ -184,16 +189,18 @@ def tag_text(
     labels: Sequence[str],
     unk_id: int,
     probabilities: bool = False,
+    word_aware: bool = True,
 ) -> list[dict[str, Any]]:
     """Return the entities of ``text`` read in ``windows`` (``rows``: each window's logits, or
     its probabilities if ``probabilities``, [window length, labels]): ``{entity, label, score,
     start, end, text}`` with ``start``/``end`` character offsets into ``text`` as given,
     ``entity`` the type (``ORDER``), ``label`` the model's label (``B-ORDER`` under ``none``,
-    the type otherwise)."""
+    the type otherwise); ``word_aware``: see ``pre_entities``."""
     found: list[dict[str, Any]] = []
     for window, row in zip(windows, rows, strict=True):
         scores = row.astype(np.float32, copy=False) if probabilities else token_scores(row)
-        found.extend(aggregate(pre_entities(text, window, scores, unk_id), strategy, labels))
+        pre = pre_entities(text, window, scores, unk_id, word_aware)
+        found.extend(aggregate(pre, strategy, labels))
     if len(windows) > 1:
         found = merge_overlapping(found)
     return [

@@ -1,7 +1,12 @@
-"""BERT WordPiece tokenization with HF ``tokenizers``, matching transformers' ``BertTokenizer``.
+"""Tokenization with HF ``tokenizers``: the version's own ``tokenizer.json`` (WordPiece,
+byte-level BPE, SentencePiece Unigram/BPE), or the WordPiece tokenizer of an older version's
+``vocab.txt``, matching transformers' fast tokenizers on the same files.
 
-Built from a version's ``assets/vocab.txt`` and its ``model.json`` flags; pure apart from reading
-the vocabulary file once.
+The tokenizer gives the tokens of each text; where its post-processor puts the special tokens
+(``[CLS] $A [SEP]``, ``<s> $A </s></s> $B </s>``) is asked of it once (``modelformat.tokenizer.
+special_layout``) and applied around the cut or windowed tokens here, so truncation (right or
+left, longest-first for pairs) and windows work the same for every kind. Pure apart from reading
+the files once.
 """
 
 from __future__ import annotations
@@ -9,17 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from tokenizers import (
-    AddedToken,
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-)
+
+from modelformat.tokenizer import Layout, Part, read_vocab, special_layout, wordpiece_tokenizer
 
 CLS, SEP, UNK, PAD, MASK = "[CLS]", "[SEP]", "[UNK]", "[PAD]", "[MASK]"
 SEQUENTIAL_BELOW = 8  # texts; larger requests use the parallel encode_batch
@@ -73,159 +72,171 @@ def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
     return (long, short) if swap else (short, long)
 
 
-def read_vocab(path: str | Path) -> dict[str, int]:
-    """Return the token → id map of a BERT vocab.txt (one token per line, id = line number)."""
-    vocab: dict[str, int] = {}
-    with open(path, encoding="utf-8") as handle:
-        for index, line in enumerate(handle):
-            token = line.rstrip("\n").rstrip("\r")
-            # BertTokenizer keeps the first id of a duplicated token; so do we.
-            vocab.setdefault(token, index)
-    return vocab
+def _cut(ids: list[int], keep: int, direction: str) -> list[int]:
+    """Return ``keep`` tokens of ``ids``: its start (``right`` cuts the end) or its end."""
+    if len(ids) <= keep:
+        return ids
+    return ids[len(ids) - keep :] if direction == "left" else ids[:keep]
 
 
-class BertTokenizer:
-    """WordPiece tokenizer configured like transformers' BertTokenizer (basic + wordpiece)."""
+class TextTokenizer:
+    """A ``tokenizers.Tokenizer`` (the version's own) cut and wrapped for a model of
+    ``max_seq_len`` tokens, as transformers' fast tokenizers cut and wrap with truncation."""
 
     def __init__(
-        self, vocab: dict[str, int], *, do_lower_case: bool = True, max_seq_len: int = 128
+        self,
+        tokenizer: Any,
+        *,
+        max_seq_len: int = 128,
+        pad_id: int = 0,
+        unk_id: int | None = None,
+        truncation_side: str = "right",
     ) -> None:
-        for special in (CLS, SEP, UNK):
-            if special not in vocab:
-                raise ValueError(f"vocabulary has no {special} token")
-        if max_seq_len < 2:
-            raise ValueError("max_seq_len must leave room for [CLS] and [SEP]")
-        self.max_seq_len = max_seq_len
-        self.do_lower_case = do_lower_case
-        self.cls_id = vocab[CLS]
-        self.sep_id = vocab[SEP]
-        self.pad_id = vocab.get(PAD, 0)
-        self.unk_id = vocab[UNK]
-        self.vocab_size = len(vocab)
-        tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
-        # strip_accents=None follows lowercase, exactly like BertTokenizer's BasicTokenizer.
-        tokenizer.normalizer = normalizers.BertNormalizer(
-            clean_text=True,
-            handle_chinese_chars=True,
-            strip_accents=None,
-            lowercase=do_lower_case,
-        )
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{CLS} $A {SEP}",
-            special_tokens=[(CLS, self.cls_id), (SEP, self.sep_id)],
-        )
-        tokenizer.decoder = decoders.WordPiece()
-        # BertTokenizer matches its special tokens in the raw text ("[SEP]" typed by a user is
-        # id 102, not "[", "sep", "]"); registering them reproduces that.
-        specials = [t for t in (PAD, UNK, CLS, SEP, MASK) if t in vocab]
-        tokenizer.add_special_tokens(
-            [AddedToken(t, special=True, normalized=False) for t in specials]
-        )
+        tokenizer.no_truncation()  # a saved file's own truncation and padding: we cut and pad
+        tokenizer.no_padding()
         self._tokenizer = tokenizer
+        self.layout: Layout = special_layout(tokenizer)
+        if max_seq_len < self.layout.single_specials + 1:
+            raise ValueError(
+                f"max_seq_len {max_seq_len} leaves no room for a token beside the template's "
+                f"{self.layout.single_specials} special tokens"
+            )
+        self.max_seq_len = max_seq_len
+        self.pad_id = pad_id
+        self.unk_id = -1 if unk_id is None else unk_id
+        self.truncation_side = truncation_side
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        prefix, suffix = self.layout.prefix.ids, self.layout.suffix.ids
+        self.cls_id = prefix[0] if prefix else pad_id  # the first / last special of one text
+        self.sep_id = suffix[-1] if suffix else pad_id
+        # transformers' token-classification pipeline fuses word pieces by their prefix (##)
+        # where the model has one, else by the spaces around a token (its fallback)
+        self.word_aware = bool(getattr(tokenizer.model, "continuing_subword_prefix", None))
+        self._prefix, self._suffix = list(prefix), list(suffix)
+        layout = self.layout
+        self._typed = bool(layout.type_a or any(layout.prefix.type_ids)
+                           or any(layout.suffix.type_ids))  # fmt: skip
 
-    @classmethod
-    def from_files(
-        cls, vocab_path: str | Path, *, do_lower_case: bool = True, max_seq_len: int = 128
-    ) -> BertTokenizer:
-        """Return a tokenizer for the vocab.txt at ``vocab_path``."""
-        return cls(read_vocab(vocab_path), do_lower_case=do_lower_case, max_seq_len=max_seq_len)
+    # -- helpers -------------------------------------------------------------------------
 
-    def encode(self, texts: Sequence[str], direction: str = "right") -> list[Encoded]:
-        """Return each text's ids, cut to max_seq_len and flagged if cut: ``right`` keeps the
-        head ([CLS] head ... [SEP]), ``left`` the tail ([CLS] ... tail [SEP])."""
-        # Encoding without truncation and cutting here is what BertTokenizer(truncation=True)
-        # does for one sequence, and tells us exactly which texts were cut.
+    def _bodies_of(self, texts: Sequence[str]) -> list[Any]:
+        """Return each text's encoding without special tokens."""
         if len(texts) <= SEQUENTIAL_BELOW:
             # Waking tokenizers' thread pool costs more than a few short texts take alone
             # (measured ~0.15 ms per request in a busy gunicorn worker for one text).
-            encodings = [self._tokenizer.encode(t, add_special_tokens=True) for t in texts]
-        else:
-            encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=True)
+            return [self._tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+
+    def _bodies(self, texts: Sequence[str]) -> list[list[int]]:
+        """Return each text's ids without special tokens."""
+        return [e.ids for e in self._bodies_of(texts)]  # a fresh list per encoding
+
+    def _wrap(self, body: list[int]) -> np.ndarray:
+        """Return one text's ids with the template's special tokens around ``body``."""
+        return np.asarray(self._prefix + body + self._suffix, dtype=np.int32)
+
+    def _single_types(self, length: int) -> np.ndarray | None:
+        """Return the type ids of one wrapped text (None: all zeros, the common case)."""
+        if not self._typed:
+            return None
+        layout = self.layout
+        kinds = [*layout.prefix.type_ids, *[layout.type_a] * (length - layout.single_specials),
+                 *layout.suffix.type_ids]  # fmt: skip
+        return np.asarray(kinds, dtype=np.int32)
+
+    def _encoded(self, body: list[int], full: int, truncated: bool) -> Encoded:
+        ids = self._wrap(body)
+        return Encoded(ids, truncated, full, self._single_types(ids.shape[0]))
+
+    def _side(self, direction: str | None) -> str:
+        return self.truncation_side if direction is None else direction
+
+    # -- what the gateway asks -------------------------------------------------------------
+
+    def encode(self, texts: Sequence[str], direction: str | None = None) -> list[Encoded]:
+        """Return each text's ids, cut to max_seq_len and flagged if cut: ``right`` keeps the
+        head (<specials> head ... <specials>), ``left`` the tail; None: the tokenizer's side."""
+        side = self._side(direction)
+        keep = self.max_seq_len - self.layout.single_specials
         out = []
-        for encoding in encodings:
-            ids = np.asarray(encoding.ids, dtype=np.int32)
-            full = int(ids.shape[0])
-            if full > self.max_seq_len:
-                if direction == "left":
-                    tail = ids[full - (self.max_seq_len - 1) :]
-                    ids = np.concatenate([[self.cls_id], tail]).astype(np.int32)
-                else:
-                    ids = np.concatenate([ids[: self.max_seq_len - 1], [self.sep_id]])
-                    ids = ids.astype(np.int32)
-            out.append(Encoded(ids=ids, truncated=full > self.max_seq_len, full_length=full))
+        for body in self._bodies(texts):
+            full = len(body) + self.layout.single_specials
+            out.append(self._encoded(_cut(body, keep, side), full, full > self.max_seq_len))
         return out
 
     def windows(self, texts: Sequence[str], overlap: float = 0.25) -> list[list[Encoded]]:
-        """Return each text as windows of at most max_seq_len tokens ([CLS] ... [SEP] each) that
-        overlap by ``overlap`` of a window, on token boundaries; a text that fits is one window.
-        The last window ends at the text's last token."""
-        size = self.max_seq_len - 2
+        """Return each text as windows of at most max_seq_len tokens (specials around each)
+        that overlap by ``overlap`` of a window, on token boundaries; a text that fits is one
+        window. The last window ends at the text's last token."""
+        size = self.max_seq_len - self.layout.single_specials
         step = max(1, size - int(size * overlap))
         out = []
-        for encoded in self.encode(texts):
-            if not encoded.truncated:
-                out.append([encoded])
+        for body in self._bodies(texts):
+            full = len(body) + self.layout.single_specials
+            if full <= self.max_seq_len:
+                out.append([self._encoded(body, full, False)])
                 continue
-            body = self._tokenizer.encode(texts[len(out)], add_special_tokens=False).ids
             starts = list(range(0, max(1, len(body) - size), step))
             if starts[-1] + size < len(body):
                 starts.append(len(body) - size)
-            out.append([
-                Encoded(
-                    ids=np.asarray([self.cls_id, *body[s : s + size], self.sep_id], np.int32),
-                    truncated=False, full_length=encoded.full_length,
-                )
-                for s in starts
-            ])  # fmt: skip
+            out.append([self._encoded(body[s : s + size], full, False) for s in starts])
         return out
 
     def encode_pairs(
-        self, pairs: Sequence[tuple[str, str] | Sequence[str]], direction: str = "right"
+        self, pairs: Sequence[tuple[str, str] | Sequence[str]], direction: str | None = None
     ) -> list[Encoded]:
-        """Return each pair as [CLS] a [SEP] b [SEP] with ``type_ids`` 1 on ``b [SEP]``, cut
-        ``longest_first`` to max_seq_len (``direction`` ``left`` cuts each segment's start).
+        """Return each pair with the template's specials (``[CLS] a [SEP] b [SEP]``, ``<s> a
+        </s></s> b </s>``) and its type ids, cut ``longest_first`` to max_seq_len (``left``
+        cuts each segment's start).
 
         Raises FirstSegmentTooLong for a pair whose first segment alone fills max_seq_len.
         """
+        side = self._side(direction)
+        layout = self.layout
         firsts = self._bodies([pair[0] for pair in pairs])
         seconds = self._bodies([pair[1] for pair in pairs])
-        budget = self.max_seq_len - 3
+        budget = self.max_seq_len - layout.pair_specials
+        lead = len(layout.pair_prefix.ids) + len(layout.middle.ids)
         out = []
         for index, (a, b) in enumerate(zip(firsts, seconds, strict=True)):
-            if len(a) + 2 >= self.max_seq_len:
-                raise FirstSegmentTooLong(index, len(a) + 2, self.max_seq_len)
+            if len(a) + lead >= self.max_seq_len:
+                raise FirstSegmentTooLong(index, len(a) + lead, self.max_seq_len)
             keep_a, keep_b = longest_first(len(a), len(b), budget)
-            if direction == "left":
-                a, b = a[len(a) - keep_a :], b[len(b) - keep_b :]
-            else:
-                a, b = a[:keep_a], b[:keep_b]
-            ids = np.asarray([self.cls_id, *a, self.sep_id, *b, self.sep_id], dtype=np.int32)
-            type_ids = np.zeros(ids.shape[0], dtype=np.int32)
-            type_ids[len(a) + 2 :] = 1
-            full = len(firsts[index]) + len(seconds[index]) + 3
+            a, b = _cut(a, keep_a, side), _cut(b, keep_b, side)
+            parts: list[tuple[Sequence[int], Sequence[int]]] = [
+                (layout.pair_prefix.ids, layout.pair_prefix.type_ids),
+                (a, [layout.pair_type_a] * len(a)),
+                (layout.middle.ids, layout.middle.type_ids),
+                (b, [layout.pair_type_b] * len(b)),
+                (layout.pair_suffix.ids, layout.pair_suffix.type_ids),
+            ]
+            ids = np.asarray([i for part, _ in parts for i in part], dtype=np.int32)
+            type_ids = np.asarray([k for _, kinds in parts for k in kinds], dtype=np.int32)
+            full = len(firsts[index]) + len(seconds[index]) + layout.pair_specials
             out.append(Encoded(ids, full > self.max_seq_len, full, type_ids))
         return out
 
-    def _bodies(self, texts: Sequence[str]) -> list[list[int]]:
-        """Return each text's ids without [CLS]/[SEP]."""
-        if len(texts) <= SEQUENTIAL_BELOW:
-            encodings = [self._tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        else:
-            encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
-        return [list(e.ids) for e in encodings]
+    def _vocab_tokens(self, ids: Sequence[int]) -> list[str]:
+        """Return the vocabulary's token of each id (an unknown piece is the unk token, as
+        transformers' ``convert_ids_to_tokens`` gives it, not the text it stands for)."""
+        return [self._tokenizer.id_to_token(i) or "" for i in ids]
+
+    def _specials_of(self, part: Part) -> tuple[list[tuple[int, int]], list[str], list[bool]]:
+        n = len(part.ids)
+        return [(0, 0)] * n, list(part.tokens), [True] * n
 
     def tag_windows(self, text: str, stride: int, truncate: bool = False) -> list[TokenWindow]:
         """Return ``text`` as the windows token classification reads: one if it fits (or, with
-        ``truncate``, its first max_seq_len tokens, flagged); else windows of max_seq_len - 2
-        tokens, each starting ``stride`` tokens before the previous one ends, the last ending
-        at the text's end (the windows transformers' pipeline makes with ``stride``)."""
+        ``truncate``, its first max_seq_len tokens, flagged); else windows of max_seq_len
+        tokens (specials included), each starting ``stride`` tokens before the previous one
+        ends, the last ending at the text's end (the windows transformers' pipeline makes with
+        ``stride``)."""
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
-        ids, tokens = list(encoding.ids), list(encoding.tokens)
+        ids, tokens = list(encoding.ids), self._vocab_tokens(encoding.ids)
         offsets = [(int(s), int(e)) for s, e in encoding.offsets]
         special = [bool(flag) for flag in encoding.special_tokens_mask]
-        size = self.max_seq_len - 2
-        full = len(ids) + 2
+        size = self.max_seq_len - self.layout.single_specials
+        full = len(ids) + self.layout.single_specials
         if len(ids) <= size or truncate:
             spans = [(0, min(len(ids), size))]
         else:
@@ -235,24 +246,26 @@ class BertTokenizer:
                 spans.append((start, min(start + size, len(ids))))
                 if spans[-1][1] == len(ids):
                     break
+        head_off, head_tok, head_sp = self._specials_of(self.layout.prefix)
+        tail_off, tail_tok, tail_sp = self._specials_of(self.layout.suffix)
         windows = []
         for start, stop in spans:
-            body = [self.cls_id, *ids[start:stop], self.sep_id]
-            encoded = Encoded(np.asarray(body, dtype=np.int32), full > self.max_seq_len and
-                              truncate, full)  # fmt: skip
+            encoded = self._encoded(ids[start:stop], full, full > self.max_seq_len and truncate)
             windows.append(TokenWindow(
                 encoded=encoded,
-                offsets=[(0, 0), *offsets[start:stop], (0, 0)],
-                tokens=[CLS, *tokens[start:stop], SEP],
-                special=[True, *special[start:stop], True],
+                offsets=[*head_off, *offsets[start:stop], *tail_off],
+                tokens=[*head_tok, *tokens[start:stop], *tail_tok],
+                special=[*head_sp, *special[start:stop], *tail_sp],
             ))  # fmt: skip
         return windows
 
     def encode_ids(self, token_ids: Sequence[Sequence[int]]) -> list[Encoded]:
-        """Return inputs given as token ids (no [CLS]/[SEP]) wrapped and cut as ``encode`` does.
+        """Return inputs given as token ids (no special tokens) wrapped and cut as ``encode``
+        does (right).
 
         Raises ValueError naming the first id outside the vocabulary.
         """
+        keep = self.max_seq_len - self.layout.single_specials
         out = []
         for index, ids in enumerate(token_ids):
             for value in ids:
@@ -261,35 +274,38 @@ class BertTokenizer:
                         f"input[{index}] has token id {value}, outside this model's vocabulary "
                         f"of {self.vocab_size} ids"
                     )
-            full = len(ids) + 2
-            body = list(ids[: self.max_seq_len - 2])
-            wrapped = np.asarray([self.cls_id, *body, self.sep_id], dtype=np.int32)
-            out.append(Encoded(ids=wrapped, truncated=full > self.max_seq_len, full_length=full))
+            full = len(ids) + self.layout.single_specials
+            out.append(self._encoded(list(ids[:keep]), full, full > self.max_seq_len))
         return out
 
     def describe(self, texts: Sequence[str]) -> list[dict[str, object]]:
-        """Return, per text, the tokens the model would get: ids, word pieces, (start, end)
-        character offsets into the text as given, which are special tokens, and whether the
-        text is cut (only the kept tokens are listed, [SEP] last, as ``encode`` sends them)."""
+        """Return, per text, the tokens the model would get: ids, tokens, (start, end)
+        character offsets into the text as given ((0, 0) on specials), which are special
+        tokens, and whether the text is cut (only the kept tokens are listed, as ``encode``
+        sends them with the tokenizer's truncation side)."""
+        keep = self.max_seq_len - self.layout.single_specials
+        head_off, head_tok, head_sp = self._specials_of(self.layout.prefix)
+        tail_off, tail_tok, tail_sp = self._specials_of(self.layout.suffix)
         out: list[dict[str, object]] = []
-        for text in texts:
-            encoding = self._tokenizer.encode(text, add_special_tokens=True)
-            ids, tokens = list(encoding.ids), list(encoding.tokens)
-            offsets = [list(pair) for pair in encoding.offsets]
-            special = [bool(flag) for flag in encoding.special_tokens_mask]
-            truncated = len(ids) > self.max_seq_len
-            if truncated:
-                keep = self.max_seq_len - 1
-                ids, tokens = [*ids[:keep], ids[-1]], [*tokens[:keep], tokens[-1]]
-                offsets, special = [*offsets[:keep], offsets[-1]], [*special[:keep], special[-1]]
+        for encoding in self._bodies_of(texts):
+            n = len(encoding.ids)
+            start = n - keep if self.truncation_side == "left" and n > keep else 0
+            stop = min(n, start + keep)
+            ids = [*self.layout.prefix.ids, *encoding.ids[start:stop], *self.layout.suffix.ids]
+            offsets = [list(pair) for pair in
+                       [*head_off, *encoding.offsets[start:stop], *tail_off]]  # fmt: skip
+            special = [*head_sp, *[bool(f) for f in encoding.special_tokens_mask[start:stop]],
+                       *tail_sp]  # fmt: skip
             out.append({
-                "ids": ids, "tokens": tokens, "offsets": offsets, "special": special,
-                "truncated": truncated, "length": len(ids),
+                "ids": ids,
+                "tokens": [*head_tok, *self._vocab_tokens(encoding.ids[start:stop]), *tail_tok],
+                "offsets": offsets, "special": special,
+                "truncated": n > keep, "length": len(ids),
             })  # fmt: skip
         return out
 
     def decode(self, token_ids: Sequence[Sequence[int]]) -> list[dict[str, object]]:
-        """Return each id list's text (special tokens dropped) and its word pieces."""
+        """Return each id list's text (special tokens dropped) and its tokens."""
         out: list[dict[str, object]] = []
         for index, ids in enumerate(token_ids):
             bad = [i for i in ids if not 0 <= i < self.vocab_size]
@@ -305,5 +321,28 @@ class BertTokenizer:
         return out
 
     def tokens(self, text: str) -> list[str]:
-        """Return the word pieces of one text (for debugging and tests)."""
+        """Return the tokens of one text (for debugging and tests)."""
         return list(self._tokenizer.encode(text, add_special_tokens=False).tokens)
+
+
+class BertTokenizer(TextTokenizer):
+    """WordPiece tokenizer of a BERT vocab.txt, configured like transformers' BertTokenizer
+    (what versions exported before tokenizer.json get, and what finetune builds)."""
+
+    def __init__(
+        self, vocab: dict[str, int], *, do_lower_case: bool = True, max_seq_len: int = 128
+    ) -> None:
+        if max_seq_len < 2:
+            raise ValueError("max_seq_len must leave room for [CLS] and [SEP]")
+        self.do_lower_case = do_lower_case
+        super().__init__(
+            wordpiece_tokenizer(vocab, lowercase=do_lower_case),
+            max_seq_len=max_seq_len, pad_id=vocab.get(PAD, 0), unk_id=vocab[UNK],
+        )  # fmt: skip
+
+    @classmethod
+    def from_files(
+        cls, vocab_path: str | Path, *, do_lower_case: bool = True, max_seq_len: int = 128
+    ) -> BertTokenizer:
+        """Return a tokenizer for the vocab.txt at ``vocab_path``."""
+        return cls(read_vocab(vocab_path), do_lower_case=do_lower_case, max_seq_len=max_seq_len)

@@ -24,6 +24,7 @@ from typing import Any
 
 from backend import metrics
 from backend.early_exit import EarlyExit, parse_early_exit
+from backend.embeddings import EmbeddingInfo, embedding_info
 from backend.errors import (
     LabelNotFound,
     ModelAssetsError,
@@ -34,11 +35,12 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.reloading import ReloadingFile
-from backend.tokenization import BertTokenizer
+from backend.tokenization import TextTokenizer
 from modelformat import serverconfig
 from modelformat.heads import Head, head_from_info
 from modelformat.names import valid_model_name
 from modelformat.status import VersionStatus, newest_available
+from modelformat.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class ModelAssets:
     task: str  # "classify", "embed" or "tag" (the head's task)
     max_seq_len: int
     labels: tuple[str, ...]
-    tokenizer: BertTokenizer = field(repr=False)
+    tokenizer: TextTokenizer = field(repr=False)
     info: dict[str, Any] = field(repr=False, default_factory=dict)
     # padded length → its fixed-length signature (``seq_<L>``); empty for older exports
     bucket_signatures: dict[int, str] = field(default_factory=dict)
@@ -60,6 +62,8 @@ class ModelAssets:
     early_exit: EarlyExit | None = None
     # what the head is (model.json's task, problem_type, score_activation, text_pair, ...)
     head: Head = field(default_factory=Head)
+    # an embedding model's prompts and whether it normalizes (sentence-transformers' modules)
+    embedding: EmbeddingInfo = field(default_factory=EmbeddingInfo)
 
 
 def check_model_name(model: str) -> str:
@@ -85,17 +89,19 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
             labels_file.read_text(encoding="utf-8").splitlines() if labels_file.is_file() else []
         )
         max_seq_len = int(info.get("max_seq_len", 128))
-        tokenizer = BertTokenizer.from_files(
-            assets / "vocab.txt",
-            do_lower_case=bool(info.get("do_lower_case", True)),
-            max_seq_len=max_seq_len,
-        )
+        # assets/tokenizer.json, or an older version's vocab.txt (model.json's do_lower_case)
+        loaded, spec = load_tokenizer(version_path, info)
+        tokenizer = TextTokenizer(
+            loaded, max_seq_len=max_seq_len, pad_id=spec.pad_id, unk_id=spec.unk_id,
+            truncation_side=spec.truncation_side,
+        )  # fmt: skip
         bucket_signatures = {
             int(length): str(name) for length, name in info.get("bucket_signatures", {}).items()
         }
         early_exit = parse_early_exit(info)
         head = head_from_info(info)  # a value no reader knows is unreadable assets, not a guess
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        embedding = embedding_info(info)
+    except Exception as exc:  # OSError, ValueError, ...; tokenizers raises its own types
         raise ModelAssetsError(
             f"model {model!r} version {version} has unreadable assets: {exc}"
         ) from exc
@@ -110,6 +116,7 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
         bucket_signatures=bucket_signatures,
         early_exit=early_exit,
         head=head,
+        embedding=embedding,
     )
 
 

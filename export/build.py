@@ -37,6 +37,7 @@ from export.gates import Tolerance, gate_metric, measure, within, worse
 from export.hardware import CpuInfo, cpu_info
 from export.heads import resolve_head
 from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
+from export.sentence_modules import SentenceModules, read_sentence_modules
 from modelformat.heads import SINGLE, Head
 from modelformat.layout import LABELS_TXT, MODEL_JSON, VOCAB_TXT
 from modelformat.publish import (
@@ -92,11 +93,11 @@ class BuildResult:
         )
 
 
-def _check_args(task: str, precision: str, pooling: str, max_seq_len: int) -> None:
+def _check_args(task: str, precision: str, pooling: str | None, max_seq_len: int) -> None:
     for value, allowed, what in (
         (task, TASKS, "task"),
         (precision, CHOICES, "precision"),
-        (pooling, POOLINGS, "pooling"),
+        (pooling or POOLINGS[0], POOLINGS, "pooling"),
     ):
         if value not in allowed:
             raise ExportError(f"{what} must be one of {list(allowed)}, got {value!r}")
@@ -115,7 +116,7 @@ def build(
     max_seq_len: int = 128,
     labels: Sequence[str] | None = None,
     label_prompts: str | Path | None = None,
-    pooling: str = "mean",
+    pooling: str | None = None,
     warmup: bool = True,
     tolerance: Tolerance | None = None,
     progress: Progress | None = None,
@@ -132,8 +133,11 @@ def build(
     ``precision`` is ``auto`` or one of fp32/fp16/bf16; ``cpu`` and ``gpus`` default to this
     machine's (tests inject other machines'). ``early_exit`` serves the checkpoint's distilled
     students (a ``speed`` input, an ``exit_layer`` output); ``default_speed`` goes into model.json
-    for the gateway. ``task`` ``tag`` exports a token classifier (``BertForTokenClassification``,
-    BIO labels); a classifier's ``problem_type``, ``thresholds`` and ``text_pair`` come from the
+    for the gateway. ``pooling`` (mean or cls; default mean) is for checkpoints that don't say:
+    a sentence-transformers checkpoint's modules.json (its Pooling, Dense, Normalize, prompts:
+    export/sentence_modules.py) decides an embedding export. ``task`` ``tag`` exports a token
+    classifier (``BertForTokenClassification``, BIO labels); a classifier's ``problem_type``,
+    ``thresholds`` and ``text_pair`` come from the
     checkpoint's config.json unless ``problem_type`` / ``text_pair`` are given here.
     """
     started = time.perf_counter()
@@ -194,12 +198,28 @@ def build(
             "`python -m finetune distill-exits --checkpoint ...` and export that checkpoint"
         )
     exits = ckpt.exits if early_exit else None
+    sentence = _sentence_modules(checkpoint, ckpt, task, pooling)
+    if sentence is not None:
+        say(f"sentence-transformers modules: {'+'.join(sentence.poolings)} pooling, "
+            f"{len(sentence.dense)} dense, normalize {sentence.normalize}, "
+            f"prompts {sorted(sentence.prompts) or 'none'}")  # fmt: skip
+        pooling = "+".join(sentence.poolings)
+    pooling = pooling or POOLINGS[0]
 
     say(
         f"building {task} model ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size})"
     )
     reference, target, out_labels, scale = _build_modules(
-        ckpt, task, precision, pooling, max_seq_len, label_prompts, say, exits, head.activation
+        ckpt,
+        task,
+        precision,
+        pooling,
+        max_seq_len,
+        label_prompts,
+        say,
+        exits,
+        head.activation,
+        sentence,
     )
     probe = _probe_batch(ckpt, max_seq_len, exits is not None)
     expected = _run(reference.serve, probe)
@@ -219,6 +239,7 @@ def build(
                 tolerance=tolerance, warmup=warmup, say=say, choice=choice,
                 verified=verified_on(cpu, gpus),
                 early_exit=_early_exit_info(exits, ckpt, default_speed), exit_probes=at_speeds,
+                sentence=sentence,
             )  # fmt: skip
     except OSError as exc:  # disk full, read-only, permissions: the temp dir is already gone
         where = exc.filename or model_dir
@@ -251,6 +272,7 @@ def _build_modules(
     say: Progress,
     exits: dict[str, Any] | None = None,
     activation: str = "softmax",
+    sentence: SentenceModules | None = None,
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
     from export.model import BertModule, run
@@ -270,14 +292,21 @@ def _build_modules(
             ckpt.vocab,
             ckpt.do_lower_case,
             max_seq_len,
+            ckpt.tokenizer.json_text if ckpt.tokenizer is not None else None,
+            int(ckpt.tokenizer.entry.get("pad_id", 0)) if ckpt.tokenizer is not None else 0,
         )
         scale = ZERO_SHOT_SCALE
 
     def make(prec: str) -> Any:
+        head = None
+        if sentence is not None:
+            from export.sentence_head import SentenceHead
+
+            head = SentenceHead(sentence)
         return BertModule(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
-            early_exit=exits, activation=activation,
+            early_exit=exits, activation=activation, sentence_head=head,
         )  # fmt: skip
 
     reference = make("fp32")
@@ -285,6 +314,36 @@ def _build_modules(
         return reference, reference, labels, scale
     say(f"converting weights to {precision} (matmuls in {precision}; norms, softmax in fp32)")
     return reference, make(precision), labels, scale
+
+
+def _sentence_modules(
+    checkpoint: str | Path, ckpt: Checkpoint, task: str, pooling: str | None
+) -> SentenceModules | None:
+    """Return an embedding export's sentence-transformers modules (None: not such a
+    checkpoint, or another task); ExportError when --pooling contradicts its Pooling."""
+    path = Path(checkpoint)
+    if task != "embed" or not path.is_dir():
+        return None
+    sentence = read_sentence_modules(path, ckpt.config.hidden_size)
+    if sentence is None:
+        return None
+    if pooling is not None and [pooling] != sentence.poolings:
+        raise ExportError(
+            f"{path / 'modules.json'}: the checkpoint pools with {'+'.join(sentence.poolings)} "
+            f"(its Pooling module), not {pooling}: drop --pooling"
+        )
+    bert_config = path / "sentence_bert_config.json"
+    if bert_config.is_file():
+        try:
+            lower = json.loads(bert_config.read_text(encoding="utf-8")).get("do_lower_case")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+            raise ExportError(f"cannot read {bert_config}: {exc}") from exc
+        if lower:
+            raise ExportError(
+                f"{bert_config}: do_lower_case true (sentence-transformers lower-cases the text "
+                "before its tokenizer) is not served"
+            )
+    return sentence
 
 
 def _served_pooling(task: str, pooling: str, zero_shot: bool) -> str:
@@ -299,6 +358,13 @@ def special_ids(vocab: Sequence[str]) -> tuple[int, int]:
     """Return the ids of ``[CLS]`` and ``[SEP]`` (0 when a vocabulary lacks them)."""
     index = {token: i for i, token in enumerate(vocab[:1000])}  # specials sit near the start
     return index.get("[CLS]", 0), index.get("[SEP]", 0)
+
+
+def _special_ids(ckpt: Checkpoint) -> tuple[int, int]:
+    """Return the first and last special token of one text ([CLS] / <s>, [SEP] / </s>)."""
+    if ckpt.tokenizer is not None:
+        return ckpt.tokenizer.special_ids()
+    return special_ids(ckpt.vocab)
 
 
 def _early_exit_info(
@@ -324,7 +390,7 @@ def _early_exit_info(
 def _probe_batch(ckpt: Checkpoint, max_seq_len: int, speed: bool = False) -> dict[str, np.ndarray]:
     from export.warmup import token_batch
 
-    cls_id, sep_id = special_ids(ckpt.vocab)
+    cls_id, sep_id = _special_ids(ckpt)
     # speed 0 for an early-exit graph: it must give the full model's outputs
     return token_batch(PROBE_BATCH, min(64, max_seq_len), len(ckpt.vocab), cls_id, sep_id, 1234,
                        speed=0.0 if speed else None)  # fmt: skip
@@ -360,6 +426,7 @@ def _write_version(
     early_exit: dict[str, Any] | None = None,
     head: Head | None = None,
     exit_probes: Sequence[gates.ExitProbe] = (),
+    sentence: SentenceModules | None = None,
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
@@ -438,8 +505,16 @@ def _write_version(
         info["zero_shot_scale"] = zero_shot_scale
     if early_exit is not None:
         info["early_exit"] = early_exit
+    if task == "embed":
+        info["embedding_dim"] = int(expected["embedding"].shape[-1])
+    if sentence is not None:  # prompts and normalize for the gateway
+        info["sentence_transformers"] = sentence.model_json_entry()
     (temp / "assets").mkdir(exist_ok=True)
-    (temp / VOCAB_TXT).write_text("\n".join(ckpt.vocab) + "\n", encoding="utf-8")
+    if ckpt.tokenizer is not None:  # tokenizer.json (+ vocab.txt for a WordPiece one)
+        ckpt.tokenizer.write(temp)
+        info["tokenizer"] = ckpt.tokenizer.entry
+    else:
+        (temp / VOCAB_TXT).write_text("\n".join(ckpt.vocab) + "\n", encoding="utf-8")
     if task in ("classify", "tag"):
         (temp / LABELS_TXT).write_text("\n".join(labels) + "\n", encoding="utf-8")
     (temp / MODEL_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -447,7 +522,7 @@ def _write_version(
         plan = warmup_plan(max_seq_len)
         per_signature = Counter(sig for sig, _, _ in plan)
         say(f"writing {len(plan)} warmup records ({dict(per_signature)}, batches 1/8/32)")
-        cls_id, sep_id = special_ids(ckpt.vocab)
+        cls_id, sep_id = _special_ids(ckpt)
         speed = None if early_exit is None else 0.0  # every layer at the full batch size warmed
         batches = [
             token_batch(b, n, len(ckpt.vocab), cls_id, sep_id, seed=i, speed=speed)

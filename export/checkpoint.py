@@ -21,6 +21,7 @@ from export.calibration import checked_calibration
 from export.config import BertConfig
 from export.errors import ExportError
 from export.names import TensorName, tensor_names
+from export.tokenizer_assets import TokenizerAssets, read_tokenizer
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 HEAD_KEYS = ("architectures", "problem_type", "thresholds", "text_pair")
@@ -43,6 +44,8 @@ class Checkpoint:
     # what config.json says of the head (Hugging Face checkpoints; Google ones say nothing):
     # ``architectures``, ``problem_type``, ``thresholds`` (label -> float), ``text_pair``
     head_config: dict[str, Any] = field(default_factory=dict)
+    # the checkpoint's tokenizer.json (or the one built from its vocab.txt), for the assets
+    tokenizer: TokenizerAssets | None = None
 
 
 def read_checkpoint(
@@ -133,22 +136,6 @@ def _config_from(data: dict[str, Any], path: Path) -> BertConfig:
             f"num_attention_heads {config.num_heads}"
         )
     return config
-
-
-def _read_vocab(path: Path, rows: int) -> list[str]:
-    try:
-        vocab = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError as exc:
-        raise ExportError(f"missing vocabulary: {path}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ExportError(f"cannot read vocabulary {path}: {exc}") from exc
-    while vocab and not vocab[-1]:
-        vocab.pop()
-    if len(vocab) != rows:
-        raise ExportError(
-            f"{path}: vocabulary has {len(vocab)} tokens but the word embedding has {rows} rows"
-        )
-    return vocab
 
 
 def _sha256(paths: Sequence[Path]) -> str:
@@ -265,11 +252,7 @@ def _read_hf(path: Path, labels: Sequence[str] | None, lower: bool | None) -> Ch
         raise
     except Exception as exc:  # safetensors raises its own error types for corrupt files
         raise ExportError(f"cannot read {weights_path}: {exc}") from exc
-    vocab = _read_vocab(path / "vocab.txt", weights["embeddings/word"].shape[0])
-    if lower is None:
-        tok_path = path / "tokenizer_config.json"
-        tok = _read_json(tok_path) if tok_path.is_file() else {}
-        lower = bool(tok.get("do_lower_case", True))
+    tokenizer = read_tokenizer(path, weights["embeddings/word"].shape[0], lower)
     has_head = "classifier/kernel" in weights
     id2label = data.get("id2label") or {}
     try:
@@ -280,13 +263,14 @@ def _read_hf(path: Path, labels: Sequence[str] | None, lower: bool | None) -> Ch
     return Checkpoint(
         config=config,
         weights=weights,
-        vocab=vocab,
-        do_lower_case=lower,
+        vocab=tokenizer.vocab,
+        do_lower_case=tokenizer.do_lower_case,
         labels=_resolve_labels(labels, config_labels, width, str(config_path)),
         has_head=has_head,
         source={"format": "hf", "path": str(path.resolve()), "sha256": _sha256([weights_path])},
         exits=_exits(data, weights, config_path),
         head_config={k: data[k] for k in HEAD_KEYS if data.get(k) is not None},
+        tokenizer=tokenizer,
     )
 
 
@@ -342,7 +326,8 @@ def _read_google(
         raise
     except Exception as exc:  # tf.errors.* for missing or corrupt shards
         raise ExportError(f"cannot read checkpoint {prefix}: {exc}") from exc
-    vocab = _read_vocab(path / "vocab.txt", weights["embeddings/word"].shape[0])
+    rows = weights["embeddings/word"].shape[0]
+    tokenizer = read_tokenizer(path, rows, True if lower is None else lower)
     has_head = "classifier/kernel" in weights
     width = weights["classifier/kernel"].shape[1] if has_head else None
     if has_head and labels is None:
@@ -351,9 +336,10 @@ def _read_google(
     return Checkpoint(
         config=config,
         weights=weights,
-        vocab=vocab,
-        do_lower_case=True if lower is None else lower,
+        vocab=tokenizer.vocab,
+        do_lower_case=tokenizer.do_lower_case,
         labels=_resolve_labels(labels, [], width, str(prefix)) if has_head else [],
         has_head=has_head,
         source={"format": "google", "path": str(prefix.resolve()), "sha256": _sha256(files)},
+        tokenizer=tokenizer,
     )

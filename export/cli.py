@@ -46,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--labels", type=Path, help="file with one label per line (head order)")
     b.add_argument("--label-prompts", type=Path,
                    help="zero-shot head: lines of 'label<TAB>description'")  # fmt: skip
-    b.add_argument("--pooling", choices=["mean", "cls"], default="mean")
+    b.add_argument("--pooling", choices=["mean", "cls"],
+                   help="embed: sentence vectors of a checkpoint that doesn't say (default mean); "
+                        "a sentence-transformers checkpoint's modules.json decides")  # fmt: skip
     b.add_argument("--no-warmup", action="store_true", help="skip the warmup records")
     b.add_argument("--cased", action="store_true", help="do not lower-case (Google checkpoints)")
     b.add_argument("--early-exit", action="store_true",
@@ -124,7 +126,8 @@ def _print_inspection(report: dict[str, Any]) -> None:
     for key in ("name", "task", "problem_type", "score_activation", "text_pair", "thresholds",
                 "label_scheme", "precision", "max_seq_len", "do_lower_case", "pooling",
                 "zero_shot", "labels", "hidden_size", "num_layers", "vocab_size",
-                "early_exit", "exporter_version", "created_at"):  # fmt: skip
+                "embedding_dim", "tokenizer", "sentence_transformers", "early_exit",
+                "exporter_version", "created_at"):  # fmt: skip
         print(f"{key:<17}{model.get(key)}")
     if "precision_requested" in model:  # versions exported before auto existed lack these
         print(f"precision choice {model['precision_requested']}: {model.get('precision_reason')}")

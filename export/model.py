@@ -59,6 +59,7 @@ class BertModule(tf.Module):
         early_exit: Mapping[str, Any] | None = None,
         compaction: bool = True,
         activation: str = "softmax",
+        sentence_head: tf.Module | None = None,
     ) -> None:
         """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc).
 
@@ -69,11 +70,14 @@ class BertModule(tf.Module):
         baseline the benchmark compares against); the outputs are the same.
         ``activation`` turns a classifier's logits into ``probabilities`` (export/heads.py); a
         ``tag`` head is a classifier over every token (no pooler), its scores a softmax.
+        ``sentence_head`` (export/sentence_head.py) replaces ``pooling`` with a
+        sentence-transformers checkpoint's pooling -> dense -> normalize.
         """
         super().__init__(name="bert")
         dtype = DTYPES[precision]
         self.task, self.pooling, self.activation = task, pooling, activation
         self.compaction = compaction
+        self.sentence_head = sentence_head
         self.hidden_size = config.hidden_size
         self.hidden_dropout = config.hidden_dropout
 
@@ -180,6 +184,8 @@ class BertModule(tf.Module):
         return x, mask_bias(attention_mask)
 
     def _pool(self, hidden: tf.Tensor, attention_mask: tf.Tensor) -> tf.Tensor:
+        if self.sentence_head is not None:
+            return self.sentence_head(hidden, attention_mask)
         return pool(hidden, attention_mask, self.pooling)
 
     def _encode(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,10 +42,22 @@ def read_label_prompts(path: str | Path) -> list[tuple[str, str]]:
 
 
 def tokenize(
-    texts: Sequence[str], vocab: Sequence[str], do_lower_case: bool, max_seq_len: int
+    texts: Sequence[str],
+    vocab: Sequence[str],
+    do_lower_case: bool,
+    max_seq_len: int,
+    tokenizer_json: str | None = None,
+    pad_id: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Return padded int32 BERT inputs for ``texts`` (WordPiece via the ``tokenizers`` library)."""
-    from tokenizers import BertWordPieceTokenizer
+    """Return padded int32 inputs for ``texts``: with the checkpoint's ``tokenizer_json`` when
+    given (padded with ``pad_id``), else WordPiece of ``vocab`` (the ``tokenizers`` library)."""
+    from tokenizers import BertWordPieceTokenizer, Tokenizer
+
+    if tokenizer_json is not None:
+        own = Tokenizer.from_str(tokenizer_json)
+        own.enable_truncation(max_seq_len)
+        own.enable_padding(pad_id=pad_id)
+        return _arrays(own.encode_batch(list(texts)))
 
     missing = [t for t in ("[CLS]", "[SEP]", "[UNK]", "[PAD]") if t not in vocab]
     if missing:
@@ -54,7 +67,10 @@ def tokenize(
     )
     tokenizer.enable_truncation(max_seq_len)
     tokenizer.enable_padding(pad_id=vocab.index("[PAD]"), pad_token="[PAD]")
-    encodings = tokenizer.encode_batch(list(texts))
+    return _arrays(tokenizer.encode_batch(list(texts)))
+
+
+def _arrays(encodings: Sequence[Any]) -> dict[str, np.ndarray]:
     return {
         "input_ids": np.array([e.ids for e in encodings], dtype=np.int32),
         "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int32),
@@ -68,9 +84,13 @@ def label_embeddings(
     vocab: Sequence[str],
     do_lower_case: bool,
     max_seq_len: int,
+    tokenizer_json: str | None = None,
+    pad_id: int = 0,
 ) -> tuple[list[str], np.ndarray]:
     """Return the labels (first-seen order) and one unit vector per label ``[n, hidden]``."""
-    vectors = encode(tokenize([d for _, d in pairs], vocab, do_lower_case, max_seq_len))
+    descriptions = [d for _, d in pairs]
+    vectors = encode(tokenize(descriptions, vocab, do_lower_case, max_seq_len, tokenizer_json,
+                              pad_id))  # fmt: skip
     vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     labels = list(dict.fromkeys(label for label, _ in pairs))
     rows = []

@@ -35,6 +35,7 @@ from backend.errors import (
 )
 from backend.reloading import ReloadingFile
 from backend.schemas import EmbeddingsRequest, check_texts
+from backend.service import typed_embeddings
 from backend.settings import Settings
 from modelformat import layout, serverconfig
 from modelformat.names import valid_model_name
@@ -91,8 +92,10 @@ def embeddings() -> Response:
     gateway = current_gateway()
     try:
         done, vectors = gateway.embeddings(
-            name, texts, version, label, token_ids=token_ids, direction=req.truncation_direction
-        )
+            name, texts, version, label, normalize=True, token_ids=token_ids,
+            direction=req.truncation_direction, prompt_name=req.prompt_name,
+            input_type=req.input_type,
+        )  # fmt: skip
     except ValueError as exc:  # a token id outside the vocabulary
         raise UnprocessableInput(str(exc)) from None
     if req.dimensions is not None:
@@ -106,9 +109,10 @@ def embeddings() -> Response:
         vectors = np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
     note_served(name, done.assets.version)
     tokens = int(sum(done.token_counts))
+    typed = typed_embeddings(vectors, [req.embedding_type])[req.embedding_type]
     data = [
         {"object": "embedding", "index": i, "embedding": _encode(vector, req.encoding_format)}
-        for i, vector in enumerate(vectors)
+        for i, vector in enumerate(typed)
     ]
     return json_response({
         "object": "list", "data": data, "model": f"{name}@{done.assets.version}",
@@ -122,8 +126,9 @@ def _input_texts(body: dict[str, Any]) -> Any:
 
 
 def _encode(vector: np.ndarray, encoding: str) -> Any:
-    if encoding == "base64":
-        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    if encoding == "base64":  # float32 little-endian; int8/uint8 one byte each
+        raw = vector.astype("<f4") if vector.dtype.kind == "f" else vector
+        return base64.b64encode(raw.tobytes()).decode("ascii")
     return vector
 
 

@@ -3,8 +3,9 @@
 
 One translator onto ``Gateway.rerank``, which takes two kinds of model, all inputs in one
 inference (the gateway buckets and chunks them):
-- an embedding model: the query and the documents embedded together, ranked by cosine
-  similarity; ``relevance_score`` = (1 + cosine) / 2, in [0, 1] like Cohere's scores;
+- an embedding model: the query and the documents embedded together (with the model's query
+  and document prompts, if it has them: backend/embeddings.py), ranked by cosine similarity;
+  ``relevance_score`` = (1 + cosine) / 2, in [0, 1] like Cohere's scores;
 - a cross-encoder (a sentence-pair classifier, model.json ``text_pair``): each (query, document)
   pair scored, ``token_type_ids`` 1 on the document; ``relevance_score`` is the head's score:
   one logit: its activation (sigmoid; raw for a regression head); several labels: the

@@ -41,6 +41,10 @@ def minilm_vocab_file() -> Path:
 
 INTENT, EMBED = "tiny-intent", "tiny-embed"
 TAGGER = "tiny-tagger"  # a BIO token classifier: what :tag serves (schemathesis's tag model)
+# a sentence-transformers checkpoint (mean pooling, a tanh Dense, Normalize, prompts) with an
+# XLM-R-style SentencePiece Unigram tokenizer.json and no vocab.txt
+SENTENCE = "tiny-sentence"
+SENTENCE_PROMPTS = {"query": "query: ", "passage": "passage: "}
 # v1: a 3-layer classifier; v2: the same checkpoint exported with early exits (students after
 # layers 1 and 2), so v2 at speed 0 must answer as v1 does.
 EXITS, EXIT_LAYERS = "tiny-exits", 3
@@ -54,9 +58,22 @@ def other_vocab() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sentence_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return the checkpoint tiny-sentence v1 is exported from (tests compare with it)."""
+    from export.tiny_sentence import write_sentence_checkpoint
+
+    return write_sentence_checkpoint(
+        tmp_path_factory.mktemp("sentence") / "ckpt", pooling=("mean",), dense=((24, "tanh"),),
+        normalize=True, prompts=SENTENCE_PROMPTS, seed=7, tokenizer_kind="unigram",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def model_base(tmp_path_factory: pytest.TempPathFactory, sentence_checkpoint: Path) -> Path:
     """Return a base path with tiny-intent v1, v2 (another vocabulary), tiny-embed v1,
-    tiny-exits v1 (no exits), v2 (the same weights with early exits) and tiny-tagger v1."""
+    tiny-exits v1 (no exits), v2 (the same weights with early exits), tiny-tagger v1 and
+    tiny-sentence v1."""
+    from export.build import build
     from export.tiny import export_tiny_model
 
     base = tmp_path_factory.mktemp("models")
@@ -71,6 +88,8 @@ def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
             base, EXITS, version=version, seed=5, layers=EXIT_LAYERS, warmup=False,
             early_exit=early_exit,
         )  # fmt: skip
+    build(sentence_checkpoint, SENTENCE, base, version=1, task="embed", max_seq_len=32,
+          warmup=False)  # fmt: skip
     return base
 
 
@@ -78,7 +97,7 @@ def model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def config_file(model_base: Path) -> Path:
     """Return the serving config (all versions, labels stable=1, canary=2)."""
     path = model_base / "models.config"
-    models = [INTENT, EMBED, EXITS, TAGGER]
+    models = [INTENT, EMBED, EXITS, TAGGER, SENTENCE]
     path.write_text(model_config(model_base, LABELS, models), encoding="utf-8")
     return path
 
@@ -99,6 +118,7 @@ def modelserver(config_file: Path, log_dir: Path) -> Iterator[ModelServer]:
         server.wait_available(EXITS, 1)
         server.wait_available(EXITS, 2)
         server.wait_available(TAGGER, 1)
+        server.wait_available(SENTENCE, 1)
         yield server
     finally:
         server.stop()

@@ -45,9 +45,15 @@ def test_minilm_embedding_matches_torch_and_tokenizer_matches_hf(
     with torch.no_grad():
         hidden = model(**{k: torch.tensor(v, dtype=torch.long) for k, v in feeds.items()})
     mask = feeds["attention_mask"][..., None].astype(np.float32)
-    expected = (hidden.last_hidden_state.numpy() * mask).sum(1) / mask.sum(1)
+    mean = (hidden.last_hidden_state.numpy() * mask).sum(1) / mask.sum(1)
+    # its modules.json: Pooling (mean) then Normalize, as SentenceTransformer.encode answers
+    expected = mean / np.linalg.norm(mean, axis=1, keepdims=True)
 
     result = build(minilm, "minilm", tmp_path, task="embed", max_seq_len=64, warmup=False)
     got = PersistentPredictor(result.path).predict(feeds)["embedding"]
     np.testing.assert_allclose(got, expected, atol=1e-4)
     assert result.model_info["hidden_size"] == 384 and result.model_info["num_layers"] == 6
+    assert result.model_info["sentence_transformers"]["normalize"] is True
+    assert (result.path / "assets" / "tokenizer.json").read_bytes() == (
+        minilm / "tokenizer.json"
+    ).read_bytes()

@@ -1,0 +1,201 @@
+"""sentence-transformers checkpoints: their modules read at export, applied in the graph.
+
+A sentence-transformers directory (bge, e5, gte, all-MiniLM, ...) says how it encodes in
+``modules.json``: the Transformer, then ``Pooling`` (``1_Pooling/config.json``: cls, mean, max,
+mean_sqrt_len, lasttoken, several of them concatenated in sentence-transformers' order), an
+optional ``Dense`` (``2_Dense/config.json`` + its weights: a linear layer and its activation)
+and an optional ``Normalize``; ``config_sentence_transformers.json`` holds the prompts and the
+default prompt. ``read_sentence_modules`` reads them (ExportError naming the file for what it
+can't serve); ``SentenceHead`` is the graph's pooling -> dense -> normalize, as
+``SentenceTransformer.encode`` runs them; ``model_json_entry`` is what model.json records for
+the gateway (prompts, whether the vectors come out normalized).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.errors import ExportError
+
+# sentence-transformers' Pooling concatenates its modes in this order
+POOLING_KEYS = (
+    ("cls", "pooling_mode_cls_token"),
+    ("max", "pooling_mode_max_tokens"),
+    ("mean", "pooling_mode_mean_tokens"),
+    ("mean_sqrt_len", "pooling_mode_mean_sqrt_len_tokens"),
+    ("weightedmean", "pooling_mode_weightedmean_tokens"),
+    ("lasttoken", "pooling_mode_lasttoken"),
+)
+SERVED_POOLINGS = ("cls", "max", "mean", "mean_sqrt_len", "lasttoken")
+# Dense's activation_function (a torch class path) -> the graph's
+ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.GELU": "gelu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+}
+MAX_PROMPT_CHARS = 2000
+
+
+@dataclass
+class DenseLayer:
+    """A sentence-transformers Dense module: ``activation(x @ kernel + bias)``."""
+
+    kernel: np.ndarray  # [in, out]
+    bias: np.ndarray | None
+    activation: str
+
+
+@dataclass
+class SentenceModules:
+    """What a sentence-transformers checkpoint does after its Transformer."""
+
+    poolings: list[str]
+    include_prompt: bool = True
+    dense: list[DenseLayer] = field(default_factory=list)
+    normalize: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+    def model_json_entry(self) -> dict[str, Any]:
+        """Return model.json's ``sentence_transformers`` entry (the gateway reads prompts and
+        ``normalize``; the rest says what the graph does)."""
+        return {
+            "pooling": self.poolings,
+            "include_prompt": self.include_prompt,
+            "dense": [
+                {
+                    "in": int(d.kernel.shape[0]),
+                    "out": int(d.kernel.shape[1]),
+                    "activation": d.activation,
+                }
+                for d in self.dense
+            ],
+            "normalize": self.normalize,
+            "prompts": self.prompts,
+            "default_prompt_name": self.default_prompt_name,
+        }
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ExportError(f"missing file: {path} (named by modules.json)") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"cannot read {path}: {exc}") from exc
+
+
+def _pooling(path: Path) -> tuple[list[str], bool]:
+    config = _json(path / "config.json")
+    if not isinstance(config, dict):
+        raise ExportError(f"{path / 'config.json'}: expected a JSON object")
+    modes = [name for name, key in POOLING_KEYS if config.get(key)]
+    mode = config.get("pooling_mode")  # newer sentence-transformers may write the name itself
+    if not modes and isinstance(mode, str):
+        modes = [{"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}.get(mode, mode)]
+    unknown = [m for m in modes if m not in SERVED_POOLINGS]
+    if unknown or not modes:
+        raise ExportError(
+            f"{path / 'config.json'}: pooling {unknown or 'none'} is not served (served: "
+            f"{', '.join(SERVED_POOLINGS)})"
+        )
+    return modes, bool(config.get("include_prompt", True))
+
+
+def _dense(path: Path, width: int) -> DenseLayer:
+    config = _json(path / "config.json")
+    activation = ACTIVATIONS.get(str(config.get("activation_function")))
+    if activation is None:
+        raise ExportError(
+            f"{path / 'config.json'}: activation {config.get('activation_function')!r} is not "
+            f"served (served: {', '.join(ACTIVATIONS)})"
+        )
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        found = [p.name for p in path.glob("*.bin")]
+        raise ExportError(
+            f"missing weights file: {weights}"
+            + (f" (found {found}; convert it to safetensors)" if found else "")
+        )
+    from safetensors.numpy import load_file
+
+    try:
+        tensors = load_file(str(weights))
+    except Exception as exc:  # safetensors raises its own error types
+        raise ExportError(f"cannot read {weights}: {exc}") from exc
+    kernel = tensors.get("linear.weight")
+    if kernel is None:
+        raise ExportError(f"{weights}: missing tensor linear.weight")
+    if kernel.ndim != 2 or kernel.shape[1] != width:
+        raise ExportError(f"{weights}: linear.weight has shape {list(kernel.shape)}, expected "
+                          f"[out, {width}]")  # fmt: skip
+    bias = tensors.get("linear.bias")
+    if bool(config.get("bias", True)) and bias is None:
+        raise ExportError(f"{weights}: missing tensor linear.bias")
+    return DenseLayer(
+        kernel=np.ascontiguousarray(kernel.T, dtype=np.float32),
+        bias=None if bias is None else np.asarray(bias, dtype=np.float32),
+        activation=activation,
+    )
+
+
+def read_sentence_modules(path: str | Path, hidden_size: int) -> SentenceModules | None:
+    """Return the modules of the sentence-transformers checkpoint at ``path`` (None when it has
+    no modules.json: not one). ``hidden_size`` is the Transformer's output width."""
+    path = Path(path)
+    if not (path / "modules.json").is_file():
+        return None
+    modules = _json(path / "modules.json")
+    if not isinstance(modules, list):
+        raise ExportError(f"{path / 'modules.json'}: expected a list of modules")
+    found = SentenceModules(poolings=[])
+    width = hidden_size
+    for module in sorted(modules, key=lambda m: int(m.get("idx", 0))):
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        where = path / str(module.get("path", ""))
+        if kind == "Transformer":
+            continue
+        if kind == "Pooling":
+            found.poolings, found.include_prompt = _pooling(where)
+            width = hidden_size * len(found.poolings)
+        elif kind == "Dense":
+            layer = _dense(where, width)
+            found.dense.append(layer)
+            width = int(layer.kernel.shape[1])
+        elif kind == "Normalize":
+            found.normalize = True
+        else:
+            raise ExportError(
+                f"{path / 'modules.json'}: module {module.get('type')!r} is not served "
+                "(served: Transformer, Pooling, Dense, Normalize)"
+            )
+    if not found.poolings:
+        raise ExportError(f"{path / 'modules.json'}: no Pooling module")
+    _prompts(path / "config_sentence_transformers.json", found)
+    return found
+
+
+def _prompts(path: Path, found: SentenceModules) -> None:
+    if not path.is_file():
+        return
+    config = _json(path)
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise ExportError(f"{path}: prompts must map names to strings")
+    long = [k for k, v in prompts.items() if len(v) > MAX_PROMPT_CHARS]
+    if long:
+        raise ExportError(f"{path}: prompt {long[0]!r} is over {MAX_PROMPT_CHARS} characters")
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ExportError(f"{path}: default_prompt_name {default!r} is not one of the prompts")
+    found.prompts = {k: v for k, v in prompts.items()}
+    found.default_prompt_name = default
