@@ -108,6 +108,9 @@ def body_may_stay_unread(app: Flask, headers: Any) -> bool:
 
 
 def _start_timer() -> None:
+    """Start the request's clock and clear what this thread's last request left in the
+    routing context (a 401/403/429 stops before ``_start_routing``, and its metrics must not
+    name the version the thread served before)."""
     g.started = time.perf_counter()
     # Threads serve many requests: nothing of the last one may leak into this one, even when a
     # hook below refuses it before _start_routing runs.
@@ -210,7 +213,12 @@ def _key_state(settings: Any) -> tuple[auth.KeyTable, ratelimit.RateLimiter]:
 
 
 def _record_request(response: Response) -> Response:
-    """Count the request and observe its latency (labels bounded: unknown models are 'other')."""
+    """Count the request and observe its latency.
+
+    Every label value comes from the server, never from the client: the route's rule (or
+    'unmatched'), a model with a directory in the model tree (else 'other', or '' for a route
+    without one), a version whose assets loaded (else '': none was established), the status.
+    """
     rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
     model = getattr(g, "served_model", None) or _known_model(request.view_args or {})
     version = getattr(g, "served_version", None)

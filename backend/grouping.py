@@ -9,9 +9,13 @@ same model, version and signature (one length bucket) share a call: natural batc
   one client never waits, and an idle gateway adds no latency. A full batch (``max_rows``: a
   large request's chunks) has no room to share and always goes at once, as before.
 - Calls that arrive while ``in_flight`` are running queue; when one returns, the thread that made
-  it hands the queue (up to ``max_rows`` rows, whole requests) to the first queued request, which
-  sends it as one call and gives every member its rows of the answer. The wait is bounded by one
-  upstream call, and by each member's own deadline: a member past it leaves with a timeout.
+  it hands the queue (up to ``max_rows`` rows, whole requests) to the queued request with the
+  latest deadline, which sends it as one call and gives every member its rows of the answer.
+- No request waits past its own deadline, and a 504 means it passed: every member waits for its
+  answer at most until its own deadline and then leaves with a timeout (the call goes on for the
+  others); the sender is the member that may wait longest, and its call's timeout is what is
+  left of its own deadline, never more; members already past their deadline when the call goes
+  are left out of it, and a group whose members are all past theirs is not sent at all.
 - A failed call fails every member with the same error (as TF Serving's own batching does).
 
 Every output of a served signature is batch-major (TF Serving's batching splits answers along
@@ -92,9 +96,9 @@ class UpstreamGroups:
                 me.ready = threading.Event()
                 lane.queue.append(me)
         if me.group is None and not self._queued(lane, me, model):
-            raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S waiting for its call")
+            raise _late()
         if me.group is not None:
-            self._lead(lane, me.group, send)
+            self._lead(lane, me, me.group, send)
         tracing.annotate("gateway.group_requests", me.shared)  # on the upstream stage's span
         if me.error is not None:
             raise me.error
@@ -124,38 +128,48 @@ class UpstreamGroups:
         # on it), else the answer is on its way: report the timeout without waiting for it.
         return me.group is not None
 
-    def _lead(self, lane: _Lane, group: list[_Member], send: Send) -> None:
-        """Send ``group`` as one call, give each member its rows, hand the queue on."""
+    def _lead(self, lane: _Lane, sender: _Member, group: list[_Member], send: Send) -> None:
+        """Send ``group`` as one call (``sender``: the member with the latest deadline, whose
+        thread this is), give each member its rows, hand the queue on."""
+        now = time.monotonic()
+        live = [m for m in group if m.deadline > now]
         try:
-            batch = (
-                group[0].inputs
-                if len(group) == 1
-                else {n: np.concatenate([m.inputs[n] for m in group]) for n in group[0].inputs}
-            )
-            metrics.UPSTREAM_GROUP_REQUESTS.observe(len(group))
             for member in group:
-                member.shared = len(group)
-            outputs, served = send(batch, max(m.deadline for m in group) - time.monotonic())
-            if len(group) == 1:
-                group[0].result = (outputs, served)
-            else:
-                start = 0
-                for member in group:
-                    end = start + member.rows
-                    member.result = ({k: v[start:end] for k, v in outputs.items()}, served)
-                    start = end
+                if member.deadline <= now:  # already answered 504 (or about to): not sent
+                    member.error = _late()
+            if live:
+                batch = (
+                    live[0].inputs
+                    if len(live) == 1
+                    else {n: np.concatenate([m.inputs[n] for m in live]) for n in live[0].inputs}
+                )
+                metrics.UPSTREAM_GROUP_REQUESTS.observe(len(live))
+                for member in live:
+                    member.shared = len(live)
+                outputs, served = send(batch, sender.deadline - now)
+                if len(live) == 1:
+                    live[0].result = (outputs, served)
+                else:
+                    start = 0
+                    for member in live:
+                        end = start + member.rows
+                        member.result = ({k: v[start:end] for k, v in outputs.items()}, served)
+                        start = end
         except BaseException as exc:  # every member gets the call's error, as TF Serving's batching
-            for member in group:
+            for member in live:
                 member.error = exc
         finally:
             following = self._next_group(lane)
-            for member in (*group[1:], *following[:1]):
+            woken = [m for m in group if m is not sender]
+            woken += [m for m in following if m.group is not None]  # the next sender
+            for member in woken:
                 assert member.ready is not None  # every member but a lone call's queued
                 member.ready.set()
 
     def _next_group(self, lane: _Lane) -> list[_Member]:
         """Take the queue's first requests (≤ max_rows rows, at least one) as the next call,
-        its first member made its sender under the lock (so a timeout can't orphan it)."""
+        the one with the latest deadline made its sender under the lock (so a timeout can't
+        orphan it)."""
         with self._lock:
             taken: list[_Member] = []
             rows = 0
@@ -164,9 +178,13 @@ class UpstreamGroups:
                 taken.append(member)
                 rows += member.rows
             if taken:
-                taken[0].group = taken
+                max(taken, key=lambda m: m.deadline).group = taken
             else:
                 lane.running -= 1
                 if not lane.running:  # idle: forget it (versions come and go)
                     del self._lanes[lane.key]
             return taken
+
+
+def _late() -> UpstreamTimeout:
+    return UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S waiting for its call")

@@ -34,13 +34,16 @@ from backend.schemas import (
     TokenizeResponse,
 )
 from backend.settings import Settings
+from modelformat.names import MODEL_NAME_PATTERN
 
 REF = "#/components/schemas/{model}"
 _ERRORS = {
     "400": "Malformed JSON, a wrong type or an unknown field.",
     "404": "Unknown model, version or label.",
-    "413": "Body over GATEWAY_MAX_BODY_BYTES or more than GATEWAY_MAX_TEXTS texts.",
-    "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, "
+    "413": "Body over GATEWAY_MAX_BODY_BYTES, or more than GATEWAY_MAX_TEXTS texts (or lists "
+    "of token ids).",
+    "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, a list "
+    "of token ids over GATEWAY_MAX_TOKEN_IDS or with an id outside the vocabulary, "
     "text over max_seq_len with truncate=false, a pair whose first segment alone fills "
     "max_seq_len, the wrong task for the model (texts to a sentence-pair model, pairs to a "
     "single-text one, a tag request to a classifier, ...), a bad "
@@ -123,7 +126,13 @@ def _inference(
     return {"post": operation}
 
 
-_MODEL_PARAM = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+# A served model's name as the naming rules say (a name they allow but no model has is a 404).
+_MODEL_PARAM = {
+    "name": "model",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": MODEL_NAME_PATTERN, "maxLength": 128},
+}
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
@@ -135,7 +144,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "version": "1",
             "description": "BERT-family text models behind TensorFlow Serving. Limits: "
             f"{settings.max_texts_per_request} texts, {settings.max_text_chars} characters "
-            f"per text, {settings.max_body_bytes} bytes per body.",
+            f"per text, {settings.max_token_ids} ids per list of token ids, "
+            f"{settings.max_body_bytes} bytes per body.",
         },
         "paths": {
             "/v1/models/{model}:classify": _inference(
@@ -267,8 +277,18 @@ def _with_limits(schemas: dict[str, Any], settings: Settings) -> dict[str, Any]:
     }
     for (name, field), most in limits.items():
         schemas[name]["properties"][field]["maxItems"] = most
+    schemas["DetokenizeRequest"]["properties"]["ids"]["items"]["maxItems"] = settings.max_token_ids
     for option in schemas["EmbeddingsRequest"]["properties"]["input"].get("anyOf", []):
-        if option.get("type") == "array":
+        if option.get("type") != "array":
+            continue
+        if option["items"].get("type") == "integer":  # one input's token ids
+            option["maxItems"] = settings.max_token_ids
+            continue
+        option["maxItems"] = settings.max_texts_per_request
+        if option["items"].get("type") == "array":  # a list of token-id lists
+            option["items"]["maxItems"] = settings.max_token_ids
+    for option in schemas["ClassifyRequest"]["properties"]["speed"].get("anyOf", []):
+        if option.get("type") == "array":  # one per text (the description says: exactly)
             option["maxItems"] = settings.max_texts_per_request
     visit(schemas)
     return schemas

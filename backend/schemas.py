@@ -13,6 +13,15 @@ from pydantic.json_schema import SkipJsonSchema
 from backend.early_exit import valid_speed
 from backend.errors import BadRequest, PayloadTooLarge, UnprocessableInput
 from backend.settings import Settings
+from modelformat.names import LABEL_PATTERN, MODEL_NAME_PATTERN
+
+# A request body's ``model`` (OpenAI's and Cohere's requests name it there): 'name',
+# 'name@version' or 'name:label', each part as the naming rules say (a version under 10^18).
+MODEL_SPEC_PATTERN = MODEL_NAME_PATTERN[:-1] + rf"(@[0-9]{{1,18}}|:{LABEL_PATTERN[1:-1]})?$"
+MODEL_SPEC = re.compile(MODEL_SPEC_PATTERN)
+ModelSpec = Annotated[
+    str, Field(min_length=1, max_length=128 + 1 + 128, pattern=MODEL_SPEC_PATTERN)
+]
 
 # What "empty" means, the same for the gateway's check and the schema's pattern: no character
 # outside JavaScript's \s (the class JSON Schema patterns use; Python's \s also has \x1c-\x1f).
@@ -124,7 +133,8 @@ class ClassifyRequest(_Request):
     speed: Speed | list[Speed] | None = Field(
         default=None,
         description="Early-exit models: how early a text may leave the model, 0 (the full "
-        "model) to 1 (the first exit); one number for every text, or a list with one per text. "
+        "model) to 1 (the first exit); one number for every text, or a list with one per text: "
+        "a list's length must equal that of 'texts' (or 'pairs'), else the request is a 422. "
         "Default: GATEWAY_DEFAULT_SPEED, else the model's own default. Models without early "
         "exits ignore it and say so in 'notes'.",
     )
@@ -225,7 +235,9 @@ class DetokenizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=VERSION_OR_LABEL)
     ids: list[list[NonNegative]] = Field(
-        min_length=1, description="Token id lists, one per text (ids of the model's vocabulary)."
+        min_length=1,
+        description="Token id lists, one per text (ids of the model's vocabulary); limits: "
+        "GATEWAY_MAX_TEXTS lists, GATEWAY_MAX_TOKEN_IDS ids each.",
     )
     version: NonNegative | None = Field(
         default=None,
@@ -250,10 +262,10 @@ class EmbeddingsRequest(BaseModel):
     ) = Field(
         description="A text, a list of texts, a list of token ids (one input), or a list of "
         "lists of token ids. Token ids are WordPiece ids of the model's vocabulary, without "
-        "[CLS]/[SEP] (the gateway adds them)."
+        "[CLS]/[SEP] (the gateway adds them). Limits: GATEWAY_MAX_TEXTS inputs, "
+        "GATEWAY_MAX_TEXT_CHARS characters per text, GATEWAY_MAX_TOKEN_IDS ids per input."
     )
-    model: str = Field(
-        min_length=1,
+    model: ModelSpec = Field(
         description="A served model: 'name', 'name@version' or 'name:label' (e.g. minilm, "
         "minilm@2, minilm:stable).",
     )
@@ -263,7 +275,7 @@ class EmbeddingsRequest(BaseModel):
     dimensions: Positive | None = Field(
         default=None, description="Keep the first N dimensions, then L2-normalize again."
     )
-    user: str | None = Field(default=None, description="Accepted and ignored.")
+    user: str | None = Field(default=None, max_length=1024, description="Accepted and ignored.")
     truncation_direction: Literal["right", "left"] | None = Field(
         default=None, description="Not OpenAI's: which end a cut keeps (as on :embed)."
     )
@@ -287,7 +299,7 @@ class CohereEmbedRequest(BaseModel):
     """Body of POST /v2/embed (Cohere v2's request; texts only)."""
 
     model_config = ConfigDict(extra="ignore")  # output_dimension, max_tokens, ...: ignored
-    model: str = Field(min_length=1, description="'name', 'name@version' or 'name:label'.")
+    model: ModelSpec = Field(description="'name', 'name@version' or 'name:label'.")
     texts: list[Text] = Field(min_length=1, description="Texts to embed; limits as :embed's texts.")
     input_type: InputType | None = Field(
         default=None, description="Mapped onto the model's prompts, as on :embed."
@@ -328,7 +340,7 @@ class RerankRequest(RerankFields):
     """Body of POST /v1/rerank and /v2/rerank (Cohere's and Jina's request)."""
 
     model_config = ConfigDict(extra="ignore")  # rank_fields, max_tokens_per_doc, ...: ignored
-    model: str = Field(min_length=1, description="'name', 'name@version' or 'name:label'.")
+    model: ModelSpec = Field(description="'name', 'name@version' or 'name:label'.")
 
 
 class ModelRerankRequest(RerankFields):
@@ -673,14 +685,18 @@ def validate_body(
     what: str,
     settings: Settings,
     texts: Callable[[dict[str, Any]], Any] | None = None,
+    ids: Callable[[dict[str, Any]], Any] | None = None,
 ) -> ModelT:
     """Return ``raw`` validated as ``kind``; 400 naming the first problem (and 'version' with
     'label'). ``texts`` picks the body's texts (when they are strings) to check first, so an
-    empty or oversized text gets the same 413/422 on every route."""
+    empty or oversized text gets the same 413/422 on every route; ``ids`` picks its lists of
+    token ids, whose count and lengths are checked before any id is (``check_token_ids``)."""
     body = load_json_object(raw, f"body must be a JSON object with '{what}'")
     picked = texts(body) if texts is not None else None
     if isinstance(picked, list) and all(isinstance(t, str) for t in picked):
         check_texts(picked, settings, field=what)
+    if ids is not None:
+        check_token_ids(ids(body), settings, field=what)
     try:
         request = kind.model_validate(body)
     except ValidationError as exc:
@@ -715,6 +731,26 @@ def check_texts(texts: Any, settings: Settings, field: str = "texts") -> None:
             raise UnprocessableInput(
                 f"{field}[{index}] has {len(text)} characters, over the limit of "
                 f"{settings.max_text_chars} (GATEWAY_MAX_TEXT_CHARS)"
+            )
+
+
+def check_token_ids(lists: Any, settings: Settings, field: str = "ids") -> None:
+    """Raise 413 for more lists of token ids than GATEWAY_MAX_TEXTS and 422 for a list longer
+    than GATEWAY_MAX_TOKEN_IDS, before a single id is validated (each is a validator call and
+    a look-up: 500k ids in a body were 500k of them). Anything that is not a list of lists is
+    left to the schema's validation."""
+    if not isinstance(lists, list) or not all(isinstance(ids, list) for ids in lists):
+        return
+    if len(lists) > settings.max_texts_per_request:
+        raise PayloadTooLarge(
+            f"{len(lists)} lists of token ids is over the limit of "
+            f"{settings.max_texts_per_request} (GATEWAY_MAX_TEXTS)"
+        )
+    for index, ids in enumerate(lists):
+        if len(ids) > settings.max_token_ids:
+            raise UnprocessableInput(
+                f"{field}[{index}] has {len(ids)} token ids, over the limit of "
+                f"{settings.max_token_ids} (GATEWAY_MAX_TOKEN_IDS)"
             )
 
 

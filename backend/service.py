@@ -410,8 +410,9 @@ class Gateway:
     def model_status(self, model: str) -> dict[str, Any]:
         """Return the model's versions and states (from the model server) and its labels."""
         check_model_name(model)
-        statuses = self.client.model_status(model, timeout_s=self.settings.request_timeout_s)
-        self.statuses.invalidate(model)
+        # Asked now, and kept: the requests after it use this answer rather than fanning out
+        # again (a flood of this route must not turn every default request into a fan-out).
+        statuses = self.statuses.get(model, fresh=True)
         return {
             "model": model,
             "versions": [
@@ -550,7 +551,6 @@ class Gateway:
         what: str = "texts",
     ) -> Inference:
         resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
-        routing.resolved_version.set((model, resolved))
         try:
             assets = self.assets.get(model, resolved)
         except NotFound as exc:
@@ -562,6 +562,9 @@ class Gateway:
                 f"model {model!r} version {resolved} is AVAILABLE on the model server but not "
                 f"under GATEWAY_MODEL_BASE_PATH={self.settings.model_base_path}"
             ) from exc
+        # Only now is it a version the model tree has (the client's ``version`` is any number
+        # until its assets load): the request's metrics may name it from here on.
+        routing.resolved_version.set((model, resolved))
         if assets.task not in tasks:
             wanted = " or ".join(repr(t) for t in tasks)
             raise TaskMismatch(

@@ -40,6 +40,9 @@ class Settings:
     max_body_bytes: int = 1_048_576
     max_texts_per_request: int = 256
     max_text_chars: int = 20_000
+    # token ids in one list of ids (:detokenize's ids, /v1/embeddings' token-id input): a text
+    # of GATEWAY_MAX_TEXT_CHARS characters never has more tokens than characters
+    max_token_ids: int = 20_000
     bucketing: bool = True
     grpc_retries: int = 2
     retry_after_s: int = 1
@@ -89,8 +92,10 @@ class Settings:
                 raise SettingsError(f"{name} must be at least 1")
         if self.shadow_queue_size < 0 or self.group_in_flight < 0:
             raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
-        if self.max_texts_per_request < 1 or self.max_text_chars < 1:
-            raise SettingsError("max_texts_per_request and max_text_chars must be at least 1")
+        if min(self.max_texts_per_request, self.max_text_chars, self.max_token_ids) < 1:
+            raise SettingsError(
+                "max_texts_per_request, max_text_chars and max_token_ids must be at least 1"
+            )
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
             raise SettingsError(
                 "request_timeout_s, status_deadline_s and shadow_timeout_s must be positive"
@@ -155,6 +160,7 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_MAX_BODY_BYTES": "max_body_bytes",
     "GATEWAY_MAX_TEXTS": "max_texts_per_request",
     "GATEWAY_MAX_TEXT_CHARS": "max_text_chars",
+    "GATEWAY_MAX_TOKEN_IDS": "max_token_ids",
     "GATEWAY_BUCKETING": "bucketing",
     "GATEWAY_GRPC_RETRIES": "grpc_retries",
     "GATEWAY_RETRY_AFTER_S": "retry_after_s",

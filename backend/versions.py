@@ -11,6 +11,7 @@ The gateway decides the version *before* tokenizing, then sends exactly that ver
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -142,6 +143,8 @@ class AssetCache:
     directory's identity (two ``stat`` calls), so the new version's vocabulary and labels are
     used from then on. (The model server itself sees such a republish only when it reloads the
     version; the gateway's view of version states lags by ``GATEWAY_STATUS_CACHE_S`` too.)
+    Single flight: requests that miss the same version together wait for one load (reading a
+    vocabulary and building its tokenizer), not one load each.
     """
 
     def __init__(self, base_path: str | Path, capacity: int = 16, recheck_s: float = 1.0) -> None:
@@ -150,6 +153,7 @@ class AssetCache:
         self.recheck_s = recheck_s
         # (model, version) -> (identity, checked at, assets)
         self._items: OrderedDict[tuple[str, int], tuple[Any, float, ModelAssets]] = OrderedDict()
+        self._loading: dict[tuple[str, int], _Load] = {}  # loads in flight
         self._lock = threading.Lock()
 
     def get(self, model: str, version: int) -> ModelAssets:
@@ -168,13 +172,44 @@ class AssetCache:
                 self._items[key] = (identity, now, hit[2])
                 self._items.move_to_end(key)
                 return hit[2]
-        assets = load_assets(self.base_path, model, version)  # outside the lock: file I/O
-        with self._lock:
-            self._items[key] = (identity, now, assets)
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-        return assets
+            load = self._loading.get(key)
+            leader = load is None or load.identity != identity
+            if leader:
+                load = self._loading[key] = _Load(identity)
+        assert load is not None
+        if not leader:
+            load.done.wait()
+            if load.error is not None:
+                # a copy: one exception raised in many threads would gather all their frames
+                raise copy.copy(load.error).with_traceback(None)
+            assert load.assets is not None
+            return load.assets
+        try:
+            load.assets = load_assets(self.base_path, model, version)  # outside the lock: I/O
+        except BaseException as exc:
+            load.error = exc
+            raise
+        finally:
+            with self._lock:
+                if self._loading.get(key) is load:
+                    del self._loading[key]
+                if load.assets is not None:
+                    self._items[key] = (identity, now, load.assets)
+                    self._items.move_to_end(key)
+                    while len(self._items) > self.capacity:
+                        self._items.popitem(last=False)
+            load.done.set()
+        return load.assets
+
+
+class _Load:
+    """One version's assets being loaded, awaited by every request that missed them meanwhile."""
+
+    def __init__(self, identity: tuple[int, int, int]) -> None:
+        self.identity = identity
+        self.done = threading.Event()
+        self.assets: ModelAssets | None = None
+        self.error: BaseException | None = None
 
 
 # What one look-up can add to GATEWAY_LABELS_CACHE_S before a worker serves a rewritten
@@ -242,12 +277,17 @@ class LabelTable:
             self._file.refresh()
 
 
+# Unknown model names whose 404 a worker remembers (for ``GATEWAY_STATUS_CACHE_S``) at most: a
+# few hundred bytes each, so a client inventing names can't grow the worker.
+NEGATIVE_CAPACITY = 1024
+
+
 class _Fetch:
     """One GetModelStatus call in flight, shared by every thread that needs its answer."""
 
-    def __init__(self, generation: int, background: bool = False) -> None:
-        self.generation = generation
+    def __init__(self, background: bool = False) -> None:
         self.background = background  # callers get the last answer meanwhile
+        self.superseded = False  # ``invalidate`` came after it started: its answer is not kept
         self.done = threading.Event()
         self.statuses: list[VersionStatus] = []
         self.error: BaseException | None = None
@@ -267,9 +307,12 @@ class StatusCache:
     promotion did). Such an answer is refetched in the foreground, as a missing one is, so the
     newest AVAILABLE version a request resolves to is at most ``2 * ttl_s`` plus one fetch old.
     An unknown model's 404 is cached for
-    ``ttl_s`` too, so requests for it don't fan out to every replica each time.
-    ``invalidate`` bumps the model's generation, so a fetch that started before it can't store
-    its older answer.
+    ``ttl_s`` too, so requests for it don't fan out to every replica each time: as a fact (its
+    error class and message), never the exception itself, whose traceback would keep the frames
+    of the request that raised it (its parsed body) alive; and only for the ``negative_capacity``
+    names asked for last, so a client naming a new model per request grows nothing.
+    ``invalidate`` marks a fetch in flight superseded, so a fetch that started before it can't
+    store its older answer (nothing is kept per model name beyond the two caches).
     """
 
     def __init__(
@@ -277,27 +320,30 @@ class StatusCache:
         fetch: Callable[[str], list[VersionStatus]],
         ttl_s: float = 1.0,
         wait_s: float = 10.0,
+        negative_capacity: int = NEGATIVE_CAPACITY,
     ) -> None:
         self._fetch = fetch
         self.ttl_s = ttl_s
         self.wait_s = wait_s
+        self.negative_capacity = negative_capacity
         self._items: dict[str, tuple[float, list[VersionStatus]]] = {}
-        self._missing: dict[str, tuple[float, NotFound]] = {}  # model -> (when, its 404)
-        self._generations: dict[str, int] = {}
+        # model -> (when, the 404's class, its message), oldest first
+        self._missing: OrderedDict[str, tuple[float, type[NotFound], str]] = OrderedDict()
         self._flights: dict[str, _Fetch] = {}
         self._lock = threading.Lock()
 
-    def get(self, model: str) -> list[VersionStatus]:
-        """Return ``model``'s version states (fetched at most once per ttl, by one thread)."""
+    def get(self, model: str, *, fresh: bool = False) -> list[VersionStatus]:
+        """Return ``model``'s version states (fetched at most once per ttl, by one thread);
+        ``fresh``: fetched now (or by the fetch already in flight), and kept for the next."""
         now = time.monotonic()
         with self._lock:
-            hit = self._items.get(model)
+            hit = None if fresh else self._items.get(model)
             if hit is not None and now - hit[0] < self.ttl_s:
                 return hit[1]
-            missing = self._missing.get(model)
+            missing = None if fresh else self._missing.get(model)
             if missing is not None and now - missing[0] < self.ttl_s:
                 metrics.child(metrics.STATUS_REFRESHES, "negative").inc()
-                raise missing[1]
+                raise missing[1](missing[2])
             flight = self._flights.get(model)
             leader = flight is None
             if hit is not None and not (
@@ -305,7 +351,7 @@ class StatusCache:
             ):
                 hit = None  # too old to serve while refreshing: fetch it as if missing
             if flight is None:
-                flight = _Fetch(self._generations.get(model, 0), background=hit is not None)
+                flight = _Fetch(background=hit is not None)
                 self._flights[model] = flight
         if hit is not None:
             # Expired: serve the last answer; one background fetch brings the next.
@@ -339,18 +385,29 @@ class StatusCache:
             with self._lock:
                 if self._flights.get(model) is flight:
                     del self._flights[model]
-                current = self._generations.get(model, 0) == flight.generation
+                current = not flight.superseded
                 if flight.error is None and current:
                     self._items[model] = (time.monotonic(), flight.statuses)
                     self._missing.pop(model, None)
                 elif isinstance(flight.error, NotFound) and current:
-                    self._missing[model] = (time.monotonic(), flight.error)
+                    self._remember_missing(model, flight.error)
                     self._items.pop(model, None)
                 elif current:
                     # No replica answered: stop serving the old answer, so the next look-up
                     # (a request, /readyz) asks again and reports the outage.
                     self._items.pop(model, None)
             flight.done.set()
+
+    def _remember_missing(self, model: str, error: NotFound) -> None:
+        """Keep that ``model`` is not served (under the lock): expired and surplus names go."""
+        now = time.monotonic()
+        self._missing.pop(model, None)
+        self._missing[model] = (now, type(error), error.message)
+        while self._missing:
+            oldest, (when, _, _) = next(iter(self._missing.items()))
+            if now - when < self.ttl_s and len(self._missing) <= self.negative_capacity:
+                break
+            del self._missing[oldest]
 
     def newest_available(self, model: str) -> int:
         """Return the newest AVAILABLE version of ``model``; 503 if none is loaded yet."""
@@ -364,8 +421,9 @@ class StatusCache:
         with self._lock:
             self._items.pop(model, None)
             self._missing.pop(model, None)
-            self._generations[model] = self._generations.get(model, 0) + 1
-            self._flights.pop(model, None)
+            flight = self._flights.pop(model, None)
+            if flight is not None:
+                flight.superseded = True
 
 
 class VersionResolver:

@@ -58,6 +58,8 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_DEFAULT_MODEL": "optional: a model `/readyz` requires AVAILABLE on every probe (the "
     "serving config's models are required until the worker is first ready)",
     "GATEWAY_TIMEOUT_S": "whole-request deadline; past it the answer is 504",
+    "GATEWAY_MAX_TOKEN_IDS": "the longest token-id list `:detokenize` and `/v1/embeddings` take "
+    "(checked on the raw JSON before any id is; longer: 422)",
     "GATEWAY_PUBLIC_LABELS": "comma-separated labels every key may name (default `stable`); a "
     "version newer than the newest one they name is unvetted: only keys whose `versions` list it "
     "reach it ([security](../guides/security.md))",

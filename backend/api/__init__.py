@@ -9,10 +9,11 @@ import orjson
 from flask import Response, current_app, g, request
 
 from backend.errors import BadRequest, Forbidden, PayloadTooLarge
-from backend.schemas import ModelT, validate_body
+from backend.schemas import MODEL_SPEC, ModelT, validate_body
 from backend.service import Gateway
 from backend.settings import Settings
 from backend.worker import get_gateway
+from modelformat.names import LABEL_RULE, MODEL_NAME_RULE
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -59,17 +60,26 @@ def current_gateway() -> Gateway:
 
 
 def body_as(
-    kind: type[ModelT], what: str, texts: Callable[[dict[str, Any]], Any] | None = None
+    kind: type[ModelT],
+    what: str,
+    texts: Callable[[dict[str, Any]], Any] | None = None,
+    ids: Callable[[dict[str, Any]], Any] | None = None,
 ) -> ModelT:
     """Return the request body validated as ``kind`` (400 naming the problem); ``texts`` picks
-    its texts to check first with the limits every route shares (413/422)."""
-    return validate_body(kind, request_body(), what, current_settings(), texts)
+    its texts and ``ids`` its lists of token ids, to check first with the limits every route
+    shares (413/422)."""
+    return validate_body(kind, request_body(), what, current_settings(), texts, ids)
 
 
 def named_model(spec: str) -> tuple[str, int | None, str | None]:
     """Return (name, version, label) of a body's ``model``: ``name``, ``name@version`` or
     ``name:label`` (OpenAI's and Cohere's requests name the model in the body); 403 when the
     API key may not use it."""
+    if not MODEL_SPEC.fullmatch(spec):
+        raise BadRequest(
+            f"model {spec[:140]!r}: give 'name', 'name@<version number>' or 'name:<label>' "
+            f"(a name {MODEL_NAME_RULE}; a label {LABEL_RULE})"
+        )
     name, at, version = spec.partition("@")
     if at:
         if not version.isdigit():

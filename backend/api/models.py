@@ -84,7 +84,7 @@ def tokenize(model: str) -> Response:
 @bp.post("/v1/models/<model>:detokenize")
 def detokenize(model: str) -> Response:
     """The text of token ids, with the serving version's vocabulary."""
-    body = body_as(DetokenizeRequest, "ids")
+    body = body_as(DetokenizeRequest, "ids", ids=lambda raw: raw.get("ids"))
     try:
         assets, texts = current_gateway().detokenize(model, body.ids, body.version, body.label)
     except ValueError as exc:

@@ -67,7 +67,7 @@ ERROR_SHAPES[bp.name] = openai_error
 def embeddings() -> Response:
     """Create embeddings (OpenAI's API): the same work as :embed, OpenAI's request and answer."""
     settings = current_settings()
-    req = body_as(EmbeddingsRequest, "input", _input_texts)
+    req = body_as(EmbeddingsRequest, "input", _input_texts, _input_ids)
     name, version, label = named_model(req.model)
     texts: list[str] = []
     token_ids: list[list[int]] | None = None
@@ -123,6 +123,14 @@ def embeddings() -> Response:
 def _input_texts(body: dict[str, Any]) -> Any:
     value = body.get("input")
     return [value] if isinstance(value, str) else value
+
+
+def _input_ids(body: dict[str, Any]) -> Any:
+    """Return the body's token-id inputs as lists (one list of ints is one input)."""
+    value = body.get("input")
+    if isinstance(value, list) and value and all(isinstance(x, int) for x in value):
+        return [value]
+    return value
 
 
 def _encode(vector: np.ndarray, encoding: str) -> Any:

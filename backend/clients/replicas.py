@@ -29,6 +29,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ H = TypeVar("H")  # a transport's handle on one replica
 R = TypeVar("R")
 
 NEVER = -float("inf")
+# Models whose last status fan-out a set remembers the time of (the most recently asked): a name
+# no model server serves is asked about too (GET /v1/models/<name>), and must not stay for good.
+RECENT_MODELS = 256
 
 
 class ReplicaHung(UpstreamUnavailable):
@@ -112,8 +116,9 @@ class ReplicaSet(Generic[H]):
         self._resolving: threading.Thread | None = None
         self._resolved = threading.Event()
         self._resolve_error = ""
-        self._refreshed: dict[str, float] = {}  # model -> when its states were last asked for
-        self._answered: dict[str, float] = {}  # model -> when the last status fan-out ended
+        # model -> when its states were last asked for / the last status fan-out ended (bounded)
+        self._refreshed: OrderedDict[str, float] = OrderedDict()
+        self._answered: OrderedDict[str, float] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
@@ -176,10 +181,11 @@ class ReplicaSet(Generic[H]):
 
     # -- version states ------------------------------------------------------------------------
 
-    def status(self, model: str) -> list[VersionStatus]:
+    def status(self, model: str, deadline: float | None = None) -> list[VersionStatus]:
         """Return ``model``'s version states merged over the replicas that answer in time.
 
         Every replica is asked at once and the answers are awaited ``status_deadline_s`` in all
+        (or until ``deadline``, a request's, when that comes first)
         (not at all for replicas already known to hang, unless every replica is: their answer, if
         it comes in time, clears them in the background). A replica that is unreachable or too
         slow is left out, and a slow one is marked hung when another answered; when none answers,
@@ -187,15 +193,20 @@ class ReplicaSet(Generic[H]):
         raised as it is.
         """
         members = self.members()
-        self._refreshed[model] = time.monotonic()
+        now = time.monotonic()
+        with self._lock:
+            _note(self._refreshed, model, now)
+        within = self.status_deadline_s
+        if deadline is not None:
+            within = max(0.0, min(within, deadline - now))
         pool = self._executor()
         asked: dict[Future[list[VersionStatus]], Replica[H]] = {}
         for replica in members:
-            future = pool.submit(self._status, replica.handle, model, self.status_deadline_s)
+            future = pool.submit(self._status, replica.handle, model, within)
             future.add_done_callback(functools.partial(self._record, replica, model))
             asked[future] = replica
         waiting = [f for f, r in asked.items() if not r.hung] or list(asked)
-        wait(waiting, timeout=self.status_deadline_s + 0.05)
+        wait(waiting, timeout=within + (0.05 if deadline is None else 0.0))
         now = time.monotonic()
         answers: list[list[VersionStatus]] = []
         errors: list[GatewayError] = []
@@ -218,13 +229,16 @@ class ReplicaSet(Generic[H]):
                 errors.append(self._unmapped(exc))
                 self._mark_down(replica, now)
         if slow:
-            if answers:  # others answered in time: these hang, the service is not just slow
+            if answers and within >= self.status_deadline_s:
+                # others answered in time (the full status deadline): these hang, the
+                # service is not just slow
                 for replica in slow:
                     self._mark_hung(replica)
             errors.append(
                 UpstreamTimeout(f"{len(slow)} model server replicas did not answer in time")
             )
-        self._answered[model] = time.monotonic()
+        with self._lock:
+            _note(self._answered, model, time.monotonic())
         for error in errors:
             if not isinstance(error, UpstreamUnavailable | UpstreamTimeout):
                 raise error
@@ -250,7 +264,7 @@ class ReplicaSet(Generic[H]):
         with self._lock:
             if now - self._refreshed.get(model, NEVER) < every_s:
                 return
-            self._refreshed[model] = now
+            _note(self._refreshed, model, now)
         self._executor().submit(self._quiet_status, model)
 
     def _quiet_status(self, model: str) -> None:
@@ -297,9 +311,9 @@ class ReplicaSet(Generic[H]):
                 if not self._reported(model, version, tried) and not self._fresh(model):
                     # Nobody else is known to have it, and what we know is old or nothing (a
                     # first request naming a version): ask every replica now, within the
-                    # status deadline, before deciding it is the caller's 404.
+                    # status deadline (and the call's), before deciding it is the caller's 404.
                     with contextlib.suppress(GatewayError):
-                        self.status(model)
+                        self.status(model, deadline)
                 replica.available[model] = replica.available.get(model, frozenset()) - {version}
                 if not self._reported(model, version, tried):
                     raise
@@ -428,3 +442,12 @@ class ReplicaSet(Generic[H]):
             self._disconnect(replica.handle)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _note(times: OrderedDict[str, float], model: str, now: float) -> None:
+    """Keep ``now`` as ``model``'s time in ``times``, forgetting the oldest past RECENT_MODELS
+    (a forgotten model only looks never asked: its next look-up asks)."""
+    times.pop(model, None)
+    times[model] = now
+    while len(times) > RECENT_MODELS:
+        times.popitem(last=False)

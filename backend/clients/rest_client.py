@@ -101,8 +101,11 @@ class RestClient:
 
         def at(url: str, left: float) -> tuple[Any, dict[str, Any]]:
             tracing.annotate("tfserving.replica", url)
+            deadline = time.monotonic() + left
             reply = self._request_at(url, "POST", f"{path}:predict", model, left, body)
-            specs = self._output_specs(url, model, path, version, label, signature, left)
+            # The first call of a version also asks its signature: within what the predict left
+            # of the deadline, never a second full timeout.
+            specs = self._output_specs(url, model, path, version, label, signature, deadline)
             return reply, specs
 
         if self.replicas is None:
@@ -163,15 +166,19 @@ class RestClient:
         version: int | None,
         label: str | None,
         signature: str,
-        timeout_s: float,
+        deadline: float,
     ) -> dict[str, Any]:
-        """Return a signature's output names → numpy dtypes, cached per model version."""
+        """Return a signature's output names → numpy dtypes, cached per model version (asked
+        for once, before ``deadline``)."""
         key = (model, str(version) if version is not None else f"label:{label}", signature)
         with self._lock:
             cached = self._outputs.get(key)
         if cached is not None:
             return cached
-        reply = self._request_at(url, "GET", f"{path}/metadata", model, timeout_s)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise UpstreamTimeout("the model server did not answer in time (signature metadata)")
+        reply = self._request_at(url, "GET", f"{path}/metadata", model, left)
         try:
             sig = reply["metadata"]["signature_def"]["signature_def"][signature]
             specs = {

@@ -204,3 +204,74 @@ def test_a_full_batch_goes_at_once_whatever_is_in_flight() -> None:
         send.gate.set()
         assert full.result(timeout=5)[0]["z"].tolist() == [2, 3]
         first.result(timeout=5)
+
+
+# -- issue 34: deadlines hold -----------------------------------------------------------------
+
+
+class AnswersAtTheDeadline:
+    """A ``send`` whose first call is held until released and whose later calls answer only at
+    their timeout (a model server that is slower than every deadline), recording each call."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls: list[tuple[list[int], float, float]] = []  # rows, timeout_s, deadline
+
+    def __call__(self, inputs: Mapping[str, np.ndarray], timeout_s: float) -> Any:
+        self.calls.append((inputs["x"][:, 0].tolist(), timeout_s, time.monotonic() + timeout_s))
+        if len(self.calls) == 1:
+            assert self.release.wait(10)
+            return {"y": inputs["x"][:, :1]}, 7
+        time.sleep(timeout_s)
+        raise UpstreamTimeout("the model server did not answer in time")
+
+
+def test_no_member_of_a_shared_call_waits_past_its_own_deadline() -> None:
+    """The first queued request used to send the group with the latest member's deadline as
+    the call's timeout, and so waited far past its own (about 2 x GATEWAY_TIMEOUT_S)."""
+    groups, send = UpstreamGroups(max_rows=8, in_flight=1), AnswersAtTheDeadline()
+    finished: dict[str, float] = {}
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(groups.call, "kind", _rows(1), send, time.monotonic() + 10)
+        while not send.calls:
+            time.sleep(0.01)
+        started = time.monotonic()
+        deadlines = {"early": started + 0.8, "late": started + 2.0}
+        futures = {}
+        for name, value in (("early", 2), ("late", 3)):
+            futures[name] = pool.submit(groups.call, "kind", _rows(value), send, deadlines[name])
+            futures[name].add_done_callback(
+                lambda _, name=name: finished.setdefault(name, time.monotonic())
+            )
+        while len(groups._lanes["kind"].queue) < 2:
+            time.sleep(0.01)
+        send.release.set()  # the queue goes as one call, which answers only at its timeout
+        for future in futures.values():
+            with pytest.raises(UpstreamTimeout):
+                future.result(timeout=10)
+        first.result(timeout=5)
+
+    for name, deadline in deadlines.items():
+        assert finished[name] <= deadline + 0.25, f"{name} waited past its deadline"
+    rows, _, call_deadline = send.calls[1]
+    assert rows == [2, 3]
+    assert call_deadline <= deadlines["late"] + 0.05  # never beyond the latest member's own
+
+
+def test_a_group_whose_members_are_all_past_their_deadline_is_not_sent() -> None:
+    groups, send = UpstreamGroups(max_rows=8, in_flight=1), AnswersAtTheDeadline()
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(groups.call, "kind", _rows(1), send, time.monotonic() + 10)
+        while not send.calls:
+            time.sleep(0.01)
+        late = [_start(groups, send, _rows(v), pool, deadline_s=0.3) for v in (2, 3)]
+        while len(groups._lanes["kind"].queue) < 2:
+            time.sleep(0.01)
+        with groups._lock:  # they stay queued past their deadline (taken as the call returns)
+            time.sleep(0.4)
+            send.release.set()
+        for future in late:
+            with pytest.raises(UpstreamTimeout):
+                future.result(timeout=5)
+        first.result(timeout=5)
+    assert [rows for rows, _, _ in send.calls] == [[1]]

@@ -15,7 +15,13 @@ from backend.clients import endpoints
 from backend.clients.grpc_client import GrpcClient
 from backend.clients.replicas import ReplicaSet
 from backend.clients.rest_client import RestClient
-from backend.errors import ModelNotFound, Saturated, UpstreamUnavailable
+from backend.errors import (
+    ModelNotFound,
+    Saturated,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    VersionNotFound,
+)
 from modelformat.status import VersionStatus, merge_replicas, newest_available
 from ops.procs import REPO, port_open
 from ops.replica_drill import scrape
@@ -197,3 +203,27 @@ def test_requests_spread_over_replicas_and_survive_one_being_killed(
             if not port_open(server.grpc_port):
                 server.process.restart()
                 server.wait_available(INTENT, 2)
+
+
+def test_a_version_not_found_asks_the_replicas_only_within_the_calls_deadline() -> None:
+    """A NOT_FOUND makes the set ask every replica's states before calling it the client's 404:
+    that look-up used to take the whole status deadline, whatever was left of the call's."""
+
+    def hangs(address: str, model: str, timeout_s: float) -> list[VersionStatus]:
+        time.sleep(timeout_s)  # replicas that answer nothing before the deadline they are given
+        raise UpstreamTimeout("no answer")
+
+    def missing(replica: Any, left: float) -> Any:
+        raise VersionNotFound(f"model {INTENT!r} has no version 5")
+
+    replicas = ReplicaSet(
+        "a,b", resolve=lambda: ["a", "b"], connect=str, disconnect=lambda _: None,
+        status=hangs, transport="test", status_deadline_s=3.0,
+    )  # fmt: skip
+    try:
+        started = time.monotonic()
+        with pytest.raises(VersionNotFound):
+            replicas.call(INTENT, 5, missing, started + 0.4)
+        assert time.monotonic() - started < 0.8
+    finally:
+        replicas.close()

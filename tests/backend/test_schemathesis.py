@@ -25,8 +25,11 @@ def test_schemathesis_finds_no_difference_between_the_schema_and_the_gateway(
     cmd = [
         str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(CONFIG), "run",
         f"{grpc_gateway.url}/openapi.json", "--checks", "all", "--max-examples", "12",
-        "--seed", "7", "--request-timeout", "20", "--workers", "2",
+        "--seed", "7", "--request-timeout", "20", "--workers", "1",
     ]  # fmt: skip
+    # One worker: with two, hypothesis describes schemathesis's filter lambdas by parsing its
+    # source in both threads at once, which CPython 3.11.7's parser can fail ("AST constructor
+    # recursion depth mismatch", a Runtime Error) once path parameters have patterns.
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]

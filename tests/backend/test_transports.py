@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -300,3 +302,61 @@ def test_local_upstream_under_gunicorn_loads_models_when_the_worker_starts(
         assert requests.get(f"{local.url}/readyz", timeout=10).status_code == 200
     finally:
         local.stop()
+
+
+class _SlowModelServer(ThreadingHTTPServer):
+    """A TF Serving REST stand-in on a real socket whose predict and metadata each take
+    ``delay_s`` (a model server under load)."""
+
+    daemon_threads = True
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(handler, body: dict[str, Any]) -> None:
+                time.sleep(delay_s)
+                data = json.dumps(body).encode()
+                handler.send_response(200)
+                handler.send_header("Content-Type", "application/json")
+                handler.send_header("Content-Length", str(len(data)))
+                handler.end_headers()
+                handler.wfile.write(data)
+
+            def do_POST(handler) -> None:
+                handler.rfile.read(int(handler.headers["Content-Length"]))
+                handler._answer({"outputs": {"logits": [[0.0, 1.0]]}})
+
+            def do_GET(handler) -> None:
+                outputs = {"logits": {"dtype": "DT_FLOAT"}}
+                sig = {"serving_default": {"outputs": outputs}}
+                handler._answer({"metadata": {"signature_def": {"signature_def": sig}}})
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the client gave up at its deadline: the late answer has nowhere to go
+
+
+def test_a_rest_calls_first_signature_look_up_stays_within_its_deadline() -> None:
+    """The first call of a version asks its signature after the predict: it used to get a full
+    timeout of its own, so the request waited up to twice GATEWAY_TIMEOUT_S."""
+    from backend.clients.rest_client import RestClient
+    from backend.errors import UpstreamTimeout
+
+    server = _SlowModelServer(delay_s=0.6)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = RestClient(f"http://127.0.0.1:{server.server_address[1]}")
+    inputs = {"input_ids": np.array([[2, 3]], dtype=np.int32)}
+    try:
+        started = time.monotonic()
+        with pytest.raises(UpstreamTimeout):
+            client.predict(INTENT, inputs, version=1, timeout_s=1.0)
+        assert time.monotonic() - started < 1.3
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()

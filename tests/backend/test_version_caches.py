@@ -3,6 +3,7 @@ assets of a version number that was deleted and published again."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -11,14 +12,19 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
+import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
+from backend import versions
 from backend.app import create_app
 from backend.clients.base import VersionStatus
-from backend.errors import UpstreamUnavailable
+from backend.clients.replicas import RECENT_MODELS, ReplicaSet
+from backend.errors import ModelNotFound, UpstreamUnavailable, VersionNotFound
 from backend.versions import AssetCache, LabelTable, StatusCache
 from export.tiny import tiny_vocab
 from tests.backend.conftest import other_vocab
@@ -237,3 +243,143 @@ def test_a_recently_expired_answer_is_served_while_one_background_fetch_refreshe
     assert cache.get("m") == _status(1)
     assert time.monotonic() - started < 1.0
     fetch.release.set()
+
+
+# -- issue 34: unknown model names cost nothing that lasts ------------------------------------
+
+
+def _unknown(model: str) -> list[VersionStatus]:
+    raise ModelNotFound(f"model {model!r} is not served")
+
+
+class Body:
+    """A request's parsed body (weakly referenceable)."""
+
+    def __init__(self) -> None:
+        self.texts = ["word " * 200_000]
+
+
+def test_an_unknown_models_404_keeps_nothing_of_the_request_that_asked() -> None:
+    """The cached 404 is a fact, not the exception: a re-raised exception's traceback keeps the
+    frames of every request that raised it, and with them their parsed bodies."""
+    cache = StatusCache(_unknown, ttl_s=60)
+
+    def request() -> weakref.ref[Body]:
+        body = Body()  # the request's parsed body, alive in its frames
+        with pytest.raises(ModelNotFound):
+            cache.get("ghost")
+        return weakref.ref(body)
+
+    first, second = request(), request()  # the fetch's 404, then the cached one
+    gc.collect()
+
+    assert first() is None and second() is None
+
+
+def test_a_client_inventing_model_names_grows_the_status_cache_by_nothing() -> None:
+    cache = StatusCache(_unknown, ttl_s=60)  # remembers the last 1,024 names
+
+    def ask(names: range) -> tracemalloc.Snapshot:
+        for i in names:
+            with pytest.raises(ModelNotFound):
+                cache.get(f"ghost-{i}")
+        gc.collect()  # what is only garbage (in cycles) is not kept
+        return tracemalloc.take_snapshot()
+
+    tracemalloc.start()
+    try:
+        warm = ask(range(1500))  # the cache is full
+        grown = sum(s.size_diff for s in ask(range(1500, 6500)).compare_to(warm, "filename"))
+    finally:
+        tracemalloc.stop()
+
+    assert grown < 64 * 1024, f"{grown} bytes kept for 5,000 unknown names"
+    calls = []
+    cache._fetch = lambda model: calls.append(model) or _unknown(model)  # type: ignore[method-assign]
+    with pytest.raises(ModelNotFound):
+        cache.get("ghost-6499")  # the newest names are remembered: no fetch
+    with pytest.raises(ModelNotFound):
+        cache.get("ghost-0")  # the oldest were forgotten: fetched again
+    assert calls == ["ghost-0"]
+
+
+def test_a_remembered_404_expires_with_the_cache_ttl() -> None:
+    calls = []
+
+    def fetch(model: str) -> list[VersionStatus]:
+        calls.append(model)
+        return _unknown(model)
+
+    cache = StatusCache(fetch, ttl_s=0.05)
+    for _ in range(2):
+        with pytest.raises(ModelNotFound):
+            cache.get("ghost")
+    time.sleep(0.1)
+    with pytest.raises(ModelNotFound):
+        cache.get("ghost")
+
+    assert calls == ["ghost", "ghost"]
+
+
+def test_a_fresh_look_up_is_kept_for_the_requests_after_it() -> None:
+    """GET /v1/models/<name> asks now and stores the answer (it used to discard the cache)."""
+    fetch = GatedFetch()
+    fetch.release.set()
+    cache = StatusCache(fetch, ttl_s=60)
+    assert cache.get("m") == _status(1)
+    fetch.answer = _status(2)
+
+    assert cache.get("m", fresh=True) == _status(2)
+    assert cache.get("m") == _status(2)
+    assert fetch.calls == 2
+
+
+def test_status_fan_outs_for_invented_names_are_forgotten_past_a_bound() -> None:
+    replicas: ReplicaSet[str] = ReplicaSet(
+        "a,b", resolve=lambda: ["a", "b"], connect=str, disconnect=lambda h: None,
+        status=lambda handle, model, deadline: _unknown(model), transport="rest",
+    )  # fmt: skip
+    try:
+        for i in range(RECENT_MODELS * 4):
+            with pytest.raises(ModelNotFound):
+                replicas.status(f"ghost-{i}")
+            replicas.refresh_in_background(f"other-{i}", 1.0)
+
+        assert len(replicas._refreshed) <= RECENT_MODELS
+        assert len(replicas._answered) <= RECENT_MODELS
+    finally:
+        replicas.close()
+
+
+def test_requests_missing_one_version_together_load_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _publish(tmp_path, 1, tiny_vocab())
+    cache = AssetCache(tmp_path)
+    loads = []
+    real_load = versions.load_assets
+
+    def slow_load(base: Path, model: str, version: int) -> Any:
+        loads.append((model, version))
+        time.sleep(0.3)  # a large vocabulary on a slow volume
+        return real_load(base, model, version)
+
+    monkeypatch.setattr(versions, "load_assets", slow_load)
+    results: list[object] = []
+    threads = [_in_thread(lambda: cache.get("m", 1), results) for _ in range(8)]
+    for thread in threads:
+        thread.join(10)
+
+    assert loads == [("m", 1)]
+    assert len(results) == 8 and all(r is results[0] for r in results)
+
+
+def test_requests_missing_an_absent_version_together_each_get_the_404(tmp_path: Path) -> None:
+    _publish(tmp_path, 1, tiny_vocab())
+    cache = AssetCache(tmp_path)
+    results: list[object] = []
+    threads = [_in_thread(lambda: cache.get("m", 9), results) for _ in range(8)]
+    for thread in threads:
+        thread.join(10)
+
+    assert len(results) == 8 and all(isinstance(r, VersionNotFound) for r in results)
