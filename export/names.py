@@ -70,12 +70,17 @@ def _layer_shapes(config: BertConfig) -> dict[str, tuple[Dim, ...]]:
 
 
 def tensor_names(config: BertConfig, fmt: str) -> list[TensorName]:
-    """Return every tensor a BERT encoder (+ optional pooler and classifier) has, for ``fmt``.
+    """Return every tensor an encoder (+ optional head) has, for ``fmt``.
 
-    ``fmt`` is ``"hf"`` (names relative to the ``bert.`` prefix, torch ``[out, in]`` kernels) or
-    ``"google"`` (google-research/bert names, ``[in, out]`` kernels, run_classifier head).
+    ``fmt`` is ``"hf"`` (``config.model_type``'s architecture, names relative to its base prefix,
+    torch ``[out, in]`` kernels; export/architectures/) or ``"google"`` (BERT only:
+    google-research/bert names, ``[in, out]`` kernels, run_classifier head).
     """
     hf = fmt == "hf"
+    if hf:  # every architecture's own table (export/architectures/)
+        from export.architectures import tensor_names as architecture_tensor_names
+
+        return architecture_tensor_names(config)
     h = config.hidden_size
     emb = [
         ("embeddings/word", (config.vocab_size, h), "word_embeddings"),
