@@ -41,6 +41,7 @@ class BertConfig:
     share_att_key: bool = False
     position_biased_input: bool = True
     norm_rel_ebd: bool = False
+    relative_attention: bool = False  # c2p/p2c scores over relative embeddings
     # ModernBERT: rotary embeddings per layer, sliding-window attention on the "sliding" layers
     layer_types: tuple[str, ...] = ()  # "full" / "sliding", one per layer
     local_attention: int = 0  # the sliding window's total width (a token sees ± half of it)

@@ -159,7 +159,7 @@ class Layer(tf.Module):
         out: dict[str, tf.Variable] = {}
         for part, dense in self.parts.items():
             out.update(dense.named_variables(part))
-        plain = ("attention_out", "intermediate", "output")
+        plain: tuple[str, ...] = ("attention_out", "intermediate", "output")
         if "qkv" not in self.parts:
             plain = ("query", "key", "value", *plain)
         for part in plain:
@@ -204,6 +204,8 @@ class Layer(tf.Module):
         """Return DeBERTa-v2's content + c2p + p2c scores, each over sqrt(d * (1 + #kinds))."""
         scale = math.sqrt(self.head_dim * (1 + len(self.att_types)))
         scores = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32) / scale
+        if "relative" not in positions:  # relative_attention false: content scores only
+            return scores
         rel = positions["relative"]  # [2 * span, H], float32, normalised
         span2 = tf.shape(rel)[0]
         shape = tf.shape(scores)

@@ -102,8 +102,9 @@ class BertModule(tf.Module):
                                name=name.replace("/", "_"))  # fmt: skip
 
         def dense(name: str) -> Dense:
-            return Dense(weights[f"{name}/kernel"], weights.get(f"{name}/bias"), dtype, name,
-                         trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
+            return Dense(weights[f"{name}/kernel"], weights.get(f"{name}/bias"), dtype,
+                         name.replace("/", "_"), trainable=trainable,
+                         compute_dtype=compute_dtype)  # fmt: skip
 
         def norm(name: str) -> LayerNorm:
             return LayerNorm(weights[f"{name}/gamma"], weights.get(f"{name}/beta"),
@@ -192,8 +193,7 @@ class BertModule(tf.Module):
                 "rotary_sliding": rotary(seq, config.rope_theta_sliding, head_dim),
                 "window": window_bias(seq, config.local_attention // 2),
             }
-        if arch == "disentangled":
-            assert self.relative is not None
+        if arch == "disentangled" and self.relative is not None:
             rel = tf.cast(self.relative, tf.float32)
             rel = rel if self.relative_ln is None else self.relative_ln(rel)
             c2p, p2c = deberta_indices(seq, config)

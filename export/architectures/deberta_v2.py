@@ -34,8 +34,6 @@ def _att_types(value: Any) -> tuple[str, ...]:
 def read_config(data: Mapping[str, Any]) -> BertConfig:
     if int(data.get("conv_kernel_size", 0) or 0) > 0:
         raise ValueError("conv_kernel_size > 0 (DeBERTa-v2-xlarge's convolution) is not supported")
-    if not data.get("relative_attention", False):
-        raise ValueError("relative_attention false: not a DeBERTa-v2/v3 checkpoint we support")
     max_position = int(data.get("max_position_embeddings", 512))
     max_relative = int(data.get("max_relative_positions", -1))
     norm_rel = [x.strip() for x in str(data.get("norm_rel_ebd", "none")).lower().split("|")]
@@ -50,6 +48,7 @@ def read_config(data: Mapping[str, Any]) -> BertConfig:
         share_att_key=bool(data.get("share_att_key", False)),
         position_biased_input=bool(data.get("position_biased_input", True)),
         norm_rel_ebd="layer_norm" in norm_rel,
+        relative_attention=bool(data.get("relative_attention", False)),
         pooler_act=str(data.get("pooler_hidden_act", "gelu")),
     )
     pooler = int(data.get("pooler_hidden_size") or values["hidden_size"])
@@ -77,14 +76,15 @@ def names(config: BertConfig) -> list[TensorName]:
     out += norm("embeddings_ln", "embeddings.LayerNorm", h)
     for i in range(config.num_layers):
         out += bert_layer(f"encoder.layer.{i}.", i, config, LAYER_PARTS)
-        if not config.share_att_key:
+        if config.relative_attention and not config.share_att_key:
             where = f"encoder.layer.{i}.attention.self."
             if "c2p" in config.pos_att_type:
                 out += linear(f"layer_{i}/pos_key", f"{where}pos_key_proj", h, h)
             if "p2c" in config.pos_att_type:
                 out += linear(f"layer_{i}/pos_query", f"{where}pos_query_proj", h, h)
-    out.append(table("relative/embeddings", "encoder.rel_embeddings", 2 * attention_span(config),
-                     h))  # fmt: skip
+    if config.relative_attention:
+        out.append(table("relative/embeddings", "encoder.rel_embeddings",
+                         2 * attention_span(config), h))  # fmt: skip
     if config.norm_rel_ebd:
         out += norm("relative_ln", "encoder.LayerNorm", h)
     out += linear("pooler", "pooler.dense", h, h, optional=True, head=True)

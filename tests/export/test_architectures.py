@@ -1,0 +1,203 @@
+"""Every architecture of the family computes what transformers computes on the same weights.
+
+Tiny random checkpoints saved by transformers itself (``save_pretrained``: config.json +
+model.safetensors) for each architecture and head (single-label, multi-label and one-logit
+regression classifiers, a token classifier, the base model for embeddings), read by export's
+checkpoint reader and built into export's module in-process, against the torch model's outputs:
+logits within 1e-4 (fp32), embeddings at cosine >= 0.99999, on a padded batch of sentence pairs
+(token types where the architecture has them). One non-BERT checkpoint is also exported end to
+end and served through the model server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch  # the test-time numerical reference (requirements-dev.txt)
+import transformers
+
+from export.architectures import architectures
+
+SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
+        "num_hidden_layers": 2, "max_position_embeddings": 64, "vocab_size": 120,
+        "initializer_range": 0.3}  # fmt: skip
+
+# the parity matrix's architectures: a name → transformers config keywords (tiny, and set to
+# reach each architecture's differences: a short sliding window, log buckets inside the input)
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "bert": {"model_type": "bert"},
+    "roberta": {"model_type": "roberta", "pad_token_id": 1, "type_vocab_size": 1},
+    "xlm-roberta": {"model_type": "xlm-roberta", "pad_token_id": 1, "type_vocab_size": 1},
+    "camembert": {"model_type": "camembert", "pad_token_id": 1, "type_vocab_size": 1},
+    "distilbert": {"model_type": "distilbert", "dim": 32, "n_heads": 4, "n_layers": 2,
+                   "hidden_dim": 48},
+    "electra": {"model_type": "electra", "embedding_size": 16},
+    "albert": {"model_type": "albert", "embedding_size": 16, "num_hidden_layers": 4,
+               "num_hidden_groups": 2, "inner_group_num": 2},
+    "mpnet": {"model_type": "mpnet"},
+    "deberta-v3": {"model_type": "deberta-v2", "relative_attention": True,
+                   "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
+                   "share_att_key": True, "norm_rel_ebd": "layer_norm",
+                   "position_biased_input": False, "type_vocab_size": 0},
+    "deberta-v2": {"model_type": "deberta-v2", "relative_attention": True,
+                   "pos_att_type": "c2p|p2c", "max_relative_positions": 16,
+                   "share_att_key": False, "position_biased_input": True,
+                   "type_vocab_size": 2, "embedding_size": 24},
+    "modernbert": {"model_type": "modernbert", "pad_token_id": 0, "bos_token_id": 2,
+                   "eos_token_id": 3, "cls_token_id": 2, "sep_token_id": 3,
+                   "local_attention": 4, "global_attn_every_n_layers": 2,
+                   "num_hidden_layers": 3, "classifier_pooling": "mean"},
+}  # fmt: skip
+TAGS = ["O", "B-ORDER", "I-ORDER", "B-EMAIL", "I-EMAIL"]
+# a head → (transformers auto class, config keywords)
+HEADS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "single": (transformers.AutoModelForSequenceClassification,
+               {"num_labels": 3, "problem_type": "single_label_classification"}),
+    "multi": (transformers.AutoModelForSequenceClassification,
+              {"num_labels": 3, "problem_type": "multi_label_classification"}),
+    "regression": (transformers.AutoModelForSequenceClassification,
+                   {"num_labels": 1, "problem_type": "regression"}),
+    "tag": (transformers.AutoModelForTokenClassification,
+            {"id2label": dict(enumerate(TAGS)), "label2id": {t: i for i, t in enumerate(TAGS)}}),
+    "embed": (transformers.AutoModel, {}),
+}  # fmt: skip
+LENGTHS = (12, 7, 4)  # a padded batch: the first row fills the length
+
+
+def _config(arch: str, head: str) -> Any:
+    values = {**SIZE, **ARCHITECTURES[arch], **HEADS[head][1]}
+    model_type = values.pop("model_type")
+    return transformers.AutoConfig.for_model(model_type, **values)
+
+
+def _save(arch: str, head: str, where: Path) -> Path:
+    """Save a tiny random model of ``arch`` with ``head`` as transformers does; return its dir."""
+    cls, _ = HEADS[head]
+    torch.manual_seed(sorted(ARCHITECTURES).index(arch) * 10 + sorted(HEADS).index(head))
+    model = cls.from_config(_config(arch, head)).eval()
+    path = where / f"{arch}-{head}"
+    model.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    # the vocabulary the checkpoint reader checks against the embedding (tokens are not read)
+    words = [f"tok{i}" for i in range(int(config["vocab_size"]))]
+    (path / "vocab.txt").write_text("\n".join(words) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
+    """Return a function saving (once per session) the checkpoint of an architecture and head."""
+    where = tmp_path_factory.mktemp("architectures")
+    saved: dict[tuple[str, str], Path] = {}
+
+    def get(arch: str, head: str) -> Path:
+        if (arch, head) not in saved:
+            saved[arch, head] = _save(arch, head, where)
+        return saved[arch, head]
+
+    return get
+
+
+def _inputs(arch: str) -> dict[str, np.ndarray]:
+    """Return a padded batch of sentence pairs: ids avoid the specials and the pad id."""
+    config = _config(arch, "embed")
+    pad = int(getattr(config, "pad_token_id", 0) or 0)
+    rng = np.random.default_rng(11)
+    seq = max(LENGTHS)
+    ids = rng.integers(5, config.vocab_size, size=(len(LENGTHS), seq)).astype(np.int32)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    has_types = int(getattr(config, "type_vocab_size", 0) or 0) >= 2
+    for row, length in enumerate(LENGTHS):
+        mask[row, :length] = 1
+        ids[row, length:] = pad
+        if has_types:  # segment B: the second half of the real tokens
+            types[row, length // 2 : length] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def _torch(path: Path, head: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """Return transformers' logits (classifiers, tagger) or last hidden state (base model)."""
+    model = HEADS[head][0].from_pretrained(str(path), local_files_only=True).eval()
+    names = {"input_ids", "attention_mask"}
+    if int(getattr(model.config, "type_vocab_size", 0) or 0) >= 2:
+        names.add("token_type_ids")
+    with torch.no_grad():
+        out = model(**{k: torch.tensor(v, dtype=torch.long) for k, v in feeds.items()
+                       if k in names})  # fmt: skip
+    return (out.last_hidden_state if head == "embed" else out.logits).numpy()
+
+
+def _ours(path: Path, head: str, feeds: dict[str, np.ndarray], pooling: str = "mean"
+          ) -> dict[str, np.ndarray]:  # fmt: skip
+    """Return export's serving outputs for the checkpoint at ``path`` (fp32, in-process)."""
+    from export.checkpoint import read_checkpoint
+    from export.heads import resolve_head
+    from export.model import BertModule, run
+
+    ckpt = read_checkpoint(path)
+    task = {"tag": "tag", "embed": "embed"}.get(head, "classify")
+    activation = resolve_head(task, ckpt.head_config, ckpt.labels).activation
+    module = BertModule(ckpt.config, ckpt.weights, task=task, pooling=pooling,
+                        activation=activation)  # fmt: skip
+    return run(module.serve, feeds)
+
+
+def _mean(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    weights = mask[..., None].astype(np.float32)
+    return (hidden * weights).sum(1) / weights.sum(1)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def _scores(logits: np.ndarray, head: str) -> np.ndarray:
+    if head == "single":
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    if head == "regression":
+        return logits
+    return 1.0 / (1.0 + np.exp(-logits))
+
+
+@pytest.mark.parametrize("head", ["single", "multi", "regression", "tag"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_head_logits_match_transformers(
+    arch: str, head: str, checkpoints: Callable[[str, str], Path]
+) -> None:
+    path = checkpoints(arch, head)
+    feeds = _inputs(arch)
+    expected = _torch(path, head, feeds)
+    got = _ours(path, head, feeds)
+    if head == "tag":  # padding positions are nobody's answer (the reader drops them)
+        real = feeds["attention_mask"].astype(bool)
+        np.testing.assert_allclose(got["logits"][real], expected[real], atol=1e-4)
+        return
+    np.testing.assert_allclose(got["logits"], expected, atol=1e-4)
+    np.testing.assert_allclose(got["probabilities"], _scores(expected, head), atol=1e-5)
+    assert np.abs(expected).max() > 1e-2  # the weights are spread enough to mean something
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_embeddings_match_transformers(
+    arch: str, pooling: str, checkpoints: Callable[[str, str], Path]
+) -> None:
+    path = checkpoints(arch, "embed")
+    feeds = _inputs(arch)
+    hidden = _torch(path, "embed", feeds)
+    expected = _mean(hidden, feeds["attention_mask"]) if pooling == "mean" else hidden[:, 0]
+    got = _ours(path, "embed", feeds, pooling)["embedding"]
+    assert _cosine(got, expected).min() >= 0.99999
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_the_matrix_covers_every_registered_architecture() -> None:
+    tested = {ARCHITECTURES[name]["model_type"] for name in ARCHITECTURES}
+    assert tested == set(architectures())
