@@ -201,3 +201,33 @@ def test_embeddings_match_transformers(
 def test_the_matrix_covers_every_registered_architecture() -> None:
     tested = {ARCHITECTURES[name]["model_type"] for name in ARCHITECTURES}
     assert tested == set(architectures())
+
+
+def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
+    checkpoints: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    import requests
+
+    from export.build import build
+    from ops.stack import start_modelserver
+
+    path = checkpoints("roberta", "single")
+    result = build(path, "roberta-cls", tmp_path / "models", version=1, max_seq_len=16,
+                   warmup=False)  # fmt: skip
+    assert result.model_info["source"]["path"] == str(path.resolve())
+    config = tmp_path / "models.config"
+    config.write_text(
+        'model_config_list { config { name: "roberta-cls" '
+        f'base_path: "{tmp_path / "models" / "roberta-cls"}" model_platform: "tensorflow" }} }}\n'
+    )
+    feeds = _inputs("roberta")
+    server, _, rest = start_modelserver(config, tmp_path, batching=False)
+    try:
+        url = f"http://127.0.0.1:{rest}/v1/models/roberta-cls:predict"
+        body = {"inputs": {k: v.tolist() for k, v in feeds.items()}}
+        server.wait_until(lambda: requests.post(url, json=body, timeout=10).ok, 120)
+        reply = requests.post(url, json=body, timeout=30).json()["outputs"]
+    finally:
+        server.stop()
+    np.testing.assert_allclose(np.asarray(reply["logits"]), _torch(path, "single", feeds),
+                               atol=1e-4)  # fmt: skip
