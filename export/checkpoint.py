@@ -19,6 +19,7 @@ import numpy as np
 
 from export.architectures import SUPPORTED_ACTIVATIONS as SUPPORTED_ACTIVATIONS
 from export.architectures import architecture, config_from, supported
+from export.architectures import tensor_names as architecture_tensor_names
 from export.calibration import checked_calibration
 from export.config import BertConfig
 from export.errors import ExportError
@@ -242,7 +243,7 @@ def _read_hf(path: Path, labels: Sequence[str] | None, lower: bool | None) -> Ch
                             return candidate, read_bf16_tensor(weights_path, candidate)
                 return name, None
 
-            weights = _collect(config, tensor_names(config, "hf"), fetch, str(weights_path))
+            weights = _collect(config, architecture_tensor_names(config), fetch, str(weights_path))
     except ExportError:
         raise
     except Exception as exc:  # safetensors raises its own error types for corrupt files

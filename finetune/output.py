@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from export.architectures import architecture, tensor_names
 from export.config import BertConfig
-from export.names import tensor_names
+from export.names import TensorName
 from finetune.errors import FinetuneError
 from modelformat.publish import TEMP_PREFIX, fsync_tree, remove_tree
 
@@ -33,13 +34,24 @@ def state_dir(out: Path) -> Path:
 
 
 def hf_tensors(config: BertConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Return canonical weights under ``BertForSequenceClassification`` names (torch layouts)."""
+    """Return canonical weights under the architecture's task-model names (torch layouts).
+
+    Where an architecture names one canonical tensor twice (RoBERTa's ``classifier.out_proj``
+    after its head's dense, ``classifier`` in a token classifier), a model with the head's
+    dense (``pooler/*``) takes the first, one without it the last.
+    """
+    specs: dict[str, list[TensorName]] = {}
+    for spec in tensor_names(config):
+        specs.setdefault(spec.canonical, []).append(spec)
+    prefix = architecture(config.model_type).prefix
+    pooled = "pooler/kernel" in weights
     out = {}
-    for spec in tensor_names(config, "hf"):
-        if spec.canonical not in weights:
+    for canonical, candidates in specs.items():
+        if canonical not in weights:
             continue
-        name = spec.source if spec.head else f"bert.{spec.source}"
-        value = weights[spec.canonical]
+        spec = candidates[0] if pooled else candidates[-1]
+        name = spec.source if spec.head else f"{prefix}{spec.source}"
+        value = weights[canonical]
         out[name] = np.ascontiguousarray(value.T if spec.transposed else value, dtype=np.float32)
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from export.architectures import Architecture, bert_layer, classifier, linear, norm, table
+from export.architectures.base import Architecture, bert_layer, classifier, linear, norm, table
 from export.config import BertConfig
 from export.names import TensorName
 

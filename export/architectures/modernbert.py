@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from export.architectures import Architecture, classifier, linear, norm, table
+from export.architectures.base import Architecture, classifier, linear, norm, table
 from export.config import BertConfig
 from export.names import TensorName
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from export.architectures import Architecture, bert_layer, classifier, common, linear
+from export.architectures.base import Architecture, bert_layer, classifier, common, linear
 from export.architectures.bert import embeddings
 from export.config import BertConfig
 from export.names import TensorName

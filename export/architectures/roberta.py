@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from export.architectures import (
+from export.architectures.base import (
     Architecture,
     absolute_positions_only,
     bert_layer,

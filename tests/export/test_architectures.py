@@ -231,3 +231,77 @@ def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
         server.stop()
     np.testing.assert_allclose(np.asarray(reply["logits"]), _torch(path, "single", feeds),
                                atol=1e-4)  # fmt: skip
+
+
+def _module(path: Path, head: str, **kwargs: Any) -> Any:
+    from export.checkpoint import read_checkpoint
+    from export.heads import resolve_head
+    from export.model import BertModule
+
+    ckpt = read_checkpoint(path)
+    task = {"tag": "tag", "embed": "embed"}.get(head, "classify")
+    activation = resolve_head(task, ckpt.head_config, ckpt.labels).activation
+    return BertModule(ckpt.config, kwargs.pop("weights", ckpt.weights), task=task,
+                      activation=activation, **kwargs)  # fmt: skip
+
+
+# the precisions every architecture is checked at beside fp32 (the build's gates, in-process)
+LOW_PRECISIONS = ("bf16", "fp16")
+
+
+@pytest.mark.parametrize("precision", LOW_PRECISIONS)
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_low_precision_passes_the_export_gates(
+    arch: str, precision: str, checkpoints: Callable[[str, str], Path]
+) -> None:
+    from export.gates import Tolerance, measure, within
+    from export.model import run
+
+    path = checkpoints(arch, "single")
+    feeds = _inputs(arch)
+    expected = run(_module(path, "single").serve, feeds)
+    got = run(_module(path, "single", precision=precision).serve, feeds)
+    figures = measure(expected, got, attention_mask=feeds["attention_mask"])
+    # the export refuses what is beyond its tolerance (1e-2 by default): these random weights
+    # (spread 0.3, far wider than trained ones) sit near it, so the check here is looser
+    assert within(figures, Tolerance(max_prob_diff=5e-2)), figures
+    assert figures["decisive_agreement"] == 1.0
+
+
+# architectures whose early-exit graph is checked here (students after every layer but the last)
+EARLY_EXIT = tuple(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("arch", EARLY_EXIT)
+def test_early_exits_hook_the_layer_loop_of_every_architecture(
+    arch: str, checkpoints: Callable[[str, str], Path]
+) -> None:
+    """Speed 0 is exactly the full model; at speed 1 rows leave early, compacted or not alike."""
+    from export.checkpoint import read_checkpoint
+    from export.model import run
+
+    path = checkpoints(arch, "single")
+    ckpt = read_checkpoint(path)
+    steps, hidden = len(ckpt.config.plan), ckpt.config.hidden_size
+    rng = np.random.default_rng(3)
+    students = {
+        f"exit_{k}/{part}/{kind}": rng.normal(0, 0.5, shape).astype(np.float32)
+        for k in range(steps - 1)
+        for part, kind, shape in (("dense", "kernel", (hidden, 8)), ("dense", "bias", (8,)),
+                                  ("classifier", "kernel", (8, 3)),
+                                  ("classifier", "bias", (3,)))
+    }  # fmt: skip
+    weights = {**ckpt.weights, **students}
+    exits = {"pooling": "mean"}
+    feeds = _inputs(arch)
+    full = run(_module(path, "single").serve, feeds)["logits"]
+    compacted = _module(path, "single", weights=weights, early_exit=exits)
+    masked = _module(path, "single", weights=weights, early_exit=exits, compaction=False)
+    at_zero = run(compacted.serve, {**feeds, "speed": np.zeros(len(LENGTHS), np.float32)})
+    np.testing.assert_allclose(at_zero["logits"], full, atol=1e-5)
+    assert list(at_zero["exit_layer"]) == [steps] * len(LENGTHS)
+    fast = {**feeds, "speed": np.ones(len(LENGTHS), np.float32)}
+    one, other = run(compacted.serve, fast), run(masked.serve, fast)
+    assert (one["exit_layer"] < steps).any()
+    np.testing.assert_array_equal(one["exit_layer"], other["exit_layer"])
+    np.testing.assert_allclose(one["logits"], other["logits"], atol=1e-5)
