@@ -305,3 +305,36 @@ def test_early_exits_hook_the_layer_loop_of_every_architecture(
     assert (one["exit_layer"] < steps).any()
     np.testing.assert_array_equal(one["exit_layer"], other["exit_layer"])
     np.testing.assert_allclose(one["logits"], other["logits"], atol=1e-5)
+
+
+HEAD_WORDS = {"single": "single-label", "multi": "multi-label", "regression": "regression"}
+
+
+def _expected_rows() -> list[list[str]]:
+    """Return the supported-models table's rows as the registry and these tests make them."""
+    tested = {spec["model_type"] for spec in ARCHITECTURES.values()}
+    exits = {ARCHITECTURES[name]["model_type"] for name in EARLY_EXIT}
+    classify = ", ".join(HEAD_WORDS[h] for h in HEADS if h in HEAD_WORDS)
+    heads = f"classify ({classify}), tag, embed"
+    precision = ", ".join(("fp32", *LOW_PRECISIONS))
+    return [
+        [arch.title, f"`{model_type}`", heads, "yes" if model_type in exits else "no",
+         precision if model_type in tested else "fp32",
+         "yes" if model_type in tested else "no"]
+        for model_type, arch in architectures().items()
+    ]  # fmt: skip
+
+
+def test_the_supported_models_table_claims_only_what_these_tests_run() -> None:
+    from ops.procs import REPO
+
+    text = (REPO / "docs" / "reference" / "supported-models.md").read_text(encoding="utf-8")
+    lines = text.split("| Architecture | model_type |", 1)[1].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    expected = _expected_rows()
+    rendered = "\n".join("| " + " | ".join(row) + " |" for row in expected)
+    assert rows == expected, f"docs/reference/supported-models.md should read:\n{rendered}"
