@@ -9,6 +9,7 @@ computes the same logits as export's module on the written checkpoint.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,20 +45,35 @@ def _base(model_type: str, where: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory, data: dict[str, Path]) -> Callable[[str], Path]:
+    """Return a function fine-tuning (once per module) a base model of an architecture."""
+    from finetune.run import finetune
+    from finetune.training import TrainConfig
+
+    done: dict[str, Path] = {}
+
+    def get(model_type: str) -> Path:
+        if model_type not in done:
+            where = tmp_path_factory.mktemp(f"tuned-{model_type}")
+            done[model_type] = where / "tuned"
+            finetune(_base(model_type, where), data["train"], data["dev"], done[model_type],
+                     config=TrainConfig(**{**TRAIN_KWARGS, "epochs": 1}), precision="fp32",
+                     max_seq_len=32)  # fmt: skip
+        return done[model_type]
+
+    return get
+
+
 @pytest.mark.parametrize("model_type", list(BASES))
 def test_a_fine_tuned_checkpoint_of_another_architecture_loads_in_transformers_alike(
-    model_type: str, tmp_path: Path, data: dict[str, Path]
+    model_type: str, tuned: Callable[[str], Path]
 ) -> None:
     from export.checkpoint import read_checkpoint
     from export.model import BertModule, run
     from export.warmup import token_batch
-    from finetune.run import finetune
-    from finetune.training import TrainConfig
 
-    out = tmp_path / "tuned"
-    finetune(_base(model_type, tmp_path), data["train"], data["dev"], out,
-             config=TrainConfig(**{**TRAIN_KWARGS, "epochs": 1}), precision="fp32",
-             max_seq_len=32)  # fmt: skip
+    out = tuned(model_type)
 
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == model_type
@@ -67,10 +83,33 @@ def test_a_fine_tuned_checkpoint_of_another_architecture_loads_in_transformers_a
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert type(model).__name__ == config["architectures"][0]
     feeds = token_batch(3, 12, len(tiny_vocab()), cls_id=2, sep_id=3, seed=4)
-    names = ("input_ids", "attention_mask") if model_type != "bert" else tuple(feeds)
+    names = ("input_ids", "attention_mask")  # none of these has token types
     with torch.no_grad():
         expected = model.eval()(**{k: torch.tensor(feeds[k], dtype=torch.long) for k in names})
     ckpt = read_checkpoint(out)
     got = run(BertModule(ckpt.config, ckpt.weights, task="classify").serve, feeds)["logits"]
     np.testing.assert_allclose(got, expected.logits.numpy(), atol=1e-4)
     assert ckpt.labels == ["neg", "pos"]
+
+
+@pytest.mark.parametrize("model_type", list(BASES))
+def test_distilled_exits_of_another_architecture_export_and_serve(
+    model_type: str, tmp_path: Path, data: dict[str, Path], tuned: Callable[[str], Path]
+) -> None:
+    """distill-exits reads the same module's layers; the export serves them (speed 0 = full)."""
+    from export.build import build
+    from export.predictor import PersistentPredictor
+    from export.warmup import token_batch
+    from finetune.exits import DistillConfig, distill_exits
+
+    distilled = tmp_path / "distilled"
+    distill_exits(tuned(model_type), data["train"], data["dev"], distilled,
+                  config=DistillConfig(epochs=2, width=16, max_seq_len=32))  # fmt: skip
+    result = build(distilled, "m", tmp_path / "models", early_exit=True, max_seq_len=32,
+                   warmup=False)  # fmt: skip
+    feeds = token_batch(4, 12, len(tiny_vocab()), cls_id=2, sep_id=3, seed=6)
+    predictor = PersistentPredictor(result.path)
+    full = predictor.predict({**feeds, "speed": np.zeros(4, np.float32)})
+    assert list(full["exit_layer"]) == [2] * 4
+    fast = predictor.predict({**feeds, "speed": np.ones(4, np.float32)})
+    assert set(fast["exit_layer"]) <= {1, 2}
