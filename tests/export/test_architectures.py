@@ -215,6 +215,7 @@ def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
     result = build(path, "roberta-cls", tmp_path / "models", version=1, max_seq_len=16,
                    warmup=False)  # fmt: skip
     assert result.model_info["source"]["path"] == str(path.resolve())
+    assert result.model_info["architecture"] == "roberta"
     config = tmp_path / "models.config"
     config.write_text(
         'model_config_list { config { name: "roberta-cls" '
