@@ -339,3 +339,47 @@ def test_the_supported_models_table_claims_only_what_these_tests_run() -> None:
     expected = _expected_rows()
     rendered = "\n".join("| " + " | ".join(row) + " |" for row in expected)
     assert rows == expected, f"docs/reference/supported-models.md should read:\n{rendered}"
+
+
+def test_a_torch_pickle_only_checkpoint_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta", **SIZE}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(ExportError, match=r"torch pickle.*safetensors"):
+        read_checkpoint(tmp_path)
+
+
+def test_an_unknown_model_type_names_every_supported_one(tmp_path: Path) -> None:
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", **SIZE}))
+    with pytest.raises(ExportError) as caught:
+        read_checkpoint(tmp_path)
+    assert "model_type='gpt2'" in str(caught.value)
+    assert all(model_type in str(caught.value) for model_type in architectures())
+
+
+def test_export_reads_and_builds_every_architecture_without_torch(
+    checkpoints: Callable[[str, str], Path],
+) -> None:
+    import subprocess
+    import sys
+
+    from ops.procs import REPO, child_env
+
+    paths = [str(checkpoints(arch, "single")) for arch in ARCHITECTURES]
+    code = (
+        "import sys\n"
+        "from export.checkpoint import read_checkpoint\n"
+        "from export.model import BertModule\n"
+        "for path in sys.argv[1:]:\n"
+        "    ckpt = read_checkpoint(path)\n"
+        "    BertModule(ckpt.config, ckpt.weights, task='classify')\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, *paths], cwd=REPO, env=child_env(),
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
