@@ -242,7 +242,7 @@ class BertModule(tf.Module):
             x = x + tf.cast(tf.gather(self.position, tf.range(seq)), tf.float32)[tf.newaxis]
         if self.token_type is not None:
             x = x + tf.cast(tf.gather(self.token_type, token_type_ids), tf.float32)
-        if self.architecture.attention == "disentangled":  # DeBERTa: project, then norm
+        if self.architecture.project_before_norm:  # DeBERTa: project, then norm
             if self.projection is not None:
                 x = self.projection(x)
             x = self.embeddings_ln(x)

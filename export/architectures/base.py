@@ -32,6 +32,9 @@ class Architecture:
     head_norm: bool = False  # the classification head's dense is followed by a layer norm
     tag_head_dense: bool = False  # the token classifier reads the head's dense (+ norm) first
     mask_embeddings: bool = False  # padded positions' embeddings are zeroed (DeBERTa)
+    # factorised embeddings: projected, then normed at the hidden size (DeBERTa); else normed at
+    # the embedding size, then projected (ELECTRA, ALBERT)
+    project_before_norm: bool = False
     # the Hugging Face classes of each task (config.json "architectures")
     classes: Mapping[str, str] = field(default_factory=dict)
 

@@ -103,7 +103,7 @@ ARCHITECTURES = (
     Architecture(
         model_type="deberta-v2", title="DeBERTa-v2/v3", prefix="deberta.",
         read_config=read_config, names=names, attention="disentangled",
-        mask_embeddings=True,
+        mask_embeddings=True, project_before_norm=True,
         classes={"classify": "DebertaV2ForSequenceClassification",
                  "tag": "DebertaV2ForTokenClassification", "embed": "DebertaV2Model"},
     ),
