@@ -234,7 +234,8 @@ def build(
             path = _write_version(
                 temp, model_dir, version, name=name, ckpt=ckpt, target=target, task=task,
                 precision=precision, max_seq_len=max_seq_len,
-                pooling=_served_pooling(task, pooling, label_prompts is not None), head=head,
+                pooling=_served_pooling(task, pooling, label_prompts is not None,
+                                        ckpt.config.classifier_pooling), head=head,
                 labels=out_labels, zero_shot_scale=scale, probe=probe, expected=expected,
                 tolerance=tolerance, warmup=warmup, say=say, choice=choice,
                 verified=verified_on(cpu, gpus),
@@ -346,12 +347,13 @@ def _sentence_modules(
     return sentence
 
 
-def _served_pooling(task: str, pooling: str, zero_shot: bool) -> str:
+def _served_pooling(task: str, pooling: str, zero_shot: bool, head_pooling: str = "cls") -> str:
     """Return model.json's ``pooling``: what the served head reads of the hidden states."""
     if task == "tag":
         return "none"  # every token's own vector
-    # a trained classifier reads the pooled [CLS] vector whatever --pooling says
-    return "cls" if task == "classify" and not zero_shot else pooling
+    # a trained classifier reads what its architecture's head pools ([CLS]; ModernBERT's may
+    # mean-pool) whatever --pooling says
+    return head_pooling if task == "classify" and not zero_shot else pooling
 
 
 def special_ids(vocab: Sequence[str]) -> tuple[int, int]:
@@ -491,6 +493,7 @@ def _write_version(
         "inputs": [*INPUT_NAMES, SPEED] if early_exit else list(INPUT_NAMES),
         "outputs": output_names(task, early_exit is not None),
         "bucket_signatures": bucket_signatures,
+        "architecture": ckpt.config.model_type,  # config.json's model_type
         "hidden_size": ckpt.config.hidden_size,
         "vocab_size": ckpt.config.vocab_size,
         "num_layers": ckpt.config.num_layers,

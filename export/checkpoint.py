@@ -17,13 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from export.architectures import SUPPORTED_ACTIVATIONS as SUPPORTED_ACTIVATIONS
+from export.architectures import architecture, config_from, supported
+from export.architectures import tensor_names as architecture_tensor_names
 from export.calibration import checked_calibration
 from export.config import BertConfig
 from export.errors import ExportError
 from export.names import TensorName, tensor_names
 from export.tokenizer_assets import TokenizerAssets, read_tokenizer
 
-SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 HEAD_KEYS = ("architectures", "problem_type", "thresholds", "text_pair")
 
 
@@ -65,8 +67,8 @@ def read_checkpoint(
     if not path.exists():
         raise ExportError(f"checkpoint not found: {path}")
     raise ExportError(
-        f"{path}: not a BERT checkpoint (expected config.json + model.safetensors + vocab.txt, "
-        "or bert_config.json + bert_model.ckpt.* + vocab.txt)"
+        f"{path}: not a checkpoint (expected config.json + model.safetensors of one of "
+        f"{', '.join(supported())}, or bert_config.json + bert_model.ckpt.* + vocab.txt)"
     )
 
 
@@ -104,38 +106,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _config_from(data: dict[str, Any], path: Path) -> BertConfig:
-    model_type = data.get("model_type", "bert")
-    if model_type != "bert":
-        raise ExportError(f"{path}: unknown architecture model_type={model_type!r} (only 'bert')")
-    if data.get("position_embedding_type", "absolute") != "absolute":
-        raise ExportError(f"{path}: only absolute position embeddings are supported")
-    try:
-        config = BertConfig(
-            vocab_size=int(data["vocab_size"]),
-            hidden_size=int(data["hidden_size"]),
-            num_layers=int(data["num_hidden_layers"]),
-            num_heads=int(data["num_attention_heads"]),
-            intermediate_size=int(data["intermediate_size"]),
-            max_position=int(data["max_position_embeddings"]),
-            type_vocab_size=int(data.get("type_vocab_size", 2)),
-            hidden_act=str(data.get("hidden_act", "gelu")),
-            layer_norm_eps=float(data.get("layer_norm_eps", 1e-12)),
-            hidden_dropout=float(data.get("hidden_dropout_prob", 0.1)),
-            attention_dropout=float(data.get("attention_probs_dropout_prob", 0.1)),
-        )
-    except KeyError as exc:
-        raise ExportError(f"{path}: missing key {exc.args[0]!r}") from exc
-    except (TypeError, ValueError) as exc:
-        raise ExportError(f"{path}: bad value: {exc}") from exc
-    if config.hidden_act not in SUPPORTED_ACTIVATIONS:
-        raise ExportError(f"{path}: unsupported hidden_act {config.hidden_act!r}")
-    if config.hidden_size % config.num_heads:
-        raise ExportError(
-            f"{path}: hidden_size {config.hidden_size} is not a multiple of "
-            f"num_attention_heads {config.num_heads}"
-        )
-    return config
+def _config_from(data: dict[str, Any], path: Path, *, google: bool = False) -> BertConfig:
+    """Return the encoder config of a config.json (any supported architecture; Google: BERT)."""
+    if google and data.get("model_type", "bert") != "bert":
+        raise ExportError(f"{path}: a Google TF checkpoint is BERT (model_type 'bert')")
+    return config_from(data, path)
 
 
 def _sha256(paths: Sequence[Path]) -> str:
@@ -177,7 +152,7 @@ def _collect(
         weights[spec.canonical] = np.ascontiguousarray(value, dtype=np.float32)
     for prefix in ("pooler", "classifier"):  # a head is all there or not there
         kernel, bias = f"{prefix}/kernel", f"{prefix}/bias"
-        if (kernel in weights) != (bias in weights):
+        if bias in sources and (kernel in weights) != (bias in weights):
             missing = bias if kernel in weights else kernel
             raise ExportError(f"{where}: missing tensor {sources[missing]}")
     students = [n for n in sources if n.startswith("exit_")]
@@ -227,15 +202,23 @@ def _read_hf(path: Path, labels: Sequence[str] | None, lower: bool | None) -> Ch
     config_path = path / "config.json"
     data = _read_json(config_path)
     config = _config_from(data, config_path)
+    base = architecture(config.model_type).prefix
     weights_path = path / "model.safetensors"
     if not weights_path.is_file():
-        other = [p.name for p in path.glob("*.bin")]
-        hint = f" (found {other}; convert it to safetensors)" if other else ""
+        other = sorted(p.name for p in path.glob("*.bin"))
+        hint = (
+            f" (found {other}: a torch pickle, which export never loads; re-save the model with "
+            "safetensors, e.g. model.save_pretrained(dir, safe_serialization=True), where torch "
+            "is installed)"
+            if other
+            else ""
+        )
         raise ExportError(f"missing weights file: {weights_path}{hint}")
     try:
         with safe_open(str(weights_path), framework="numpy") as handle:
             keys = set(handle.keys())
-            prefix = "bert." if any(k.startswith("bert.") for k in keys) else ""
+            # a task checkpoint keeps the encoder under the base prefix, a base model has none
+            prefix = base if any(k.startswith(base) for k in keys) else ""
 
             def fetch(spec: TensorName) -> tuple[str, np.ndarray | None]:
                 name = spec.source if spec.head else prefix + spec.source
@@ -247,7 +230,7 @@ def _read_hf(path: Path, labels: Sequence[str] | None, lower: bool | None) -> Ch
                             return candidate, read_bf16_tensor(weights_path, candidate)
                 return name, None
 
-            weights = _collect(config, tensor_names(config, "hf"), fetch, str(weights_path))
+            weights = _collect(config, architecture_tensor_names(config), fetch, str(weights_path))
     except ExportError:
         raise
     except Exception as exc:  # safetensors raises its own error types for corrupt files
@@ -312,7 +295,7 @@ def _read_google(
     import tensorflow as tf
 
     config_path = path / "bert_config.json"
-    config = _config_from(_read_json(config_path), config_path)
+    config = _config_from(_read_json(config_path), config_path, google=True)
     try:
         reader = tf.train.load_checkpoint(str(prefix))
         shapes = reader.get_variable_to_shape_map()

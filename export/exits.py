@@ -116,7 +116,7 @@ def decide(model: Any, i: int, hidden: tf.Tensor, attention_mask: tf.Tensor,
     ``model`` is the BertModule (its ``students``, ``exit_pooling``, ``head`` and ``layers``).
     """
     if i == len(model.layers) - 1:
-        return model.head(hidden), None
+        return model.head(hidden, attention_mask=attention_mask), None
     logits = model.students[i](pool(hidden, attention_mask, model.exit_pooling))
     return logits, leaves(logits, threshold)
 
@@ -132,6 +132,7 @@ def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, thresho
     threshold allows leaving (speed 0), and the gather when no row left at that layer.
     """
     rows, mask = tf.range(batch), attention_mask
+    positions = model.positions(seq)  # row-independent: computed once, read by every layer
     done_rows, done_logits, done_layers = [], [], []
     last = len(model.layers) - 1
     labels = int(model.classifier.bias.shape[0])
@@ -142,11 +143,11 @@ def serve_compacted(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, thresho
                  ) -> tuple[tf.Tensor, ...]:  # fmt: skip
             rows, mask, threshold, x = state
             left = tf.shape(rows)[0]
-            x = layer(x, mask_bias(mask), left, seq)
+            x = layer(x, mask_bias(mask), left, seq, None, positions)
             # explicit sizes: once every row has exited the batch is empty and -1 is ambiguous
             hidden = tf.reshape(x, [left, seq, model.hidden_size])
             if i == last:  # every row still here takes the trained head's logits
-                return (rows, model.head(hidden), *state)
+                return (rows, model.head(hidden, attention_mask=mask), *state)
 
             def ask() -> tuple[tf.Tensor, tf.Tensor]:
                 return decide(model, i, hidden, mask, threshold)  # type: ignore[return-value]
@@ -189,6 +190,7 @@ def serve_masked(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, threshold:
                  batch: tf.Tensor, seq: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
     """Return (logits, exit_layer) with every row kept until the batch's last row has exited."""
     bias = mask_bias(attention_mask)
+    positions = model.positions(seq)
     running = tf.ones([batch], tf.bool)
     logits = tf.zeros([batch, model.classifier.bias.shape[0]], tf.float32)
     exit_layer = tf.zeros([batch], tf.int32)
@@ -196,7 +198,7 @@ def serve_masked(model: Any, x: tf.Tensor, attention_mask: tf.Tensor, threshold:
 
         def step(x=x, running=running, logits=logits, exit_layer=exit_layer,
                  i=i, layer=layer) -> tuple[tf.Tensor, ...]:  # fmt: skip
-            x = layer(x, bias, batch, seq)
+            x = layer(x, bias, batch, seq, None, positions)
             hidden = tf.reshape(x, [batch, seq, -1])
             out, leave = decide(model, i, hidden, attention_mask, threshold)
             leave = running if leave is None else tf.logical_and(running, leave)

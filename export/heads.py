@@ -70,8 +70,10 @@ def head_outputs(task: str, logits: tf.Tensor, activation: str) -> dict[str, tf.
     return {"logits": logits, "probabilities": scores(logits, activation)}
 
 
-# config.json's ``architectures`` entry of each task's Hugging Face class
+# config.json's ``architectures`` entry of each task's Hugging Face class (BERT's; every
+# architecture's classes end the same way: RobertaForTokenClassification, ...)
 ARCHITECTURES = {"classify": "BertForSequenceClassification", "tag": "BertForTokenClassification"}
+_SUFFIXES = {"classify": "ForSequenceClassification", "tag": "ForTokenClassification"}
 
 
 def resolve_head(
@@ -92,8 +94,9 @@ def resolve_head(
     """
     where = "config.json"
     architectures = [str(a) for a in head_config.get("architectures") or []]
-    for other, arch in ARCHITECTURES.items():
-        if other != task and task != "embed" and arch in architectures:
+    for other, suffix in _SUFFIXES.items():
+        arch = next((a for a in architectures if a.endswith(suffix)), None)
+        if other != task and task != "embed" and arch is not None:
             raise ExportError(
                 f"{where}: the checkpoint is a {arch} ({other} head), not a {task} model; "
                 f"export it with --task {other}"

@@ -1,4 +1,8 @@
-"""The BERT encoder as a plain TF2 ``tf.Module`` (no Keras, no TF1 graph code), with its head.
+"""The encoder of the BERT family as a plain TF2 ``tf.Module`` (no Keras, no TF1 graph code).
+
+One layer loop for every architecture: what differs (embeddings and position ids, attention
+variant, feed-forward, norms, head) is export/architectures/'s table, read through
+``config.model_type``; ``BertModule`` keeps its name (finetune builds it too).
 
 The building blocks are export/layers.py's, the heads' outputs export/heads.py's, and the early
 exits (students, the exit rule, compacted and masked serving) export/exits.py's; this module
@@ -23,13 +27,27 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from export.architectures import architecture
 from export.calibration import thresholds_of
 from export.config import BertConfig
 from export.exits import Student, checked_speed, serve_compacted, serve_masked, speed_thresholds
 from export.exits import exit_weight_names as exit_weight_names  # re-exported (finetune)
 from export.exits import normalized_entropy as normalized_entropy  # re-exported (finetune)
 from export.heads import head_outputs, token_logits
-from export.layers import Dense, Layer, LayerNorm, dropout, mask_bias, pool
+from export.layers import (
+    Dense,
+    Layer,
+    LayerNorm,
+    Step,
+    activation,
+    deberta_indices,
+    dropout,
+    mask_bias,
+    mpnet_bias,
+    pool,
+    rotary,
+    window_bias,
+)
 from modelformat.buckets import signature_name
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
@@ -78,6 +96,8 @@ class BertModule(tf.Module):
         self.task, self.pooling, self.activation = task, pooling, activation
         self.compaction = compaction
         self.sentence_head = sentence_head
+        self.config = config
+        self.architecture = architecture(config.model_type)
         self.hidden_size = config.hidden_size
         self.hidden_dropout = config.hidden_dropout
 
@@ -85,39 +105,55 @@ class BertModule(tf.Module):
             return tf.Variable(tf.cast(weights[name], dtype), trainable=trainable,
                                name=name.replace("/", "_"))  # fmt: skip
 
+        def dense(name: str) -> Dense:
+            return Dense(weights[f"{name}/kernel"], weights.get(f"{name}/bias"), dtype,
+                         name.replace("/", "_"), trainable=trainable,
+                         compute_dtype=compute_dtype)  # fmt: skip
+
+        def norm(name: str) -> LayerNorm:
+            return LayerNorm(weights[f"{name}/gamma"], weights.get(f"{name}/beta"),
+                             config.layer_norm_eps, dtype, name, trainable=trainable)  # fmt: skip
+
         self.word = table("embeddings/word")
-        self.position = table("embeddings/position")
-        self.token_type = table("embeddings/token_type")
-        self.embeddings_ln = LayerNorm(weights["embeddings_ln/gamma"],
-                                        weights["embeddings_ln/beta"], config.layer_norm_eps,
-                                        dtype, "embeddings_ln", trainable=trainable)  # fmt: skip
-        self.layers = [
-            Layer(
-                _layer_weights(weights, i),
-                config,
-                dtype,
-                f"layer_{i}",
-                trainable=trainable,
-                compute_dtype=compute_dtype,
-            )
-            for i in range(config.num_layers)
-        ]
+        self.position = table("embeddings/position") if "embeddings/position" in weights else None
+        self.token_type = (
+            table("embeddings/token_type") if "embeddings/token_type" in weights else None
+        )
+        self.embeddings_ln = norm("embeddings_ln")
+        self.projection = (
+            dense("embeddings/projection") if "embeddings/projection/kernel" in weights else None
+        )
+        self.relative = table("relative/embeddings") if "relative/embeddings" in weights else None
+        self.relative_bias = table("relative/bias") if "relative/bias" in weights else None
+        self.relative_ln = norm("relative_ln") if "relative_ln/gamma" in weights else None
+        self.final_ln = norm("final_ln") if "final_ln/gamma" in weights else None
+        unique = [
+            Layer(_layer_weights(weights, k), config, dtype, f"layer_{k}", trainable=trainable,
+                  compute_dtype=compute_dtype, architecture=self.architecture, index=k)
+            for k in range(config.unique_layers)
+        ]  # fmt: skip
+        self.unique_layers = unique
+        plan = config.plan
+        # BERT's loop runs each layer once: the layer is the step (the graph as it always was)
+        self.layers: list[Any] = [
+            unique[step[0]]
+            if len(step) == 1 and (self.final_ln is None or i < len(plan) - 1)
+            else Step([unique[k] for k in step], self.final_ln if i == len(plan) - 1 else None,
+                      f"step_{i}")
+            for i, step in enumerate(plan)
+        ]  # fmt: skip
         self.zero_shot = label_embeddings is not None
+        head_dense = task == "classify" or (task == "tag" and self.architecture.tag_head_dense)
         if task == "classify" and self.zero_shot:
             assert label_embeddings is not None
             unit = label_embeddings / np.linalg.norm(label_embeddings, axis=1, keepdims=True)
             self.label_matrix = tf.Variable(unit.T.astype(np.float32), trainable=False)
             self.scale = tf.constant(zero_shot_scale, tf.float32)
-        elif task == "classify":
-            self.pooler = Dense(weights["pooler/kernel"], weights["pooler/bias"], dtype, "pooler",
-                                 trainable=trainable, compute_dtype=compute_dtype)  # fmt: skip
-            self.classifier = Dense(weights["classifier/kernel"], weights["classifier/bias"],
-                                     dtype, "classifier", trainable=trainable,
-                                     compute_dtype=compute_dtype)  # fmt: skip
-        elif task == "tag":
-            self.classifier = Dense(weights["classifier/kernel"], weights["classifier/bias"],
-                                     dtype, "classifier", trainable=trainable,
-                                     compute_dtype=compute_dtype)  # fmt: skip
+        elif task in ("classify", "tag"):
+            if head_dense:
+                self.pooler = dense("pooler")
+                self.head_ln = norm("head_ln") if "head_ln/gamma" in weights else None
+            self.classifier = dense("classifier")
         self.students: list[Student] = []
         self.exit_pooling = ""
         # the calibration's knots (graph constants), None: the speed is the raw threshold
@@ -148,15 +184,36 @@ class BertModule(tf.Module):
     def _serving_fn(self) -> Any:
         return self._serve_exits if self.early_exit else self._serve
 
+    def positions(self, seq: tf.Tensor) -> dict[str, Any]:
+        """Return what every layer's attention reads of the positions (export/layers.py)."""
+        arch, config = self.architecture.attention, self.config
+        if arch == "relative_bias":
+            assert self.relative_bias is not None
+            return {"relative_bias": mpnet_bias(self.relative_bias, seq)}
+        if arch == "rotary":
+            head_dim = config.hidden_size // config.num_heads
+            return {
+                "rotary_full": rotary(seq, config.rope_theta_full, head_dim),
+                "rotary_sliding": rotary(seq, config.rope_theta_sliding, head_dim),
+                "window": window_bias(seq, config.local_attention // 2),
+            }
+        if arch == "disentangled" and self.relative is not None:
+            rel = tf.cast(self.relative, tf.float32)
+            rel = rel if self.relative_ln is None else self.relative_ln(rel)
+            c2p, p2c = deberta_indices(seq, config)
+            return {"relative": rel, "c2p": c2p, "p2c": p2c}
+        return {}
+
     def _hidden(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
                 token_type_ids: tf.Tensor, dropout_seed: tf.Tensor | None = None
                 ) -> tf.Tensor:  # fmt: skip
         """Return the last hidden states ``[batch, seq, hidden]`` in float32."""
         batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         x, mask_bias = self._embed(input_ids, attention_mask, token_type_ids, dropout_seed)
+        positions = self.positions(seq)
         for i, layer in enumerate(self.layers):
             layer_seed = None if dropout_seed is None else dropout_seed + tf.constant([0, i + 1])
-            x = layer(x, mask_bias, batch, seq, layer_seed)
+            x = layer(x, mask_bias, batch, seq, layer_seed, positions)
         return tf.reshape(x, [batch, seq, -1])
 
     def layer_outputs(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
@@ -164,22 +221,42 @@ class BertModule(tf.Module):
         """Return the hidden states ``[batch, seq, hidden]`` (float32) after layers 1..L."""
         batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         x, mask_bias = self._embed(input_ids, attention_mask, token_type_ids)
+        positions = self.positions(seq)
         out = []
         for layer in self.layers:
-            x = layer(x, mask_bias, batch, seq)
+            x = layer(x, mask_bias, batch, seq, None, positions)
             out.append(tf.reshape(x, [batch, seq, -1]))
         return out
+
+    def _position_ids(self, input_ids: tf.Tensor) -> tf.Tensor:
+        """Return RoBERTa's position ids: pad + 1, pad + 2, ... over the non-pad tokens."""
+        pad = self.config.pad_token_id
+        real = tf.cast(tf.not_equal(input_ids, pad), tf.int32)
+        return tf.cumsum(real, axis=1) * real + pad
 
     def _embed(self, input_ids: tf.Tensor, attention_mask: tf.Tensor, token_type_ids: tf.Tensor,
                dropout_seed: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
         """Return the embeddings ``[batch * seq, hidden]`` and the attention mask's bias."""
         batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-        x = (
-            tf.cast(tf.gather(self.word, input_ids), tf.float32)
-            + tf.cast(tf.gather(self.position, tf.range(seq)), tf.float32)[tf.newaxis]
-            + tf.cast(tf.gather(self.token_type, token_type_ids), tf.float32)
-        )
-        x = tf.reshape(self.embeddings_ln(x), [batch * seq, -1])
+        x = tf.cast(tf.gather(self.word, input_ids), tf.float32)
+        if self.position is not None and self.architecture.position_ids == "padded":
+            ids = self._position_ids(input_ids)
+            x = x + tf.cast(tf.gather(self.position, ids), tf.float32)
+        elif self.position is not None:
+            x = x + tf.cast(tf.gather(self.position, tf.range(seq)), tf.float32)[tf.newaxis]
+        if self.token_type is not None:
+            x = x + tf.cast(tf.gather(self.token_type, token_type_ids), tf.float32)
+        if self.architecture.project_before_norm:  # DeBERTa: project, then norm
+            if self.projection is not None:
+                x = self.projection(x)
+            x = self.embeddings_ln(x)
+        else:  # ELECTRA, ALBERT: norm at the embedding width, then project
+            x = self.embeddings_ln(x)
+            if self.projection is not None:
+                x = self.projection(x)
+        if self.architecture.mask_embeddings:
+            x = x * tf.cast(attention_mask, tf.float32)[:, :, tf.newaxis]
+        x = tf.reshape(x, [batch * seq, -1])
         x = dropout(x, self.hidden_dropout, dropout_seed, 0)
         return x, mask_bias(attention_mask)
 
@@ -201,7 +278,7 @@ class BertModule(tf.Module):
             unit = tf.math.l2_normalize(self._pool(hidden, attention_mask), axis=-1)
             logits = self.scale * tf.matmul(unit, self.label_matrix)
         else:
-            logits = self.head(hidden)
+            logits = self.head(hidden, attention_mask=attention_mask)
         return head_outputs(self.task, logits, self.activation)
 
     def _serve_exits(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
@@ -224,53 +301,66 @@ class BertModule(tf.Module):
             "exit_layer": exit_layer,
         }
 
-    def head(self, hidden: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
-        """Return a trained head's float32 logits: pooler tanh([CLS]) → dropout → classifier.
+    def head(self, hidden: tf.Tensor, dropout_seed: tf.Tensor | None = None,
+             attention_mask: tf.Tensor | None = None) -> tf.Tensor:  # fmt: skip
+        """Return a trained head's float32 logits: the architecture's dense (pooler tanh for
+        BERT, dense tanh for RoBERTa, ReLU for DistilBERT, GELU for ELECTRA/DeBERTa, GELU + norm
+        for ModernBERT) on [CLS] (or ModernBERT's mean) → dropout → classifier.
 
-        A ``tag`` head: dropout → classifier on every token, ``[batch, seq, labels]``.
+        A ``tag`` head: dropout → classifier on every token, ``[batch, seq, labels]``
+        (ModernBERT's reads its dense + norm first).
         """
         if self.task == "tag":
+            if self.architecture.tag_head_dense:
+                hidden = self._head_dense(hidden)
             dropped = dropout(hidden, self.hidden_dropout, dropout_seed, 4)
             return token_logits(self.classifier, dropped)
-        pooled = tf.tanh(self.pooler(hidden[:, 0]))
-        pooled = dropout(pooled, self.hidden_dropout, dropout_seed, 4)
+        if self.config.classifier_pooling == "mean" and attention_mask is not None:
+            vector = pool(hidden, attention_mask, "mean")
+        else:
+            vector = hidden[:, 0]
+        pooled = dropout(self._head_dense(vector), self.hidden_dropout, dropout_seed, 4)
         return self.classifier(pooled)
+
+    def _head_dense(self, x: tf.Tensor) -> tf.Tensor:
+        if self.config.pooler_act == "tanh":  # BERT's pooler, as it always was
+            pooled = tf.tanh(self.pooler(x))
+        else:
+            pooled = activation(self.config.pooler_act, self.pooler(x))
+        return pooled if self.head_ln is None else self.head_ln(pooled)
 
     def logits(self, input_ids: tf.Tensor, attention_mask: tf.Tensor, token_type_ids: tf.Tensor,
                dropout_seed: tf.Tensor | None = None) -> tf.Tensor:  # fmt: skip
         """Return a trained head's float32 logits; ``dropout_seed`` (int32 ``[2]``) = training."""
         hidden = self._hidden(input_ids, attention_mask, token_type_ids, dropout_seed)
-        return self.head(hidden, dropout_seed)
+        return self.head(hidden, dropout_seed, attention_mask)
+
+    def named_variables(self) -> dict[str, tf.Variable]:
+        """Return every variable under its canonical name (the names the constructor takes)."""
+        named: dict[str, Any] = {"embeddings/word": self.word}
+        for name, var in (("embeddings/position", self.position),
+                          ("embeddings/token_type", self.token_type),
+                          ("relative/embeddings", self.relative),
+                          ("relative/bias", self.relative_bias)):  # fmt: skip
+            if var is not None:
+                named[name] = var
+        named.update(self.embeddings_ln.named_variables("embeddings_ln"))
+        for prefix, module in (("embeddings/projection", self.projection),
+                               ("relative_ln", self.relative_ln), ("final_ln", self.final_ln),
+                               ("pooler", getattr(self, "pooler", None)),
+                               ("head_ln", getattr(self, "head_ln", None)),
+                               ("classifier", getattr(self, "classifier", None))):  # fmt: skip
+            if module is not None:
+                named.update(module.named_variables(prefix))
+        for k, layer in enumerate(self.unique_layers):
+            named.update({f"layer_{k}/{n}": v for n, v in layer.named_variables().items()})
+        for k, student in enumerate(self.students):
+            named.update({f"exit_{k}/{n}": v for n, v in student.named_variables().items()})
+        return named
 
     def weights(self) -> dict[str, np.ndarray]:
         """Return the current weights in the canonical names the constructor takes (float32)."""
-        named: dict[str, Any] = {
-            "embeddings/word": self.word,
-            "embeddings/position": self.position,
-            "embeddings/token_type": self.token_type,
-            "embeddings_ln/gamma": self.embeddings_ln.gamma,
-            "embeddings_ln/beta": self.embeddings_ln.beta,
-        }
-        for i, layer in enumerate(self.layers):
-            for part in ("query", "key", "value", "attention_out", "intermediate", "output"):
-                dense = getattr(layer, part)
-                named[f"layer_{i}/{part}/kernel"], named[f"layer_{i}/{part}/bias"] = (
-                    dense.kernel,
-                    dense.bias,
-                )
-            for part in ("attention_ln", "output_ln"):
-                norm = getattr(layer, part)
-                named[f"layer_{i}/{part}/gamma"], named[f"layer_{i}/{part}/beta"] = (
-                    norm.gamma,
-                    norm.beta,
-                )
-        if self.task in ("classify", "tag") and not self.zero_shot:
-            for part in ("pooler", "classifier") if self.task == "classify" else ("classifier",):
-                dense = getattr(self, part)
-                named[f"{part}/kernel"], named[f"{part}/bias"] = dense.kernel, dense.bias
-        for k, student in enumerate(self.students):
-            named.update({f"exit_{k}/{n}": v for n, v in student.named_variables().items()})
-        return {k: tf.cast(v, tf.float32).numpy() for k, v in named.items()}
+        return {k: tf.cast(v, tf.float32).numpy() for k, v in self.named_variables().items()}
 
     def signatures(self, bucket_lens: Sequence[int] = ()) -> dict[str, Any]:
         """Return the signatures to save: ``serving_default`` and one ``seq_<L>`` per bucket.

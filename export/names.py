@@ -1,4 +1,6 @@
-"""Tensor names of BERT checkpoints: canonical names and their Hugging Face / Google spellings."""
+"""Tensor names: the canonical form every reader fills, Google BERT's spellings, the students.
+
+Hugging Face spellings of every architecture are export/architectures/' (one module each)."""
 
 from __future__ import annotations
 
@@ -69,52 +71,40 @@ def _layer_shapes(config: BertConfig) -> dict[str, tuple[Dim, ...]]:
     }  # fmt: skip
 
 
-def tensor_names(config: BertConfig, fmt: str) -> list[TensorName]:
-    """Return every tensor a BERT encoder (+ optional pooler and classifier) has, for ``fmt``.
+def tensor_names(config: BertConfig, fmt: str = "google") -> list[TensorName]:
+    """Return every tensor a Google BERT checkpoint (+ optional run_classifier head) has.
 
-    ``fmt`` is ``"hf"`` (names relative to the ``bert.`` prefix, torch ``[out, in]`` kernels) or
-    ``"google"`` (google-research/bert names, ``[in, out]`` kernels, run_classifier head).
+    google-research/bert names, ``[in, out]`` kernels. Hugging Face checkpoints of every
+    architecture: export/architectures/ (``tensor_names``).
     """
-    hf = fmt == "hf"
+    if fmt != "google":
+        raise ValueError(f"tensor_names reads Google checkpoints, not {fmt!r}")
     h = config.hidden_size
-    emb = [
-        ("embeddings/word", (config.vocab_size, h), "word_embeddings"),
-        ("embeddings/position", (config.max_position, h), "position_embeddings"),
-        ("embeddings/token_type", (config.type_vocab_size, h), "token_type_embeddings"),
-    ]
     out = [
-        TensorName(c, s, f"embeddings.{n}.weight" if hf else f"bert/embeddings/{n}")
-        for c, s, n in emb
+        TensorName(c, s, f"bert/embeddings/{n}")
+        for c, s, n in (
+            ("embeddings/word", (config.vocab_size, h), "word_embeddings"),
+            ("embeddings/position", (config.max_position, h), "position_embeddings"),
+            ("embeddings/token_type", (config.type_vocab_size, h), "token_type_embeddings"),
+        )
     ]
     out += [
-        TensorName("embeddings_ln/gamma", (h,),
-                   "embeddings.LayerNorm.weight" if hf else "bert/embeddings/LayerNorm/gamma"),
-        TensorName("embeddings_ln/beta", (h,),
-                   "embeddings.LayerNorm.bias" if hf else "bert/embeddings/LayerNorm/beta"),
-    ]  # fmt: skip
+        TensorName("embeddings_ln/gamma", (h,), "bert/embeddings/LayerNorm/gamma"),
+        TensorName("embeddings_ln/beta", (h,), "bert/embeddings/LayerNorm/beta"),
+    ]
     shapes = _layer_shapes(config)
     for layer in range(config.num_layers):
-        for suffix, hf_name, google_name, kernel in _LAYER:
-            source = (
-                f"encoder.layer.{layer}.{hf_name}"
-                if hf
-                else f"bert/encoder/layer_{layer}/{google_name}"
-            )
-            out.append(TensorName(f"layer_{layer}/{suffix}", shapes[suffix], source, kernel and hf))
-    pooler_kernel = "pooler.dense.weight" if hf else "bert/pooler/dense/kernel"
-    pooler_bias = "pooler.dense.bias" if hf else "bert/pooler/dense/bias"
+        for suffix, _, google_name, _ in _LAYER:
+            source = f"bert/encoder/layer_{layer}/{google_name}"
+            out.append(TensorName(f"layer_{layer}/{suffix}", shapes[suffix], source))
     out += [
-        TensorName("pooler/kernel", (h, h), pooler_kernel, transposed=hf, optional=True),
-        TensorName("pooler/bias", (h,), pooler_bias, optional=True),
-        # both formats keep the classifier as [labels, hidden]
-        TensorName("classifier/kernel", (h, "labels"),
-                   "classifier.weight" if hf else "output_weights",
+        TensorName("pooler/kernel", (h, h), "bert/pooler/dense/kernel", optional=True),
+        TensorName("pooler/bias", (h,), "bert/pooler/dense/bias", optional=True),
+        # run_classifier keeps the classifier as [labels, hidden]
+        TensorName("classifier/kernel", (h, "labels"), "output_weights",
                    transposed=True, optional=True, head=True),
-        TensorName("classifier/bias", ("labels",), "classifier.bias" if hf else "output_bias",
-                   optional=True, head=True),
+        TensorName("classifier/bias", ("labels",), "output_bias", optional=True, head=True),
     ]  # fmt: skip
-    if hf:  # early-exit students (finetune distill-exits); Google checkpoints never have them
-        out += exit_tensor_names(config)
     return out
 
 

@@ -142,7 +142,7 @@ def encode(
         hidden = module.layer_outputs(ids, mask, types)
         pooled = {p: tf.stack([pool(h, mask, p) for h in hidden[:-1]]) for p in poolings}
         # the served head on the last layer, exactly: the students' target
-        return pooled, module.head(hidden[-1])
+        return pooled, module.head(hidden[-1], attention_mask=mask)
 
     spec = tf.TensorSpec([None, None], tf.int32)
     run = tf.function(forward, input_signature=[spec] * 3, autograph=False)

@@ -23,12 +23,18 @@ def head_weights(
 
     A checkpoint whose head already has exactly these labels keeps it (and its order), as does a
     one-logit head trained on as one (``labels`` names it); otherwise
-    the classifier (and, for a pooled ``classify`` head, a missing pooler) starts from BERT's
-    initialiser, labels in the order given (sorted, or O, B-X, I-X, … for tags). A ``tag``
-    head reads every token, not the pooled [CLS]: it has no pooler (BertForTokenClassification).
+    the classifier (and, for a pooled ``classify`` head, a missing head dense and norm, as the
+    checkpoint's architecture has them) starts from BERT's initialiser, labels in the order
+    given (sorted, or O, B-X, I-X, … for tags). A ``tag`` head reads every token, not the
+    pooled [CLS]: it has no pooler (BertForTokenClassification; ModernBERT's reads its dense).
     """
+    from export.architectures import architecture
+
+    arch = architecture(ckpt.config.model_type)
+    # the head's dense (+ norm): a pooled classifier's, and ModernBERT's token classifier's
+    dense_head = task != "tag" or arch.tag_head_dense
     weights = dict(ckpt.weights)
-    if task == "tag":
+    if not dense_head:
         weights = {k: v for k, v in weights.items() if not k.startswith("pooler/")}
     if ckpt.has_head and sorted(ckpt.labels) == sorted(labels):
         return weights, list(ckpt.labels)
@@ -38,9 +44,14 @@ def head_weights(
         return weights, list(labels)
     rng = np.random.default_rng(seed)
     hidden = ckpt.config.hidden_size
-    if task != "tag" and "pooler/kernel" not in weights:
+    if dense_head and "pooler/kernel" not in weights:
         weights["pooler/kernel"] = rng.normal(0, INIT_STD, (hidden, hidden)).astype(np.float32)
-        weights["pooler/bias"] = np.zeros(hidden, np.float32)
+        if ckpt.config.head_bias:
+            weights["pooler/bias"] = np.zeros(hidden, np.float32)
+    if dense_head and arch.head_norm and "head_ln/gamma" not in weights:
+        weights["head_ln/gamma"] = np.ones(hidden, np.float32)
+        if ckpt.config.norm_bias:
+            weights["head_ln/beta"] = np.zeros(hidden, np.float32)
     weights["classifier/kernel"] = rng.normal(0, INIT_STD, (hidden, len(labels))).astype(np.float32)
     weights["classifier/bias"] = np.zeros(len(labels), np.float32)
     return weights, list(labels)

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from export.architectures import architecture, tensor_names
 from export.config import BertConfig
-from export.names import tensor_names
+from export.names import TensorName
 from finetune.errors import FinetuneError
 from modelformat.publish import TEMP_PREFIX, fsync_tree, remove_tree
 
@@ -33,13 +34,24 @@ def state_dir(out: Path) -> Path:
 
 
 def hf_tensors(config: BertConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Return canonical weights under ``BertForSequenceClassification`` names (torch layouts)."""
+    """Return canonical weights under the architecture's task-model names (torch layouts).
+
+    Where an architecture names one canonical tensor twice (RoBERTa's ``classifier.out_proj``
+    after its head's dense, ``classifier`` in a token classifier), a model with the head's
+    dense (``pooler/*``) takes the first, one without it the last.
+    """
+    specs: dict[str, list[TensorName]] = {}
+    for spec in tensor_names(config):
+        specs.setdefault(spec.canonical, []).append(spec)
+    prefix = architecture(config.model_type).prefix
+    pooled = "pooler/kernel" in weights
     out = {}
-    for spec in tensor_names(config, "hf"):
-        if spec.canonical not in weights:
+    for canonical, candidates in specs.items():
+        if canonical not in weights:
             continue
-        name = spec.source if spec.head else f"bert.{spec.source}"
-        value = weights[spec.canonical]
+        spec = candidates[0] if pooled else candidates[-1]
+        name = spec.source if spec.head else f"{prefix}{spec.source}"
+        value = weights[canonical]
         out[name] = np.ascontiguousarray(value.T if spec.transposed else value, dtype=np.float32)
     return out
 
@@ -49,19 +61,34 @@ def hf_config(
     labels: Sequence[str],
     max_seq_len: int,
     head: dict[str, Any] | None = None,
+    source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the ``config.json`` of a ``BertForSequenceClassification`` with these labels.
 
     ``head`` (finetune/tasks.py ``Task.config``) replaces ``architectures`` and ``problem_type``
     and adds its own keys (``text_pair``, ``thresholds``, ``label_scheme``); a head without a
     ``problem_type`` (token classification, a one-logit cross-encoder) gets none, as
-    transformers' own checkpoints of those kinds have none.
+    transformers' own checkpoints of those kinds have none. Another architecture than BERT keeps
+    the ``source`` checkpoint's config.json (its own keys) with the labels and head replaced, and
+    the head's class named as that architecture names it (``RobertaForTokenClassification``).
     """
     out = _base_config(config, labels, max_seq_len)
+    if config.model_type != "bert":
+        out = {**(source or {}), **{k: out[k] for k in _HEAD_KEYS}}
+        for key in ("text_pair", "thresholds", "label_scheme", "sentence_transformers"):
+            out.pop(key, None)
     if head is not None:
         out.pop("problem_type")
         out.update(head)
+    if config.model_type != "bert":
+        classes = architecture(config.model_type).classes
+        token = "BertForTokenClassification" in out.get("architectures", [])
+        out["architectures"] = [classes["tag" if token else "classify"]]
     return out
+
+
+# what a fine-tuned checkpoint of another architecture takes over from BERT's config.json
+_HEAD_KEYS = ("architectures", "problem_type", "id2label", "label2id", "finetune_max_seq_len")
 
 
 def _base_config(config: BertConfig, labels: Sequence[str], max_seq_len: int) -> dict[str, Any]:
@@ -100,16 +127,16 @@ def write_checkpoint(
     max_seq_len: int,
     metrics: dict[str, Any],
     head: dict[str, Any] | None = None,
+    source: dict[str, Any] | None = None,
 ) -> None:
     """Write the HF-layout files into the (temporary) directory ``dest`` (``head``: the task's
-    config.json keys, see ``hf_config``)."""
+    config.json keys, ``source``: the input checkpoint's config.json, see ``hf_config``)."""
     from safetensors.numpy import save_file
 
     save_file(hf_tensors(config, weights), str(dest / "model.safetensors"),
               metadata={"format": "pt"})  # fmt: skip
-    (dest / "config.json").write_text(
-        json.dumps(hf_config(config, labels, max_seq_len, head), indent=2) + "\n", encoding="utf-8"
-    )
+    written = hf_config(config, labels, max_seq_len, head, source)
+    (dest / "config.json").write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
     (dest / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,

@@ -245,9 +245,18 @@ def finetune(
     with publishing(out) as temp:
         metrics["wall_s"] = time.perf_counter() - started
         write_checkpoint(temp, ckpt.config, model.weights(), labels, ckpt.vocab,
-                         ckpt.do_lower_case, max_seq_len, metrics, head.config())  # fmt: skip
+                         ckpt.do_lower_case, max_seq_len, metrics, head.config(),
+                         _source_config(ckpt.source))  # fmt: skip
     remove_tree(state)
     return FinetuneResult(out=out, metrics=metrics)
+
+
+def _source_config(source: dict[str, str]) -> dict[str, Any] | None:
+    """Return the input checkpoint's config.json (Hugging Face checkpoints; None for Google's)."""
+    if source.get("format") != "hf":
+        return None
+    data = json.loads((Path(source["path"]) / "config.json").read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else None
 
 
 def _figures(trainer: Any, head: Task, splits: dict[str, Split]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "corrupt config": (lambda c: (c / "config.json").write_text("{not json"), "config.json"),
     "missing config key": (lambda c: _edit_config(c, hidden_size=None), "config.json"),
-    "unknown architecture": (lambda c: _edit_config(c, model_type="roberta"), "roberta"),
+    "unknown architecture": (lambda c: _edit_config(c, model_type="gpt2"), "model_type='gpt2'"),
     "tensor with wrong shape": (
         lambda c: _edit_tensors(
             c,
@@ -104,7 +104,7 @@ def test_missing_checkpoint_path(tmp_path: Path) -> None:
 
 def test_directory_that_is_no_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ExportError, match="not a BERT checkpoint"):
+    with pytest.raises(ExportError, match="not a checkpoint"):
         build(tmp_path / "empty", "x", tmp_path / "models")
 
 

@@ -1,0 +1,116 @@
+"""What an architecture entry is (``Architecture``), and the helpers the architecture modules
+name their weights and read their config.json with (export/architectures/__init__.py has the
+table)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from export.config import BertConfig
+from export.names import TensorName
+
+SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What one architecture does differently from the shared encoder."""
+
+    model_type: str
+    title: str  # the name users know (docs/reference/supported-models.md)
+    prefix: str  # the base model's prefix in a task checkpoint (``bert.``)
+    read_config: Callable[[Mapping[str, Any]], BertConfig]
+    names: Callable[[BertConfig], list[TensorName]]  # HF names relative to ``prefix``
+    # "absolute" (0..S-1), "padded" (from pad_token_id + 1 over non-pad tokens), "none"
+    position_ids: str = "absolute"
+    # "standard", "relative_bias" (MPNet), "disentangled" (DeBERTa-v2), "rotary" (ModernBERT)
+    attention: str = "standard"
+    norm: str = "post"  # "post" (BERT) or "pre" (ModernBERT: norm before each block)
+    feed_forward: str = "mlp"  # "mlp" (dense, activation, dense) or "glu" (GeGLU)
+    head_norm: bool = False  # the classification head's dense is followed by a layer norm
+    tag_head_dense: bool = False  # the token classifier reads the head's dense (+ norm) first
+    mask_embeddings: bool = False  # padded positions' embeddings are zeroed (DeBERTa)
+    # factorised embeddings: projected, then normed at the hidden size (DeBERTa); else normed at
+    # the embedding size, then projected (ELECTRA, ALBERT)
+    project_before_norm: bool = False
+    # the Hugging Face classes of each task (config.json "architectures")
+    classes: Mapping[str, str] = field(default_factory=dict)
+
+
+# -- helpers the architecture modules share -------------------------------------------------
+
+
+def linear(canonical: str, source: str, n_in: int | str, n_out: int | str, *, bias: bool = True,
+           optional: bool = False, head: bool = False) -> list[TensorName]:  # fmt: skip
+    """Return a torch ``nn.Linear``'s tensors: ``[out, in]`` weight (transposed) and bias."""
+    out = [TensorName(f"{canonical}/kernel", (n_in, n_out), f"{source}.weight",
+                      transposed=True, optional=optional, head=head)]  # fmt: skip
+    if bias:
+        out.append(TensorName(f"{canonical}/bias", (n_out,), f"{source}.bias",
+                              optional=optional, head=head))  # fmt: skip
+    return out
+
+
+def norm(canonical: str, source: str, width: int, *, bias: bool = True, optional: bool = False,
+         head: bool = False) -> list[TensorName]:  # fmt: skip
+    """Return a torch ``nn.LayerNorm``'s tensors (``gamma``/``beta``)."""
+    out = [TensorName(f"{canonical}/gamma", (width,), f"{source}.weight", optional=optional,
+                      head=head)]  # fmt: skip
+    if bias:
+        out.append(TensorName(f"{canonical}/beta", (width,), f"{source}.bias", optional=optional,
+                              head=head))  # fmt: skip
+    return out
+
+
+def table(canonical: str, source: str, rows: int, width: int) -> TensorName:
+    """Return a torch ``nn.Embedding``'s table."""
+    return TensorName(canonical, (rows, width), f"{source}.weight")
+
+
+def classifier(source: str, width: int) -> list[TensorName]:
+    """Return the last linear layer of every head: ``classifier/*``, optional, outside the base."""
+    return linear("classifier", source, width, "labels", optional=True, head=True)
+
+
+def bert_layer(prefix: str, i: int, config: BertConfig, parts: Mapping[str, str],
+               ) -> list[TensorName]:  # fmt: skip
+    """Return one post-norm layer's tensors; ``parts`` maps the canonical parts to HF names."""
+    h, n = config.hidden_size, config.intermediate_size
+    shapes = {"query": (h, h), "key": (h, h), "value": (h, h), "attention_out": (h, h),
+              "intermediate": (h, n), "output": (n, h)}  # fmt: skip
+    out: list[TensorName] = []
+    for part, (n_in, n_out) in shapes.items():
+        out += linear(f"layer_{i}/{part}", f"{prefix}{parts[part]}", n_in, n_out)
+    for part in ("attention_ln", "output_ln"):
+        out += norm(f"layer_{i}/{part}", f"{prefix}{parts[part]}", h)
+    return out
+
+
+def common(data: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+    """Return the BERT-named numbers of a config.json as ``BertConfig`` keyword arguments."""
+    values = {
+        "vocab_size": int(data["vocab_size"]),
+        "hidden_size": int(data["hidden_size"]),
+        "num_layers": int(data["num_hidden_layers"]),
+        "num_heads": int(data["num_attention_heads"]),
+        "intermediate_size": int(data["intermediate_size"]),
+        "max_position": int(data.get("max_position_embeddings", 512)),
+        "type_vocab_size": int(data.get("type_vocab_size", 2)),
+        "hidden_act": str(data.get("hidden_act", "gelu")),
+        "layer_norm_eps": float(data.get("layer_norm_eps", 1e-12)),
+        "hidden_dropout": float(data.get("hidden_dropout_prob", 0.1)),
+        "attention_dropout": float(data.get("attention_probs_dropout_prob", 0.1)),
+        "model_type": str(data.get("model_type", "bert")),
+        "pad_token_id": int(data.get("pad_token_id") or 0),
+    }
+    values.update(overrides)
+    return values
+
+
+def absolute_positions_only(data: Mapping[str, Any]) -> None:
+    """Raise ValueError for BERT's relative_key position variants (no checkpoint people serve)."""
+    kind = data.get("position_embedding_type", "absolute")
+    if kind not in (None, "absolute"):
+        raise ValueError(f"only absolute position embeddings are supported, not {kind!r}")

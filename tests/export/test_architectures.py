@@ -1,0 +1,385 @@
+"""Every architecture of the family computes what transformers computes on the same weights.
+
+Tiny random checkpoints saved by transformers itself (``save_pretrained``: config.json +
+model.safetensors) for each architecture and head (single-label, multi-label and one-logit
+regression classifiers, a token classifier, the base model for embeddings), read by export's
+checkpoint reader and built into export's module in-process, against the torch model's outputs:
+logits within 1e-4 (fp32), embeddings at cosine >= 0.99999, on a padded batch of sentence pairs
+(token types where the architecture has them). One non-BERT checkpoint is also exported end to
+end and served through the model server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch  # the test-time numerical reference (requirements-dev.txt)
+import transformers
+
+from export.architectures import architectures
+
+SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
+        "num_hidden_layers": 2, "max_position_embeddings": 64, "vocab_size": 120,
+        "initializer_range": 0.3}  # fmt: skip
+
+# the parity matrix's architectures: a name → transformers config keywords (tiny, and set to
+# reach each architecture's differences: a short sliding window, log buckets inside the input)
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "bert": {"model_type": "bert"},
+    "roberta": {"model_type": "roberta", "pad_token_id": 1, "type_vocab_size": 1},
+    "xlm-roberta": {"model_type": "xlm-roberta", "pad_token_id": 1, "type_vocab_size": 1},
+    "camembert": {"model_type": "camembert", "pad_token_id": 1, "type_vocab_size": 1},
+    "distilbert": {"model_type": "distilbert", "dim": 32, "n_heads": 4, "n_layers": 2,
+                   "hidden_dim": 48},
+    "electra": {"model_type": "electra", "embedding_size": 16},
+    "albert": {"model_type": "albert", "embedding_size": 16, "num_hidden_layers": 4,
+               "num_hidden_groups": 2, "inner_group_num": 2},
+    "mpnet": {"model_type": "mpnet"},
+    "deberta-v3": {"model_type": "deberta-v2", "relative_attention": True,
+                   "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
+                   "share_att_key": True, "norm_rel_ebd": "layer_norm",
+                   "position_biased_input": False, "type_vocab_size": 0},
+    "deberta-v2": {"model_type": "deberta-v2", "relative_attention": True,
+                   "pos_att_type": "c2p|p2c", "max_relative_positions": 16,
+                   "share_att_key": False, "position_biased_input": True,
+                   "type_vocab_size": 2, "embedding_size": 24},
+    "modernbert": {"model_type": "modernbert", "pad_token_id": 0, "bos_token_id": 2,
+                   "eos_token_id": 3, "cls_token_id": 2, "sep_token_id": 3,
+                   "local_attention": 4, "global_attn_every_n_layers": 2,
+                   "num_hidden_layers": 3, "classifier_pooling": "mean"},
+}  # fmt: skip
+TAGS = ["O", "B-ORDER", "I-ORDER", "B-EMAIL", "I-EMAIL"]
+# a head → (transformers auto class, config keywords)
+HEADS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "single": (transformers.AutoModelForSequenceClassification,
+               {"num_labels": 3, "problem_type": "single_label_classification"}),
+    "multi": (transformers.AutoModelForSequenceClassification,
+              {"num_labels": 3, "problem_type": "multi_label_classification"}),
+    "regression": (transformers.AutoModelForSequenceClassification,
+                   {"num_labels": 1, "problem_type": "regression"}),
+    "tag": (transformers.AutoModelForTokenClassification,
+            {"id2label": dict(enumerate(TAGS)), "label2id": {t: i for i, t in enumerate(TAGS)}}),
+    "embed": (transformers.AutoModel, {}),
+}  # fmt: skip
+LENGTHS = (12, 7, 4)  # a padded batch: the first row fills the length
+
+
+def _config(arch: str, head: str) -> Any:
+    values = {**SIZE, **ARCHITECTURES[arch], **HEADS[head][1]}
+    model_type = values.pop("model_type")
+    return transformers.AutoConfig.for_model(model_type, **values)
+
+
+def _save(arch: str, head: str, where: Path) -> Path:
+    """Save a tiny random model of ``arch`` with ``head`` as transformers does; return its dir."""
+    cls, _ = HEADS[head]
+    torch.manual_seed(sorted(ARCHITECTURES).index(arch) * 10 + sorted(HEADS).index(head))
+    model = cls.from_config(_config(arch, head)).eval()
+    path = where / f"{arch}-{head}"
+    model.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    # the vocabulary the checkpoint reader checks against the embedding (tokens are not read)
+    words = [f"tok{i}" for i in range(int(config["vocab_size"]))]
+    (path / "vocab.txt").write_text("\n".join(words) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
+    """Return a function saving (once per session) the checkpoint of an architecture and head."""
+    where = tmp_path_factory.mktemp("architectures")
+    saved: dict[tuple[str, str], Path] = {}
+
+    def get(arch: str, head: str) -> Path:
+        if (arch, head) not in saved:
+            saved[arch, head] = _save(arch, head, where)
+        return saved[arch, head]
+
+    return get
+
+
+def _inputs(arch: str) -> dict[str, np.ndarray]:
+    """Return a padded batch of sentence pairs: ids avoid the specials and the pad id."""
+    config = _config(arch, "embed")
+    pad = int(getattr(config, "pad_token_id", 0) or 0)
+    rng = np.random.default_rng(11)
+    seq = max(LENGTHS)
+    ids = rng.integers(5, config.vocab_size, size=(len(LENGTHS), seq)).astype(np.int32)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    has_types = int(getattr(config, "type_vocab_size", 0) or 0) >= 2
+    for row, length in enumerate(LENGTHS):
+        mask[row, :length] = 1
+        ids[row, length:] = pad
+        if has_types:  # segment B: the second half of the real tokens
+            types[row, length // 2 : length] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def _torch(path: Path, head: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """Return transformers' logits (classifiers, tagger) or last hidden state (base model)."""
+    model = HEADS[head][0].from_pretrained(str(path), local_files_only=True).eval()
+    names = {"input_ids", "attention_mask"}
+    if int(getattr(model.config, "type_vocab_size", 0) or 0) >= 2:
+        names.add("token_type_ids")
+    with torch.no_grad():
+        out = model(**{k: torch.tensor(v, dtype=torch.long) for k, v in feeds.items()
+                       if k in names})  # fmt: skip
+    return (out.last_hidden_state if head == "embed" else out.logits).numpy()
+
+
+def _ours(path: Path, head: str, feeds: dict[str, np.ndarray], pooling: str = "mean"
+          ) -> dict[str, np.ndarray]:  # fmt: skip
+    """Return export's serving outputs for the checkpoint at ``path`` (fp32, in-process)."""
+    from export.checkpoint import read_checkpoint
+    from export.heads import resolve_head
+    from export.model import BertModule, run
+
+    ckpt = read_checkpoint(path)
+    task = {"tag": "tag", "embed": "embed"}.get(head, "classify")
+    activation = resolve_head(task, ckpt.head_config, ckpt.labels).activation
+    module = BertModule(ckpt.config, ckpt.weights, task=task, pooling=pooling,
+                        activation=activation)  # fmt: skip
+    return run(module.serve, feeds)
+
+
+def _mean(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    weights = mask[..., None].astype(np.float32)
+    return (hidden * weights).sum(1) / weights.sum(1)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def _scores(logits: np.ndarray, head: str) -> np.ndarray:
+    if head == "single":
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    if head == "regression":
+        return logits
+    return 1.0 / (1.0 + np.exp(-logits))
+
+
+@pytest.mark.parametrize("head", ["single", "multi", "regression", "tag"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_head_logits_match_transformers(
+    arch: str, head: str, checkpoints: Callable[[str, str], Path]
+) -> None:
+    path = checkpoints(arch, head)
+    feeds = _inputs(arch)
+    expected = _torch(path, head, feeds)
+    got = _ours(path, head, feeds)
+    if head == "tag":  # padding positions are nobody's answer (the reader drops them)
+        real = feeds["attention_mask"].astype(bool)
+        np.testing.assert_allclose(got["logits"][real], expected[real], atol=1e-4)
+        return
+    np.testing.assert_allclose(got["logits"], expected, atol=1e-4)
+    np.testing.assert_allclose(got["probabilities"], _scores(expected, head), atol=1e-5)
+    assert np.abs(expected).max() > 1e-2  # the weights are spread enough to mean something
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_embeddings_match_transformers(
+    arch: str, pooling: str, checkpoints: Callable[[str, str], Path]
+) -> None:
+    path = checkpoints(arch, "embed")
+    feeds = _inputs(arch)
+    hidden = _torch(path, "embed", feeds)
+    expected = _mean(hidden, feeds["attention_mask"]) if pooling == "mean" else hidden[:, 0]
+    got = _ours(path, "embed", feeds, pooling)["embedding"]
+    assert _cosine(got, expected).min() >= 0.99999
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_the_matrix_covers_every_registered_architecture() -> None:
+    tested = {ARCHITECTURES[name]["model_type"] for name in ARCHITECTURES}
+    assert tested == set(architectures())
+
+
+def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
+    checkpoints: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    import requests
+
+    from export.build import build
+    from ops.stack import start_modelserver
+
+    path = checkpoints("roberta", "single")
+    result = build(path, "roberta-cls", tmp_path / "models", version=1, max_seq_len=16,
+                   warmup=False)  # fmt: skip
+    assert result.model_info["source"]["path"] == str(path.resolve())
+    assert result.model_info["architecture"] == "roberta"
+    config = tmp_path / "models.config"
+    config.write_text(
+        'model_config_list { config { name: "roberta-cls" '
+        f'base_path: "{tmp_path / "models" / "roberta-cls"}" model_platform: "tensorflow" }} }}\n'
+    )
+    feeds = _inputs("roberta")
+    server, _, rest = start_modelserver(config, tmp_path, batching=False)
+    try:
+        url = f"http://127.0.0.1:{rest}/v1/models/roberta-cls:predict"
+        body = {"inputs": {k: v.tolist() for k, v in feeds.items()}}
+        server.wait_until(lambda: requests.post(url, json=body, timeout=10).ok, 120)
+        reply = requests.post(url, json=body, timeout=30).json()["outputs"]
+    finally:
+        server.stop()
+    np.testing.assert_allclose(np.asarray(reply["logits"]), _torch(path, "single", feeds),
+                               atol=1e-4)  # fmt: skip
+
+
+def _module(path: Path, head: str, **kwargs: Any) -> Any:
+    from export.checkpoint import read_checkpoint
+    from export.heads import resolve_head
+    from export.model import BertModule
+
+    ckpt = read_checkpoint(path)
+    task = {"tag": "tag", "embed": "embed"}.get(head, "classify")
+    activation = resolve_head(task, ckpt.head_config, ckpt.labels).activation
+    return BertModule(ckpt.config, kwargs.pop("weights", ckpt.weights), task=task,
+                      activation=activation, **kwargs)  # fmt: skip
+
+
+# the precisions every architecture is checked at beside fp32 (the build's gates, in-process)
+LOW_PRECISIONS = ("bf16", "fp16")
+
+
+@pytest.mark.parametrize("precision", LOW_PRECISIONS)
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_low_precision_passes_the_export_gates(
+    arch: str, precision: str, checkpoints: Callable[[str, str], Path]
+) -> None:
+    from export.gates import Tolerance, measure, within
+    from export.model import run
+
+    path = checkpoints(arch, "single")
+    feeds = _inputs(arch)
+    expected = run(_module(path, "single").serve, feeds)
+    got = run(_module(path, "single", precision=precision).serve, feeds)
+    figures = measure(expected, got, attention_mask=feeds["attention_mask"])
+    # the export refuses what is beyond its tolerance (1e-2 by default): these random weights
+    # (spread 0.3, far wider than trained ones) sit near it, so the check here is looser
+    assert within(figures, Tolerance(max_prob_diff=5e-2)), figures
+    assert figures["decisive_agreement"] == 1.0
+
+
+# architectures whose early-exit graph is checked here (students after every layer but the last)
+EARLY_EXIT = tuple(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("arch", EARLY_EXIT)
+def test_early_exits_hook_the_layer_loop_of_every_architecture(
+    arch: str, checkpoints: Callable[[str, str], Path]
+) -> None:
+    """Speed 0 is exactly the full model; at speed 1 rows leave early, compacted or not alike."""
+    from export.checkpoint import read_checkpoint
+    from export.model import run
+
+    path = checkpoints(arch, "single")
+    ckpt = read_checkpoint(path)
+    steps, hidden = len(ckpt.config.plan), ckpt.config.hidden_size
+    rng = np.random.default_rng(3)
+    students = {
+        f"exit_{k}/{part}/{kind}": rng.normal(0, 0.5, shape).astype(np.float32)
+        for k in range(steps - 1)
+        for part, kind, shape in (("dense", "kernel", (hidden, 8)), ("dense", "bias", (8,)),
+                                  ("classifier", "kernel", (8, 3)),
+                                  ("classifier", "bias", (3,)))
+    }  # fmt: skip
+    weights = {**ckpt.weights, **students}
+    exits = {"pooling": "mean"}
+    feeds = _inputs(arch)
+    full = run(_module(path, "single").serve, feeds)["logits"]
+    compacted = _module(path, "single", weights=weights, early_exit=exits)
+    masked = _module(path, "single", weights=weights, early_exit=exits, compaction=False)
+    at_zero = run(compacted.serve, {**feeds, "speed": np.zeros(len(LENGTHS), np.float32)})
+    np.testing.assert_allclose(at_zero["logits"], full, atol=1e-5)
+    assert list(at_zero["exit_layer"]) == [steps] * len(LENGTHS)
+    fast = {**feeds, "speed": np.ones(len(LENGTHS), np.float32)}
+    one, other = run(compacted.serve, fast), run(masked.serve, fast)
+    assert (one["exit_layer"] < steps).any()
+    np.testing.assert_array_equal(one["exit_layer"], other["exit_layer"])
+    np.testing.assert_allclose(one["logits"], other["logits"], atol=1e-5)
+
+
+HEAD_WORDS = {"single": "single-label", "multi": "multi-label", "regression": "regression"}
+
+
+def _expected_rows() -> list[list[str]]:
+    """Return the supported-models table's rows as the registry and these tests make them."""
+    tested = {spec["model_type"] for spec in ARCHITECTURES.values()}
+    exits = {ARCHITECTURES[name]["model_type"] for name in EARLY_EXIT}
+    classify = ", ".join(HEAD_WORDS[h] for h in HEADS if h in HEAD_WORDS)
+    heads = f"classify ({classify}), tag, embed"
+    precision = ", ".join(("fp32", *LOW_PRECISIONS))
+    return [
+        [arch.title, f"`{model_type}`", heads, "yes" if model_type in exits else "no",
+         precision if model_type in tested else "fp32",
+         "yes" if model_type in tested else "no"]
+        for model_type, arch in architectures().items()
+    ]  # fmt: skip
+
+
+def test_the_supported_models_table_claims_only_what_these_tests_run() -> None:
+    from ops.procs import REPO
+
+    text = (REPO / "docs" / "reference" / "supported-models.md").read_text(encoding="utf-8")
+    lines = text.split("| Architecture | model_type |", 1)[1].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    expected = _expected_rows()
+    rendered = "\n".join("| " + " | ".join(row) + " |" for row in expected)
+    assert rows == expected, f"docs/reference/supported-models.md should read:\n{rendered}"
+
+
+def test_a_torch_pickle_only_checkpoint_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta", **SIZE}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(ExportError, match=r"torch pickle.*safetensors"):
+        read_checkpoint(tmp_path)
+
+
+def test_an_unknown_model_type_names_every_supported_one(tmp_path: Path) -> None:
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", **SIZE}))
+    with pytest.raises(ExportError) as caught:
+        read_checkpoint(tmp_path)
+    assert "model_type='gpt2'" in str(caught.value)
+    assert all(model_type in str(caught.value) for model_type in architectures())
+
+
+def test_export_reads_and_builds_every_architecture_without_torch(
+    checkpoints: Callable[[str, str], Path],
+) -> None:
+    import subprocess
+    import sys
+
+    from ops.procs import REPO, child_env
+
+    paths = [str(checkpoints(arch, "single")) for arch in ARCHITECTURES]
+    code = (
+        "import sys\n"
+        "from export.checkpoint import read_checkpoint\n"
+        "from export.model import BertModule\n"
+        "for path in sys.argv[1:]:\n"
+        "    ckpt = read_checkpoint(path)\n"
+        "    BertModule(ckpt.config, ckpt.weights, task='classify')\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, *paths], cwd=REPO, env=child_env(),
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
