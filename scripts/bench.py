@@ -28,6 +28,7 @@ MODULES = [
     "early_exit_bench",
     "e2e_bench",
     "heads_bench",
+    "architectures_bench",
 ]
 
 
