@@ -213,17 +213,19 @@ def measure(
     work: Path,
     cpu: CpuInfo | None = None,
     say: Any = print,
+    engines: Sequence[str] = ENGINES,
 ) -> Result:
     """Save each architecture's checkpoint, load it in every engine, time them interleaved."""
     cpu = cpu or cpu_info()
     result = Result(cpu.cpu_class, cpu.describe(), threads, SEQ, BATCHES, rounds)
-    pythons: dict[str, Path | str] = {"ours": sys.executable, "torch": sys.executable}
-    onnx, why = onnx_python()
-    if onnx is None:
-        result.skipped["onnxruntime"] = why
-        say(f"architectures_bench: ONNX Runtime skipped: {why}")
-    else:
-        pythons["onnxruntime"] = onnx
+    pythons: dict[str, Path | str] = {e: sys.executable for e in ("ours", "torch") if e in engines}
+    if "onnxruntime" in engines:
+        onnx, why = onnx_python()
+        if onnx is None:
+            result.skipped["onnxruntime"] = why
+            say(f"architectures_bench: ONNX Runtime skipped: {why}")
+        else:
+            pythons["onnxruntime"] = onnx
     workers = {e: Worker(e, p, threads, work, work / f"{e}.log") for e, p in pythons.items()}
     try:
         for arch in archs:
