@@ -184,8 +184,9 @@ def _onnxruntime(threads: int) -> Callable[[dict[str, Any], Path], Model]:
         def embed(batch: int) -> np.ndarray:
             return np.asarray(call(batch)[0])
 
-        return Model(call, embed, f"onnxruntime {ort.__version__}, torch.onnx.export (dynamo) "
-                     f"in {export_s:.0f} s, ORT_ENABLE_ALL")  # fmt: skip
+        detail = (f"onnxruntime {ort.__version__}, the torch module exported by torch.onnx.export "
+                  f"(dynamo, {export_s:.0f} s for the first), ORT_ENABLE_ALL")  # fmt: skip
+        return Model(call, embed, detail)
 
     return load
 
