@@ -192,6 +192,7 @@ class Result:
     calls: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
     cosine: dict[str, dict[str, float]] = field(default_factory=dict)  # arch → engine → min
     skipped: dict[str, str] = field(default_factory=dict)  # engine (or engine/arch) → why
+    size: str = "6 layers, hidden 384, 12 heads, feed-forward 1536, random weights"
     details: dict[str, str] = field(default_factory=dict)  # engine → how it ran
 
 
@@ -218,6 +219,8 @@ def measure(
     """Save each architecture's checkpoint, load it in every engine, time them interleaved."""
     cpu = cpu or cpu_info()
     result = Result(cpu.cpu_class, cpu.describe(), threads, SEQ, BATCHES, rounds)
+    if quick:
+        result.size = "tiny models (--quick: 2 layers, hidden 32), one call each: a smoke run"
     pythons: dict[str, Path | str] = {e: sys.executable for e in ("ours", "torch") if e in engines}
     if "onnxruntime" in engines:
         onnx, why = onnx_python()
@@ -226,6 +229,7 @@ def measure(
             say(f"architectures_bench: ONNX Runtime skipped: {why}")
         else:
             pythons["onnxruntime"] = onnx
+    work.mkdir(parents=True, exist_ok=True)
     workers = {e: Worker(e, p, threads, work, work / f"{e}.log") for e, p in pythons.items()}
     try:
         live = {a.name: _load(a, k, workers, result, quick=quick, work=work, say=say)
@@ -355,7 +359,8 @@ def document(result: Result, stamp: str, command: str, plot_name: str | None) ->
     text = [
         f"# In-process ms per call per architecture: ours, torch, ONNX Runtime ({stamp})",
         "",
-        f"Measured {stamp} on {result.machine}; CPU class **{result.cpu_class}**; "
+        f"Models: {result.size}. Measured {stamp} on {result.machine}; CPU class "
+        f"**{result.cpu_class}**; "
         f"{result.threads} thread(s) per engine; sequence length {result.seq}, full-length rows; "
         f"medians of the interleaved calls ({result.rounds} rounds). Command: `{command}`.",
         "",
@@ -378,8 +383,8 @@ def document(result: Result, stamp: str, command: str, plot_name: str | None) ->
 def rows(result: Result) -> list[Row]:
     """Return scripts/bench.py's rows: per architecture and batch, ours beside each engine."""
     out = []
-    how = (f"in-process, seq {result.seq}, {result.threads} thread(s) per engine, medians of "
-           "interleaved calls; ratio: ours ÷ engine")  # fmt: skip
+    how = (f"{result.size}; in-process, seq {result.seq}, {result.threads} thread(s) per "
+           "engine, medians of interleaved calls; ratio: ours ÷ engine")  # fmt: skip
     for arch in result.archs:
         ms = result.ms.get(arch, {})
         for b in result.batches:

@@ -68,6 +68,7 @@ def test_the_page_names_the_cpu_class_the_command_and_what_was_skipped(cpu, name
     page = document(_result(cpu.cpu_class), "2026-11-26 21:00 UTC", "make bench", "x.png")
     assert f"CPU class **{named}**" in page
     assert "Command: `make bench`" in page and "1 thread(s) per engine" in page
+    assert "Models: 6 layers, hidden 384" in page
     assert "onnxruntime/modernbert skipped: export failed: unsupported op" in page
     assert "1 − cosine ≤ 1.0e-05" in page and page.rstrip().endswith("(x.png)")
 
@@ -106,9 +107,11 @@ def test_every_registered_architecture_is_benched() -> None:
 @pytest.mark.timeout(300)
 def test_a_smoke_run_times_ours_and_torch_on_one_tiny_model(tmp_path: Path) -> None:
     bert = [a for a in ARCHS if a.name == "bert"]
-    result = measure(bert, quick=True, work=tmp_path, engines=("ours", "torch"), say=lambda _: None)
+    work = tmp_path / "not-yet"  # as scripts/bench.py passes it: made by measure()
+    result = measure(bert, quick=True, work=work, engines=("ours", "torch"), say=lambda _: None)
     assert set(result.ms["bert"]) == {"ours", "torch"} and not result.skipped
     for engine in ("ours", "torch"):
         assert set(result.ms["bert"][engine]) == {1, 32}
     assert result.cosine["bert"]["ours"] > 0.9999  # the same model in both engines
     assert re.search(r"\| BERT \(MiniLM-L6's shape\) \| [\d.]+ \| [\d.]+ \(", render(result))
+    assert all("--quick" in row.how for row in rows(result))
