@@ -77,6 +77,7 @@ test: setup sysdeps lint models ## the development set, lint and the whole suite
 
 bench: setup models ## every benchmark; a dated run file per CPU class in results/runs/, summary regenerated
 	@$(MAKE) --no-print-directory infinity-env || echo "bench: infinity's environment could not be made: e2e_bench skips its row and says why"
+	@$(MAKE) --no-print-directory onnx-env || echo "bench: ONNX Runtime's environment could not be made: architectures_bench leaves its column empty and says why"
 	$(PY) scripts/bench.py --base-path $(MODELS)
 
 docs: setup ## regenerate the reference pages (settings, CLIs, metrics, routes, OpenAPI) and the results summary
@@ -93,6 +94,21 @@ $(INFINITY_VENV)/.installed: benchmarks/infinity-requirements.txt
 	$(INFINITY_VENV)/bin/python -m pip install -q --upgrade pip==25.3
 	$(INFINITY_VENV)/bin/python -m pip install -q --no-deps -r benchmarks/infinity-requirements.txt
 	$(INFINITY_VENV)/bin/python -m pip check
+	touch $@
+
+# ONNX Runtime (with onnx, onnxscript, and torch + transformers to export from), the engine architectures_bench
+# sets beside ours and torch, in its own git-ignored environment: every package pinned
+# (benchmarks/onnx-requirements.txt; torch and transformers the same as the tests'). architectures_bench leaves
+# the ONNX Runtime column empty with a line saying why when this is missing.
+.PHONY: onnx-env
+ONNX_VENV := .venv-onnx
+onnx-env: $(ONNX_VENV)/.installed ## onnxruntime in its own venv (architectures_bench's third engine)
+$(ONNX_VENV)/.installed: benchmarks/onnx-requirements.txt
+	@command -v $(PY_SYS) >/dev/null || { echo "need $(PY_SYS)"; exit 1; }
+	test -x $(ONNX_VENV)/bin/python || $(PY_SYS) -m venv $(ONNX_VENV)
+	$(ONNX_VENV)/bin/python -m pip install -q --upgrade pip==25.3
+	$(ONNX_VENV)/bin/python -m pip install -q --no-deps -r benchmarks/onnx-requirements.txt
+	$(ONNX_VENV)/bin/python -m pip check
 	touch $@
 
 clean: ## remove the venv and the tool caches

@@ -33,6 +33,7 @@ MODULES = [
     "e2e_bench",
     "heads_bench",
     "observability_bench",
+    "architectures_bench",
 ]
 
 
