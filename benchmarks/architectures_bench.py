@@ -108,9 +108,12 @@ def save_checkpoint(arch: Arch, where: Path, tiny: bool = False, seed: int = 0) 
     model = transformers.AutoModel.from_config(config).eval()
     path = where / arch.name
     model.save_pretrained(path)
-    # the vocabulary the checkpoint reader checks against the embedding (ids are fed directly)
+    # a WordPiece vocabulary of the embedding's size for the checkpoint reader (ids are fed
+    # directly, so which tokenizer it is does not matter here)
     rows = int(json.loads((path / "config.json").read_text())["vocab_size"])
-    (path / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(rows)), encoding="utf-8")
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = specials + [f"tok{i}" for i in range(len(specials), rows)]
+    (path / "vocab.txt").write_text("".join(f"{w}\n" for w in words), encoding="utf-8")
     return path
 
 

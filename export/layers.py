@@ -190,8 +190,7 @@ class Layer(tf.Module):
             q = tf.cast(rotate(q, cos, sin), self.dtype)
             k = tf.cast(rotate(k, cos, sin), self.dtype)
             scores = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32)
-            scores = scores / math.sqrt(self.head_dim)
-            return scores + positions["window"] if self.sliding else scores
+            return scores / math.sqrt(self.head_dim)
         if self.variant == "disentangled":
             return self._disentangled(q, k, positions)
         scores = tf.matmul(q, k, transpose_b=True)
@@ -229,6 +228,11 @@ class Layer(tf.Module):
     def _attention(self, x: tf.Tensor, mask_bias: tf.Tensor, batch: tf.Tensor, seq: tf.Tensor,
                    dropout_seed: tf.Tensor | None, positions: Positions) -> tf.Tensor:  # fmt: skip
         q, k, v = self._qkv(x, batch, seq)
+        if self.variant == "rotary" and self.sliding:
+            # the window joins the mask's bias before the scores: one add after the matmul, as in
+            # every other layer (a second add of [1, 1, S, S] there sent TF's remapper to a kernel
+            # ~5x slower at batch 32)
+            mask_bias = mask_bias + positions["window"]
         scores = self._scores(q, k, positions) + mask_bias
         probs = dropout(tf.nn.softmax(scores, axis=-1), self.attention_dropout, dropout_seed, 1)
         context = tf.transpose(tf.matmul(tf.cast(probs, self.dtype), v), [0, 2, 1, 3])
