@@ -98,7 +98,7 @@ def _config(arch: str, head: str) -> Any:
     return transformers.AutoConfig.for_model(model_type, **values)
 
 
-def _save(arch: str, head: str, where: Path) -> Path:
+def save_checkpoint(arch: str, head: str, where: Path) -> Path:
     """Save a tiny random model of ``arch`` with ``head`` as transformers does; return its dir."""
     cls, _ = HEADS[head]
     torch.manual_seed(sorted(ARCHITECTURES).index(arch) * 10 + sorted(HEADS).index(head))
@@ -118,7 +118,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str]
 
     def get(arch: str, head: str) -> Path:
         if (arch, head) not in saved:
-            saved[arch, head] = _save(arch, head, where)
+            saved[arch, head] = save_checkpoint(arch, head, where)
         return saved[arch, head]
 
     return get
