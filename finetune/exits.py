@@ -134,7 +134,7 @@ def encode(
     import tensorflow as tf
 
     from export.model import BertModule, pool
-    from finetune.pipeline import make_tokenizer, sorted_batches, token_ids
+    from finetune.pipeline import checkpoint_tokenizer, sorted_batches, token_ids
 
     module = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls")
 
@@ -146,7 +146,7 @@ def encode(
 
     spec = tf.TensorSpec([None, None], tf.int32)
     run = tf.function(forward, input_signature=[spec] * 3, autograph=False)
-    tokenizer = make_tokenizer(ckpt.vocab, ckpt.do_lower_case, max_seq_len)
+    tokenizer = checkpoint_tokenizer(ckpt, max_seq_len)
     rows = token_ids(tokenizer, texts)
     layers, hidden = ckpt.config.num_layers - 1, ckpt.config.hidden_size
     pooled = {p: np.zeros((layers, len(rows), hidden), np.float32) for p in poolings}

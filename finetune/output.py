@@ -128,15 +128,23 @@ def write_checkpoint(
     metrics: dict[str, Any],
     head: dict[str, Any] | None = None,
     source: dict[str, Any] | None = None,
+    tokenizer_files: dict[str, str] | None = None,
 ) -> None:
     """Write the HF-layout files into the (temporary) directory ``dest`` (``head``: the task's
-    config.json keys, ``source``: the input checkpoint's config.json, see ``hf_config``)."""
+    config.json keys, ``source``: the input checkpoint's config.json, see ``hf_config``;
+    ``tokenizer_files``: the input checkpoint's tokenizer files, name → text, written as they
+    are instead of a BERT vocab.txt and tokenizer_config.json)."""
     from safetensors.numpy import save_file
 
     save_file(hf_tensors(config, weights), str(dest / "model.safetensors"),
               metadata={"format": "pt"})  # fmt: skip
     written = hf_config(config, labels, max_seq_len, head, source)
     (dest / "config.json").write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
+    if tokenizer_files:
+        for name, text in tokenizer_files.items():
+            (dest / Path(name).name).write_text(text, encoding="utf-8")
+        (dest / METRICS_JSON).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        return
     (dest / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,

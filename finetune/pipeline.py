@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from backend.bucketing import pad_batch
-from backend.tokenization import BertTokenizer, longest_first
+from backend.tokenization import BertTokenizer, TextTokenizer, longest_first
 from modelformat.buckets import bucket_for, buckets
 
 PIPELINES = ("optimised", "naive")
@@ -34,7 +34,24 @@ def make_tokenizer(vocab: Sequence[str], do_lower_case: bool, max_seq_len: int) 
     return BertTokenizer(index, do_lower_case=do_lower_case, max_seq_len=max_seq_len)
 
 
-def token_ids(tokenizer: BertTokenizer, texts: Sequence[str]) -> list[np.ndarray]:
+def checkpoint_tokenizer(ckpt: Any, max_seq_len: int) -> TextTokenizer:
+    """Return the gateway's tokenizer for a checkpoint (``export.checkpoint.Checkpoint``): its
+    tokenizer.json exactly as export writes it into the version's assets and the gateway loads
+    it (any kind: WordPiece, byte-level BPE, SentencePiece), else the WordPiece of its vocab."""
+    assets = getattr(ckpt, "tokenizer", None)
+    if assets is None:
+        return make_tokenizer(ckpt.vocab, ckpt.do_lower_case, max_seq_len)
+    from tokenizers import Tokenizer
+
+    from modelformat.tokenizer import spec_from_info
+
+    tokenizer = Tokenizer.from_str(assets.json_text)
+    spec = spec_from_info(tokenizer, assets.entry)
+    return TextTokenizer(tokenizer, max_seq_len=max_seq_len, pad_id=spec.pad_id,
+                         unk_id=spec.unk_id, truncation_side=spec.truncation_side)  # fmt: skip
+
+
+def token_ids(tokenizer: TextTokenizer, texts: Sequence[str]) -> list[np.ndarray]:
     """Return each text's int32 ids ([CLS] … [SEP], cut to the tokenizer's max_seq_len)."""
     return [encoded.ids for encoded in tokenizer.encode(texts)]
 
@@ -65,7 +82,7 @@ def sorted_batches(
 
 
 def pair_token_ids(
-    full: BertTokenizer, texts_a: Sequence[str], texts_b: Sequence[str], max_seq_len: int
+    full: TextTokenizer, texts_a: Sequence[str], texts_b: Sequence[str], max_seq_len: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Return each pair's ids ``[CLS] a [SEP] b [SEP]`` and token types (1 on ``b [SEP]``).
 
@@ -169,7 +186,7 @@ def bucketed_batches(
 
 
 def naive_batches(
-    tokenizer: BertTokenizer,
+    tokenizer: TextTokenizer,
     texts: Sequence[str],
     label_ids: Sequence[int],
     batch_size: int,

@@ -182,7 +182,7 @@ def finetune(
 
     from export.precision import visible_gpus
     from finetune.modeling import build_model, head_weights
-    from finetune.pipeline import make_tokenizer
+    from finetune.pipeline import checkpoint_tokenizer
     from finetune.precision import training_precision
     from finetune.training import Trainer
 
@@ -195,8 +195,8 @@ def finetune(
     weights, labels = head_weights(ckpt, head.labels, config.seed, head.model_task)
     head.labels = labels
     say(f"{len(train)} train / {len(dev)} dev examples, task {head.name}, labels {labels}")
-    tokenizer = make_tokenizer(ckpt.vocab, ckpt.do_lower_case, max_seq_len)
-    full = make_tokenizer(ckpt.vocab, ckpt.do_lower_case, UNCUT)
+    tokenizer = checkpoint_tokenizer(ckpt, max_seq_len)
+    full = checkpoint_tokenizer(ckpt, UNCUT)
     splits = {
         name: head.encode(tokenizer, full, ex, config.pipeline)
         for name, ex in (("train", train), ("dev", dev), ("test", test))
@@ -246,9 +246,25 @@ def finetune(
         metrics["wall_s"] = time.perf_counter() - started
         write_checkpoint(temp, ckpt.config, model.weights(), labels, ckpt.vocab,
                          ckpt.do_lower_case, max_seq_len, metrics, head.config(),
-                         _source_config(ckpt.source))  # fmt: skip
+                         _source_config(ckpt.source), tokenizer_files(ckpt))  # fmt: skip
     remove_tree(state)
     return FinetuneResult(out=out, metrics=metrics)
+
+
+def tokenizer_files(ckpt: Any) -> dict[str, str] | None:
+    """Return the source checkpoint's tokenizer files (name → text) to write beside the fine-tuned
+    weights: its tokenizer.json (any kind) with tokenizer_config.json and
+    special_tokens_map.json where present; None for a vocab.txt-only checkpoint (the output then
+    gets a BERT vocab.txt)."""
+    assets = getattr(ckpt, "tokenizer", None)
+    if assets is None or assets.source != "tokenizer.json":
+        return None
+    files = {"tokenizer.json": assets.json_text}
+    where = Path(ckpt.source["path"])
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (where / name).is_file():
+            files[name] = (where / name).read_text(encoding="utf-8")
+    return files
 
 
 def _source_config(source: dict[str, str]) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.tokenization import BertTokenizer
+from backend.tokenization import TextTokenizer
 from finetune.data import (
     DEFAULT_LABEL_DELIMITER,
     EntityExamples,
@@ -85,7 +85,7 @@ class Task:
         """Return what dev and test labels must be one of."""
         return self.labels
 
-    def encode(self, tokenizer: BertTokenizer, full: BertTokenizer, examples: Any, pipeline: str
+    def encode(self, tokenizer: TextTokenizer, full: TextTokenizer, examples: Any, pipeline: str
                ) -> Split:  # fmt: skip
         """Return a split tokenized for training and evaluation (``full``: the same tokenizer
         without a length limit, for tasks that cut after aligning)."""
@@ -182,7 +182,7 @@ class PairTask(Task):
     def known(self) -> list[str]:
         return [self._negative, *self.labels] if self.one_logit else self.labels
 
-    def encode(self, tokenizer: BertTokenizer, full: BertTokenizer, examples: PairExamples,
+    def encode(self, tokenizer: TextTokenizer, full: TextTokenizer, examples: PairExamples,
                pipeline: str) -> Split:  # fmt: skip
         ids, types = pair_token_ids(full, examples.texts_a, examples.texts_b,
                                     tokenizer.max_seq_len)  # fmt: skip
@@ -268,7 +268,7 @@ class MultiLabelTask(Task):
             )
         return found
 
-    def encode(self, tokenizer: BertTokenizer, full: BertTokenizer,
+    def encode(self, tokenizer: TextTokenizer, full: TextTokenizer,
                examples: MultiLabelExamples, pipeline: str) -> Split:  # fmt: skip
         index = {label: i for i, label in enumerate(self.labels)}
         matrix = np.zeros((len(examples), len(self.labels)), np.float32)
@@ -361,7 +361,7 @@ class TagTask(Task):
     def known(self) -> list[str]:
         return sorted({label[2:] for label in self.labels if label != "O"})
 
-    def encode(self, tokenizer: BertTokenizer, full: BertTokenizer, examples: EntityExamples,
+    def encode(self, tokenizer: TextTokenizer, full: TextTokenizer, examples: EntityExamples,
                pipeline: str) -> Split:  # fmt: skip
         index = {label: i for i, label in enumerate(self.labels)}
         keep = tokenizer.max_seq_len - 1  # tokens before the closing [SEP]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.tokenization import BertTokenizer
+from backend.tokenization import TextTokenizer
 from finetune.pipeline import (
     bucketed_batches,
     naive_batches,
@@ -131,7 +131,7 @@ class Trainer:
     def __init__(
         self,
         model: Any,
-        tokenizer: BertTokenizer,
+        tokenizer: TextTokenizer,
         config: TrainConfig,
         precision: TrainingPrecision,
         state_dir: Path,
@@ -350,7 +350,7 @@ class Trainer:
 
 
 def tokenize_split(
-    tokenizer: BertTokenizer, texts: Sequence[str], label_ids: Sequence[int], pipeline: str
+    tokenizer: TextTokenizer, texts: Sequence[str], label_ids: Sequence[int], pipeline: str
 ) -> Split:
     """Return a split, pre-tokenized when the pipeline is ``optimised``."""
     ids = token_ids(tokenizer, texts) if pipeline == "optimised" else []

@@ -8,9 +8,9 @@ start and stop the stack there as they would (``ops.localstack``, on free ports)
 of) its answer: keys, strings and list lengths must match ("..." ends a list or string shown in
 part); numbers must be numbers (the checkpoint is random).
 
-Each checkpoint maker writes what ``save_pretrained`` writes for one architecture, plus
-``vocab.txt`` from its tokenizer (the exporter still reads the vocabulary from there); another
-architecture is one more entry in ``CHECKPOINTS``.
+Each checkpoint maker writes what ``save_pretrained`` writes for one architecture (config.json,
+model.safetensors, tokenizer.json, tokenizer_config.json: no vocab.txt); another architecture is
+one more entry in ``CHECKPOINTS``.
 """
 
 from __future__ import annotations
@@ -45,51 +45,28 @@ CORPUS = [
 LABELS = {0: "complaint", 1: "praise"}
 
 
-def _tokenizer(dest: Path) -> Any:
-    """Train a WordPiece tokenizer on CORPUS (HF tokenizers), save it beside the weights with
-    ``vocab.txt``, and return it."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(
-        CORPUS, trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials)
-    )
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )  # fmt: skip
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]",
-    )  # fmt: skip
-    fast.save_pretrained(dest)
-    vocab = sorted(tok.get_vocab().items(), key=lambda item: item[1])
-    (dest / "vocab.txt").write_text("".join(f"{token}\n" for token, _ in vocab), encoding="utf-8")
-    return tok
-
-
-def bert_checkpoint(dest: Path) -> None:
-    """A random 2-layer BertForSequenceClassification, saved by transformers."""
+def roberta_checkpoint(dest: Path) -> None:
+    """A random 2-layer RobertaForSequenceClassification saved by transformers, with a byte-level
+    BPE tokenizer.json trained by HF tokenizers (export/tiny_tokenizers.py) and no vocab.txt."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import RobertaConfig, RobertaForSequenceClassification
 
-    tok = _tokenizer(dest)
+    from export.tiny_tokenizers import build_tokenizer, write_tokenizer
+
+    tok: Any = build_tokenizer("bpe")
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=37, max_position_embeddings=128,
-        id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+    config = RobertaConfig(
+        vocab_size=tok.get_vocab_size(with_added_tokens=True), hidden_size=32,
+        num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+        max_position_embeddings=130, type_vocab_size=1, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
     )  # fmt: skip
-    BertForSequenceClassification(config).save_pretrained(dest)
+    RobertaForSequenceClassification(config).save_pretrained(dest)
+    write_tokenizer(dest, "bpe", trained=tok)
 
 
 # one line per architecture the guide is run with
-CHECKPOINTS: dict[str, Callable[[Path], None]] = {"bert": bert_checkpoint}
+CHECKPOINTS: dict[str, Callable[[Path], None]] = {"roberta": roberta_checkpoint}
 
 
 def guide_steps() -> list[tuple[str, str | None]]:

@@ -1,9 +1,11 @@
 """Every architecture of the family computes what transformers computes on the same weights.
 
 Tiny random checkpoints saved by transformers itself (``save_pretrained``: config.json +
-model.safetensors) for each architecture and head (single-label, multi-label and one-logit
-regression classifiers, a token classifier, the base model for embeddings), read by export's
-checkpoint reader and built into export's module in-process, against the torch model's outputs:
+model.safetensors, with a tokenizer.json + tokenizer_config.json of the architecture's own kind
+trained by HF ``tokenizers``, and no vocab.txt) for each architecture and head (single-label,
+multi-label and one-logit regression classifiers, a token classifier, the base model for
+embeddings), read by export's checkpoint reader and built into export's module in-process,
+against the torch model's outputs:
 logits within 1e-4 (fp32), embeddings at cosine >= 0.99999, on a padded batch of sentence pairs
 (token types where the architecture has them). One non-BERT checkpoint is also exported end to
 end and served through the model server.
@@ -22,10 +24,17 @@ import torch  # the test-time numerical reference (requirements-dev.txt)
 import transformers
 
 from export.architectures import architectures
+from export.tiny_tokenizers import write_tokenizer
 
 SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
         "num_hidden_layers": 2, "max_position_embeddings": 64, "vocab_size": 120,
         "initializer_range": 0.3}  # fmt: skip
+# each architecture's tokenizer kind (export/tiny_tokenizers.py), as its real checkpoints have it;
+# the config's vocab_size is the trained tokenizer's size, so ids and embedding rows agree
+TOKENIZERS = {"bert": "wordpiece", "distilbert": "wordpiece", "electra": "wordpiece",
+              "mpnet": "wordpiece", "roberta": "bpe", "modernbert": "bpe",
+              "camembert": "unigram", "xlm-roberta": "unigram", "albert": "unigram-cls",
+              "deberta-v3": "unigram-cls", "deberta-v2": "unigram-cls"}  # fmt: skip
 
 # the parity matrix's architectures: a name → transformers config keywords (tiny, and set to
 # reach each architecture's differences: a short sliding window, log buckets inside the input)
@@ -39,7 +48,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "electra": {"model_type": "electra", "embedding_size": 16},
     "albert": {"model_type": "albert", "embedding_size": 16, "num_hidden_layers": 4,
                "num_hidden_groups": 2, "inner_group_num": 2},
-    "mpnet": {"model_type": "mpnet"},
+    "mpnet": {"model_type": "mpnet", "pad_token_id": 0},
     "deberta-v3": {"model_type": "deberta-v2", "relative_attention": True,
                    "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
                    "share_att_key": True, "norm_rel_ebd": "layer_norm",
@@ -48,8 +57,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
                    "pos_att_type": "c2p|p2c", "max_relative_positions": 16,
                    "share_att_key": False, "position_biased_input": True,
                    "type_vocab_size": 2, "embedding_size": 24},
-    "modernbert": {"model_type": "modernbert", "pad_token_id": 0, "bos_token_id": 2,
-                   "eos_token_id": 3, "cls_token_id": 2, "sep_token_id": 3,
+    "modernbert": {"model_type": "modernbert", "pad_token_id": 1, "bos_token_id": 0,
+                   "eos_token_id": 2, "cls_token_id": 0, "sep_token_id": 2,
                    "local_attention": 4, "global_attn_every_n_layers": 2,
                    "num_hidden_layers": 3, "classifier_pooling": "mean"},
 }  # fmt: skip
@@ -69,23 +78,35 @@ HEADS: dict[str, tuple[Any, dict[str, Any]]] = {
 LENGTHS = (12, 7, 4)  # a padded batch: the first row fills the length
 
 
+_TRAINED: dict[str, Any] = {}
+
+
+def _tokenizer(arch: str) -> Any:
+    """Return the tiny trained tokenizer of ``arch``'s kind (trained once per kind)."""
+    from export.tiny_tokenizers import build_tokenizer
+
+    kind = TOKENIZERS[arch]
+    if kind not in _TRAINED:
+        _TRAINED[kind] = build_tokenizer(kind)
+    return _TRAINED[kind]
+
+
 def _config(arch: str, head: str) -> Any:
-    values = {**SIZE, **ARCHITECTURES[arch], **HEADS[head][1]}
+    rows = _tokenizer(arch).get_vocab_size(with_added_tokens=True)
+    values = {**SIZE, "vocab_size": rows, **ARCHITECTURES[arch], **HEADS[head][1]}
     model_type = values.pop("model_type")
     return transformers.AutoConfig.for_model(model_type, **values)
 
 
-def _save(arch: str, head: str, where: Path) -> Path:
+def save_checkpoint(arch: str, head: str, where: Path) -> Path:
     """Save a tiny random model of ``arch`` with ``head`` as transformers does; return its dir."""
     cls, _ = HEADS[head]
     torch.manual_seed(sorted(ARCHITECTURES).index(arch) * 10 + sorted(HEADS).index(head))
     model = cls.from_config(_config(arch, head)).eval()
     path = where / f"{arch}-{head}"
     model.save_pretrained(path)
-    config = json.loads((path / "config.json").read_text())
-    # the vocabulary the checkpoint reader checks against the embedding (tokens are not read)
-    words = [f"tok{i}" for i in range(int(config["vocab_size"]))]
-    (path / "vocab.txt").write_text("\n".join(words) + "\n")
+    # what save_pretrained writes beside a fast tokenizer: tokenizer.json + its config, no vocab.txt
+    write_tokenizer(path, TOKENIZERS[arch], trained=_tokenizer(arch))
     return path
 
 
@@ -97,7 +118,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str]
 
     def get(arch: str, head: str) -> Path:
         if (arch, head) not in saved:
-            saved[arch, head] = _save(arch, head, where)
+            saved[arch, head] = save_checkpoint(arch, head, where)
         return saved[arch, head]
 
     return get

@@ -1,9 +1,11 @@
 """Fine-tuning starts from a checkpoint of any architecture and writes one transformers reads.
 
-A tiny random base model of each architecture saved by transformers (with the tiny WordPiece
-vocabulary: which ids the model sees does not matter here) is fine-tuned for one epoch with the
-same module export serves; transformers loads the result (every tensor known, none missing) and
-computes the same logits as export's module on the written checkpoint.
+A tiny random base model of each architecture saved by transformers, with a tokenizer.json of
+its own kind (byte-level BPE for RoBERTa and ModernBERT, WordPiece for DistilBERT) and no
+vocab.txt, is fine-tuned for one epoch with the same module export serves and the checkpoint's
+own tokenizer; transformers loads the result (every tensor known, none missing) and computes the
+same logits as export's module on the written checkpoint, whose tokenizer files are the
+source's (and, exported, the version's).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 import torch  # the test-time numerical reference (requirements-dev.txt)
 import transformers
 
-from export.tiny import tiny_vocab
+from export.tiny_tokenizers import build_tokenizer, write_tokenizer
 from tests.finetune.conftest import TRAIN_KWARGS
 
 SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
@@ -28,20 +30,39 @@ SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
 BASES: dict[str, dict[str, Any]] = {
     "roberta": {"pad_token_id": 1, "type_vocab_size": 1},
     "distilbert": {"dim": 32, "n_heads": 4, "n_layers": 2, "hidden_dim": 48},
-    "modernbert": {"pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3, "cls_token_id": 2,
-                   "sep_token_id": 3, "local_attention": 8, "classifier_pooling": "mean"},
+    "modernbert": {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "cls_token_id": 0,
+                   "sep_token_id": 2, "local_attention": 8, "classifier_pooling": "mean"},
 }  # fmt: skip
+KINDS = {"roberta": "bpe", "distilbert": "wordpiece", "modernbert": "bpe"}
+_TRAINED: dict[str, Any] = {}
+
+
+def _tokenizer(model_type: str) -> Any:
+    kind = KINDS[model_type]
+    if kind not in _TRAINED:
+        _TRAINED[kind] = build_tokenizer(kind)
+    return _TRAINED[kind]
+
+
+def _batch(model_type: str, rows: int, seed: int) -> dict[str, np.ndarray]:
+    from export.warmup import token_batch
+
+    tok = _tokenizer(model_type)
+    names = ("[CLS]", "[SEP]") if KINDS[model_type] == "wordpiece" else ("<s>", "</s>")
+    cls, sep = (tok.token_to_id(name) for name in names)
+    return token_batch(rows, 12, tok.get_vocab_size(with_added_tokens=True), cls_id=cls,
+                       sep_id=sep, seed=seed)  # fmt: skip
 
 
 def _base(model_type: str, where: Path) -> Path:
-    vocab = tiny_vocab()
+    rows = _tokenizer(model_type).get_vocab_size(with_added_tokens=True)
     config = transformers.AutoConfig.for_model(
-        model_type, **{**SIZE, "vocab_size": len(vocab), **BASES[model_type]}
+        model_type, **{**SIZE, "vocab_size": rows, **BASES[model_type]}
     )
     torch.manual_seed(5)
     path = where / model_type
     transformers.AutoModel.from_config(config).save_pretrained(path)
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    write_tokenizer(path, KINDS[model_type], trained=_tokenizer(model_type))
     return path
 
 
@@ -71,7 +92,6 @@ def test_a_fine_tuned_checkpoint_of_another_architecture_loads_in_transformers_a
 ) -> None:
     from export.checkpoint import read_checkpoint
     from export.model import BertModule, run
-    from export.warmup import token_batch
 
     out = tuned(model_type)
 
@@ -82,7 +102,7 @@ def test_a_fine_tuned_checkpoint_of_another_architecture_loads_in_transformers_a
     )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert type(model).__name__ == config["architectures"][0]
-    feeds = token_batch(3, 12, len(tiny_vocab()), cls_id=2, sep_id=3, seed=4)
+    feeds = _batch(model_type, 3, seed=4)
     names = ("input_ids", "attention_mask")  # none of these has token types
     with torch.no_grad():
         expected = model.eval()(**{k: torch.tensor(feeds[k], dtype=torch.long) for k in names})
@@ -99,7 +119,6 @@ def test_distilled_exits_of_another_architecture_export_and_serve(
     """distill-exits reads the same module's layers; the export serves them (speed 0 = full)."""
     from export.build import build
     from export.predictor import PersistentPredictor
-    from export.warmup import token_batch
     from finetune.exits import DistillConfig, distill_exits
 
     distilled = tmp_path / "distilled"
@@ -107,9 +126,32 @@ def test_distilled_exits_of_another_architecture_export_and_serve(
                   config=DistillConfig(epochs=2, width=16, max_seq_len=32))  # fmt: skip
     result = build(distilled, "m", tmp_path / "models", early_exit=True, max_seq_len=32,
                    warmup=False)  # fmt: skip
-    feeds = token_batch(4, 12, len(tiny_vocab()), cls_id=2, sep_id=3, seed=6)
+    feeds = _batch(model_type, 4, seed=6)
     predictor = PersistentPredictor(result.path)
     full = predictor.predict({**feeds, "speed": np.zeros(4, np.float32)})
     assert list(full["exit_layer"]) == [2] * 4
     fast = predictor.predict({**feeds, "speed": np.ones(4, np.float32)})
     assert set(fast["exit_layer"]) <= {1, 2}
+
+
+def test_a_fine_tuned_roberta_keeps_its_bpe_tokenizer_through_export(
+    tmp_path: Path, tuned: Callable[[str], Path]
+) -> None:
+    """Fine-tuning writes the source's tokenizer files (no BERT vocab.txt); export copies that
+    tokenizer.json into the version's assets byte for byte, and transformers reads it back."""
+    from export.build import build
+
+    out = tuned("roberta")
+    source = out.parent / "roberta"
+    assert not (out / "vocab.txt").exists()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (out / name).read_bytes() == (source / name).read_bytes(), name
+    result = build(out, "m", tmp_path / "models", max_seq_len=32, warmup=False)
+    assert (result.path / "assets" / "tokenizer.json").read_bytes() == (
+        source / "tokenizer.json"
+    ).read_bytes()
+    assert result.model_info["tokenizer"]["model"] == "BPE"
+    text = "my card was charged twice, refund please"
+    theirs = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    ours = _tokenizer("roberta")
+    assert theirs(text)["input_ids"] == ours.encode(text).ids
