@@ -20,7 +20,7 @@ import requests
 from backend.app import create_app
 from modelformat import serverconfig
 from ops import apikeys
-from tests.backend.conftest import EMBED, EXITS, INTENT, TAGGER
+from tests.backend.conftest import EMBED, EXITS, INTENT, SENTENCE, TAGGER
 from tests.backend.stack import Gateway, ModelServer, gateway_env
 
 RATE = 10.0
@@ -234,7 +234,7 @@ def test_v1_models_lists_only_the_models_the_key_may_use(
         return {m["id"] for m in reply.json()["data"]}
 
     assert listed("embed-only") == {EMBED}
-    assert listed("all") == {INTENT, EMBED, EXITS, TAGGER}
+    assert listed("all") == {INTENT, EMBED, EXITS, TAGGER, SENTENCE}
 
 
 def test_v1_models_does_not_parse_the_serving_config_per_call(
@@ -249,5 +249,5 @@ def test_v1_models_does_not_parse_the_serving_config_per_call(
 
     names = [{m["id"] for m in client.get("/v1/models").json["data"]} for _ in range(5)]
 
-    assert names == [{INTENT, EMBED, EXITS, TAGGER}] * 5
+    assert names == [{INTENT, EMBED, EXITS, TAGGER, SENTENCE}] * 5
     assert len(parses) == 1

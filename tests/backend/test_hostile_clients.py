@@ -37,7 +37,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     path = tmp_path_factory.mktemp("hostile-keys") / "keys.json"
     return {
         "path": str(path),
-        "all": apikeys.add(path, "all", None, None, None),
+        "all": apikeys.add(path, "all", None, None, None, versions=["*"]),
         "embed-only": apikeys.add(path, "embed-only", [EMBED], None, None),
         "once": apikeys.add(path, "once", None, 0.001, 1),
     }
