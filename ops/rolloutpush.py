@@ -32,6 +32,7 @@ def push_args(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
         timeout=args.timeout, keep=args.keep, reader_wait=args.reader_wait,
         lock_timeout=args.lock_timeout, dry_run=False, promote=None, rollback=None, to=None,
         checkpoint=None, from_dir=None, label=None, version=None, set_label=None,
+        add=False, task=None, also_config=[], offline=False,
     )  # fmt: skip
     return argparse.Namespace(**{**base, **changes})
 
