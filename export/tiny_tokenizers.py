@@ -2,7 +2,7 @@
 
 Tests and the parity matrix use them beside tiny random checkpoints: each writes the files
 ``save_pretrained`` writes for that family (``tokenizer.json``, ``tokenizer_config.json``,
-``special_tokens_map.json``), so transformers' ``AutoTokenizer.from_pretrained(dir)`` and the
+``special_tokens_map.json``), so transformers' AutoTokenizer, loading that local directory, and the
 gateway read the same files. Nothing is downloaded; no TensorFlow or torch.
 
 Kinds (the family each stands for):

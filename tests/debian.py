@@ -15,8 +15,4 @@ import pytest
 def needs(program: str, package: str) -> pytest.MarkDecorator:
     """Skip when ``program`` is missing and this user could not have installed it (not root)."""
     missing = shutil.which(program) is None and os.geteuid() != 0
-    return pytest.mark.skipif(
-        missing,
-        reason=f"needs {program} from the Debian package {package} (requirements-debian.txt; "
-        "make sysdeps installs it as root)",
-    )
+    return pytest.mark.skipif(missing, reason=f"needs Debian package {package}: make sysdeps")

@@ -27,7 +27,7 @@ TEXTS = ["my card was charged twice", "hello world", "Café naïve 我的订单�
 def _encode(checkpoint: Path, texts: list[str]) -> np.ndarray:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
     feeds = tokenizer(texts, padding=True, truncation=True, max_length=32, return_tensors="np")
     return _reference(checkpoint, {k: np.asarray(v) for k, v in feeds.items()})
 
@@ -153,7 +153,7 @@ def test_tokenize_offsets_are_the_checkpoints_tokenizers(
 ) -> None:
     from transformers import AutoTokenizer
 
-    reference = AutoTokenizer.from_pretrained(str(sentence_checkpoint))
+    reference = AutoTokenizer.from_pretrained(str(sentence_checkpoint), local_files_only=True)
 
     response = _post(grpc_gateway, f"/v1/models/{SENTENCE}:tokenize", {"texts": TEXTS})
 

@@ -61,7 +61,7 @@ def kind_dirs(
 def _reference(checkpoint: Path, side: str = "right") -> object:
     from transformers import AutoTokenizer
 
-    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    reference = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
     reference.truncation_side = side
     return reference
 

@@ -309,9 +309,7 @@ def test_slow_prediction_past_rest_timeout_returns_504(main_server: Server) -> N
     assert time.monotonic() - started < model_s  # answered at the 1.5 s REST timeout
 
 
-@pytest.mark.skipif(
-    not socket.has_dualstack_ipv6(), reason="needs IPv6: this host has no dual-stack socket"
-)
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="needs IPv6 (a dual-stack socket)")
 def test_rest_port_takes_ipv6_connections_as_well(main_server: Server) -> None:
     # TF Serving's REST listener binds "::" (evhttp_server.cc), so ::1 reaches it like 127.0.0.1.
     response = main_server.http.get(f"http://[::1]:{main_server.rest_port}/v1/models/tiny")

@@ -70,9 +70,8 @@ def unwritable(tmp_path: Path) -> Iterator[Path]:
         assert shutil.which("chattr"), "as root, an unwritable directory needs chattr (e2fsprogs)"
         refused = subprocess.run(["chattr", "+i", str(model_dir)], capture_output=True)
         if refused.returncode:
-            pytest.skip(
-                f"needs root with the right to chattr +i: {refused.stderr.decode().strip()}"
-            )
+            why = refused.stderr.decode().strip()
+            pytest.skip(f"needs root with the right to chattr +i: {why}")
         yield model_dir
         subprocess.run(["chattr", "-i", str(model_dir)], check=True)
     else:

@@ -27,7 +27,7 @@ TEXTS = ["my card was charged twice", "hello", "where is my order? it is late ag
 
 def _reference(ckpt: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """Return what SentenceTransformer.encode computes for ``feeds``, in torch."""
-    model = transformers.BertModel.from_pretrained(str(ckpt)).eval()
+    model = transformers.BertModel.from_pretrained(str(ckpt), local_files_only=True).eval()
     modules = json.loads((ckpt / "modules.json").read_text())
     ids = torch.tensor(feeds["input_ids"], dtype=torch.long)
     mask = torch.tensor(feeds["attention_mask"], dtype=torch.long)

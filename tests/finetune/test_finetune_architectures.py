@@ -97,9 +97,8 @@ def test_a_fine_tuned_checkpoint_of_another_architecture_loads_in_transformers_a
 
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == model_type
-    model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-        str(out), local_files_only=True, output_loading_info=True
-    )
+    load = transformers.AutoModelForSequenceClassification.from_pretrained  # a local directory
+    model, info = load(str(out), local_files_only=True, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert type(model).__name__ == config["architectures"][0]
     feeds = _batch(model_type, 3, seed=4)
