@@ -55,7 +55,7 @@ from backend.httpworker import LingeringThreadWorker
 from benchmarks import BenchContext, Row, median
 from benchmarks import runs as run_files
 from benchmarks.gateway_load_bench import CpuSnapshot, cpu_delta, cpu_snapshot
-from ops.load import Cell, CellResult, Sender, run_cell
+from ops.load.cells import Cell, CellResult, Sender, run_cell
 from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
 
 DATA = REPO / "data" / "tickets"

@@ -43,12 +43,13 @@ from typing import Any
 import requests
 
 from modelformat import layout, serverconfig
-from ops import drills, modelconfig, stack
+from ops import modelconfig, stack
 from ops.delayproxy import DelayProxy
-from ops.drills import Answer
+from ops.drills import common as drills
+from ops.drills.common import Answer
+from ops.drills.replica import run_push, scrape, upstream_settings
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env, free_port, port_open
-from ops.replica_drill import run_push, scrape, upstream_settings
 from ops.server import ModelServer
 
 # deploy/k8s/base/gateway.yaml: the gateway's readinessProbe timeoutSeconds.

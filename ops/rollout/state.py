@@ -3,7 +3,7 @@
 The state (model, version, steps, the current step and when it went live, the entry the model had
 before) is kept in ``.routing.yaml.rollout.json`` beside the routing file and written before the
 routing entry it owns, both atomically under the models.config lock, so a rollout killed at any
-point leaves the two consistent (``ops.rollout`` resumes or reverts from them). One process at a
+point leaves the two consistent (``engine`` resumes or reverts from them). One process at a
 time drives a model's rollout: ``driving`` holds an flock the kernel drops when its holder dies.
 """
 

@@ -1,10 +1,10 @@
 """Roll a new model version out on live traffic, step by step, and promote it or roll it back.
 
-``Rollout`` drives one model's rollout: each step's routing entry written (``ops.rolloutstate``
+``Rollout`` drives one model's rollout: each step's routing entry written (``ops.rollout.state``
 keeps the entry and the state beside it consistent, for a resume or ``--revert``), the reader wait,
-the step held and decided (``ops.rolloutsteps``, ``ops.rolloutdecisions``), then the promotion or
-the rollback. The command line, and what each step and threshold means, is ``ops.rolloutcli``;
-publishing the new version first and moving the label through push_model is ``ops.rolloutpush``.
+the step held and decided (``ops.rollout.steps``, ``ops.rollout.decisions``), then the promotion or
+the rollback. The command line, and what each step and threshold means, is ``ops.rollout.cli``;
+publishing the new version first and moving the label through push_model is ``ops.rollout.push``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from modelformat import serverconfig
 from modelformat.errors import FormatError
 from modelformat.routing import ModelRoute
 from ops.modelconfig import OpsError, say
-from ops.rolloutdecisions import (
+from ops.rollout.decisions import (
     DEFAULT_STEPS,
     GO,
     ROLLBACK,
@@ -33,8 +33,8 @@ from ops.rolloutdecisions import (
     format_steps,
     parse_steps,
 )
-from ops.rolloutmetrics import Figures, MetricsSource
-from ops.rolloutstate import (
+from ops.rollout.metrics import Figures, MetricsSource
+from ops.rollout.state import (
     PROMOTING,
     ROLLING_BACK,
     STEPS,
@@ -49,7 +49,7 @@ from ops.rolloutstate import (
     write_route,
     write_states,
 )
-from ops.rolloutsteps import Hold, Meter
+from ops.rollout.steps import Hold, Meter
 
 EXIT_PROMOTED, EXIT_ERROR, EXIT_ROLLED_BACK, EXIT_INTERRUPTED = 0, 1, 3, 130
 

@@ -27,8 +27,9 @@ import requests
 
 from export.hardware import cpu_info
 from modelformat import serverconfig
-from ops import loadtest, stack
-from ops.load import Cell, gateway_sender, make_texts, run_cell
+from ops import stack
+from ops.load import protocols as loadtest
+from ops.load.cells import Cell, gateway_sender, make_texts, run_cell
 from ops.modelconfig import say
 from ops.procs import REPO
 

@@ -66,10 +66,13 @@ import requests
 
 from modelformat import layout, serverconfig
 from modelformat.routing import ModelRoute, Shadow
-from ops import drills, modelconfig, rollout, rolloutreport, stack
+from ops import modelconfig, stack
+from ops.drills import common as drills
+from ops.drills import rolloutreport
+from ops.drills.tickets import Clients, Reply, Sampler, classify, measure_capacity, read_tickets
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env
-from ops.ticketload import Clients, Reply, Sampler, classify, measure_capacity, read_tickets
+from ops.rollout import engine as rollout
 
 TICKETS = REPO / "data" / "tickets" / "test.tsv"
 DEFAULT_CHECKPOINT = REPO / "run" / "finetune-demo" / "tickets-v1"

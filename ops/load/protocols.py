@@ -29,9 +29,10 @@ from typing import Any
 import requests
 
 from modelformat import serverconfig
-from ops import loadreport, modelconfig, stack
+from ops import modelconfig, stack
 from ops.delayproxy import DelayProxy
-from ops.load import (
+from ops.load import report as loadreport
+from ops.load.cells import (
     Cell,
     CellResult,
     Sender,

@@ -2,7 +2,7 @@
 
 A step's figures are the increase of the gateways' counters over its window, so the window must
 hold only this step's traffic. Two things from the step before can leak into it: gateways that
-have not re-read the routing file yet (the reader wait, ``ops.rollout``) and shadow requests still
+have not re-read the routing file yet (the reader wait, ``engine``) and shadow requests still
 queued in the gateways when the routing file changed. The second is what ``wait_for_drain``
 waits out, reading ``gateway_shadow_queue_depth`` (queued + running shadows, summed over every
 worker of every gateway): a backlog from a shadow step runs the new version while the next step
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ops.modelconfig import OpsError, say
-from ops.rolloutdecisions import GO, ROLLBACK, Decision, Reference, Step, Thresholds, decide
-from ops.rolloutmetrics import Figures, MetricsSource, figures, increase, shadow_backlog
+from ops.rollout.decisions import GO, ROLLBACK, Decision, Reference, Step, Thresholds, decide
+from ops.rollout.metrics import Figures, MetricsSource, figures, increase, shadow_backlog
 
 
 @dataclass(frozen=True)

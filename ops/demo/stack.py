@@ -200,12 +200,12 @@ def show_requests(port: int, base_path: Path) -> None:
         print(json.dumps(answer, ensure_ascii=False, indent=1))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base-path", type=Path, default=REPO / "models")
     parser.add_argument("--upstream", choices=["grpc", "rest", "local"], default="grpc")
     parser.add_argument("--stop", action="store_true", help="stop a running stack and exit")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.stop:
         stop_stack()
         return 0

@@ -34,9 +34,10 @@ from typing import Any
 import psutil
 
 from modelformat import layout, serverconfig
-from ops import drills, modelconfig, stack
+from ops import modelconfig, stack
 from ops.delayproxy import DelayProxy
-from ops.drills import Answer
+from ops.drills import common as drills
+from ops.drills.common import Answer
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, port_open
 

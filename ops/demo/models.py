@@ -90,10 +90,10 @@ def check_intents(base: Path, checkpoint: Path) -> None:
         print(f"  minilm-intent/{newest}: {text!r} -> {info['labels'][best]} ({row[best]:.2f})")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base-path", type=Path, default=Path("models"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     base = args.base_path.resolve()
     todo = missing(base)
     if not todo:

@@ -25,7 +25,7 @@ from typing import Any
 
 from modelformat.routing import ModelRoute, Shadow
 from ops.modelconfig import OpsError
-from ops.rolloutmetrics import Figures, VersionFigures
+from ops.rollout.metrics import Figures, VersionFigures
 
 DEFAULT_STEPS = "shadow:100,5,25,50,100"
 # 1 - confidence of the early-abort bound: a good version is aborted early at most this often

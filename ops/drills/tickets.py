@@ -24,7 +24,7 @@ import orjson
 import requests
 
 from ops.modelconfig import OpsError
-from ops.rolloutmetrics import AGREEMENT_COUNT, AGREEMENT_SUM, GatewayMetrics
+from ops.rollout.metrics import AGREEMENT_COUNT, AGREEMENT_SUM, GatewayMetrics
 
 
 @dataclass(frozen=True)

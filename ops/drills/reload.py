@@ -33,8 +33,10 @@ from typing import Any
 
 from backend.settings import load_settings
 from modelformat import layout, serverconfig
-from ops import drills, modelconfig, push, stack
-from ops.drills import Answer
+from ops import modelconfig, stack
+from ops.drills import common as drills
+from ops.drills.common import Answer
+from ops.lifecycle import push
 from ops.modelconfig import OpsError
 from ops.procs import REPO
 from ops.server import ModelServer

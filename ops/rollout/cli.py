@@ -68,10 +68,11 @@ from pathlib import Path
 from typing import Any
 
 from backend.settings import SettingsError
-from ops import push
+from ops.lifecycle import push
 from ops.modelconfig import OpsError, say
 from ops.procs import REPO
-from ops.rollout import (
+from ops.rollout.decisions import DEFAULT_STEPS, Thresholds, parse_steps
+from ops.rollout.engine import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_PROMOTED,
@@ -79,9 +80,8 @@ from ops.rollout import (
     Rollout,
     Settings,
 )
-from ops.rolloutdecisions import DEFAULT_STEPS, Thresholds, parse_steps
-from ops.rolloutmetrics import GatewayMetrics, MetricsSource, PrometheusMetrics
-from ops.rolloutpush import available_on_replicas, promote_with_push, push_new_version
+from ops.rollout.metrics import GatewayMetrics, MetricsSource, PrometheusMetrics
+from ops.rollout.push import available_on_replicas, promote_with_push, push_new_version
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

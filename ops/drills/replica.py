@@ -44,8 +44,10 @@ from typing import Any, Protocol
 import requests
 
 from modelformat import layout, serverconfig
-from ops import drills, modelconfig, push, stack
-from ops.drills import Answer
+from ops import modelconfig, stack
+from ops.drills import common as drills
+from ops.drills.common import Answer
+from ops.lifecycle import push
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env, free_port, port_open
 from ops.server import ModelServer

@@ -55,8 +55,9 @@ import psutil
 import requests
 
 from modelformat import layout, serverconfig
-from ops import drills, modelconfig, stack
-from ops.drills import Answer
+from ops import modelconfig, stack
+from ops.drills import common as drills
+from ops.drills.common import Answer
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env
 
@@ -174,7 +175,7 @@ def attack_requests(kind: str, url: str, model: str, seconds: float, rate: float
 
 
 def attacker_main(argv: list[str]) -> int:
-    """``python -m ops.hostile_drill attack KIND URL MODEL SECONDS ...``: one attack, its
+    """``python -m ops.drills hostile attack KIND URL MODEL SECONDS ...``: one attack, its
     counts as JSON on stdout."""
     kind, url, model, seconds, count, rate, ids = argv
     port = int(url.rsplit(":", 1)[1])
@@ -223,7 +224,7 @@ def paced(url: str, args: argparse.Namespace, interval: float, seconds: float) -
 
 def run_attack(url: str, args: argparse.Namespace, attack: str) -> subprocess.Popen[str]:
     cmd = [
-        sys.executable, "-m", "ops.hostile_drill", "attack", attack, url, args.model,
+        sys.executable, "-m", "ops.drills", "hostile", "attack", attack, url, args.model,
         str(args.duration), str(args.connections), str(args.attack_rate), str(args.ids),
     ]  # fmt: skip
     return subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, text=True)
@@ -390,7 +391,3 @@ def main(argv: list[str] | None = None) -> int:
         return attacker_main(argv[1:])
     args = parse_args(argv)
     return drills.run_in_tmp("hostile_drill", args.json, lambda work: run(args, work))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

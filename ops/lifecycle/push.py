@@ -22,7 +22,7 @@ the server, its config poll and the gateway agree; a refused reload restores the
 to ``specific`` (what is served now) before publishing. The whole read-modify-write runs under
 an exclusive lock on ``.<config>.lock`` beside the config, so concurrent pushes take turns
 instead of losing each other's labels. Each label move is also appended, under that lock, to
-the label history beside the config (``ops.labelhistory``), which ``--rollback`` undoes.
+the label history beside the config (``ops.lifecycle.labelhistory``), which ``--rollback`` undoes.
 
 Several replicas (``--server`` repeated, comma-separated, or a name resolving to several
 addresses) read the same models.config: each gets every reload (one that refuses it undoes it
@@ -47,8 +47,9 @@ from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
 from modelformat.heads import TASKS
 from modelformat.publish import copy_in
-from ops import addmodel, labelhistory, modelconfig
-from ops.localstack import stack_grpc_target
+from ops import modelconfig
+from ops.demo.stack import stack_grpc_target
+from ops.lifecycle import addmodel, labelhistory
 from ops.modelconfig import OpsError
 from ops.procs import REPO
 from ops.server import ModelServer, ReplicaSet, wait_available_everywhere
@@ -362,7 +363,7 @@ def execute(args: argparse.Namespace, extra: list[str]) -> Outcome:
         plan = plan_promote(model, *args.promote)
     elif args.rollback:
         plan = plan_rollback(model, history, args.rollback, args.to)
-    elif getattr(args, "set_label", None):  # (label, version): ops.rollout's promotion
+    elif getattr(args, "set_label", None):  # (label, version): ops.rollout.engine's promotion
         plan = plan_set_label(model, *args.set_label)
     else:
         source = str(args.checkpoint or args.from_dir)

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from export.hardware import cpu_info
-from ops.ticketload import Reply, Sampler
+from ops.drills.tickets import Reply, Sampler
 
 
 def plot(
@@ -101,7 +101,7 @@ def append_report(
 Stable v1, good v{result["versions"]["good"]} and bad v{result["versions"]["bad"]} are exports
 of one fine-tuned checkpoint ({a.checkpoint.name}); the bad one has two labels swapped.
 Load: open-loop at {a.load_fraction:g} of the capacity measured with {a.clients} closed-loop
-clients (`--load-fraction`; ops/rollout_drill.py's docstring says why), shadow queue
+clients (`--load-fraction`; ops/drills/rollout.py's docstring says why), shadow queue
 {a.shadow_queue} per gateway worker; shadow calls on {shadow_where}.
 Steps `{a.steps}`, hold {a.hold_s:g} s, at least {a.min_samples} samples, agreement >=
 {a.min_agreement:g}.

@@ -18,11 +18,11 @@ from typing import Any
 from modelformat import serverconfig
 from modelformat.errors import FormatError
 from modelformat.routing import ModelRoute
-from ops import push
+from ops.lifecycle import push
 from ops.modelconfig import OpsError, say
-from ops.rollout import CheckAvailable, Promote, Rollout, Settings
-from ops.rolloutmetrics import GatewayMetrics
-from ops.rolloutstate import load_states, read_routing, state_path_for, write_route
+from ops.rollout.engine import CheckAvailable, Promote, Rollout, Settings
+from ops.rollout.metrics import GatewayMetrics
+from ops.rollout.state import load_states, read_routing, state_path_for, write_route
 
 
 def push_args(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from export.hardware import cpu_info
-from ops.load import Cell, CellResult
+from ops.load.cells import Cell, CellResult
 
 CSV_FIELDS = [
     "target", "protocol", "concurrency", "texts", "words", "duration_s", "requests", "errors",
