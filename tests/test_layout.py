@@ -40,6 +40,10 @@ OPS_FAMILIES: dict[str, set[str]] = {
 }
 # The floor's tools that deployments run by module name (deploy/k8s, the ops image, docs).
 OPS_FLOOR_ENTRY_POINTS = {"ops.apikeys", "ops.tfs_ready"}
+# benchmarks/e2e's modules, lower first: each imports only modules before it (its package's
+# __init__ only ``headline``, the run scripts/bench.py calls).
+E2E_LAYERS = ["plan", "models", "senders", "cells", "accuracy", "floor", "peers", "stacks"]
+E2E_LAYERS += ["report", "headline"]
 
 
 def project_modules() -> dict[str, Path]:
@@ -134,7 +138,7 @@ def ops_family(module: str) -> str | None:
 def ops_layer_violations(graph: dict[str, set[str]]) -> tuple[list[str], dict[str, set[str]]]:
     """Return (every import ops' layers forbid, the family -> families graph)."""
     wrong = []
-    between: dict[str, set[str]] = {"floor": set()} | {family: set() for family in OPS_FAMILIES}
+    between: dict[str, set[str]] = {family: set() for family in ["floor", *OPS_FAMILIES]}
     for module, imported in graph.items():
         if module.split(".")[0] != "ops":
             continue
@@ -201,6 +205,24 @@ def test_an_upward_import_is_caught() -> None:
         "ops.procs (the floor) imports ops.drills.common (family drills)",
         "ops.rollout.engine (family rollout) imports ops.drills.tickets (family drills)",
     ]
+
+
+def test_the_e2e_benchmark_modules_import_only_lower_ones() -> None:
+    graph = import_graph()
+    package = "benchmarks.e2e"
+    found = {name.removeprefix(package + ".") for name in graph if name.startswith(package + ".")}
+    assert found == set(E2E_LAYERS)
+    rank = {f"{package}.{name}": i for i, name in enumerate(E2E_LAYERS)} | {
+        package: len(E2E_LAYERS)
+    }
+    wrong = [
+        f"{module} imports {target}"
+        for module, imported in graph.items()
+        if module in rank
+        for target in imported
+        if target in rank and rank[target] >= rank[module]
+    ]
+    assert wrong == []
 
 
 def test_the_model_format_package_is_tensorflow_free() -> None:
