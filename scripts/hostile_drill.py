@@ -2,7 +2,8 @@
 token-id lists) against well-behaved clients at half capacity; rolling restarts under keep-alive
 load.
 
-Entry point of ``ops.drills.hostile`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.drills.hostile`` (its code), the same as ``python -m ops.drills hostile``;
+``--help`` shows the flags.
 """
 
 from ops.drills.hostile import main

@@ -1,6 +1,7 @@
 """Compare gRPC and REST under load, straight at the model server and through the gateway.
 
-Entry point of ``ops.load.protocols`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.load.protocols`` (its code), the same as ``python -m ops.load protocols``;
+``--help`` shows the flags.
 """
 
 from ops.load.protocols import main

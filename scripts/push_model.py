@@ -1,6 +1,7 @@
 """Push a model version into serving and move version labels, safely, against a live server.
 
-Entry point of ``ops.lifecycle.push`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.lifecycle.push`` (its code), the same as ``python -m ops.lifecycle``;
+``--help`` shows the flags.
 """
 
 from ops.lifecycle.push import main

@@ -1,6 +1,7 @@
 """Replicas come and go under load: push, rolling update, a slow replica, a hung one, rollback.
 
-Entry point of ``ops.drills.rolling`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.drills.rolling`` (its code), the same as ``python -m ops.drills rolling``;
+``--help`` shows the flags.
 """
 
 from ops.drills.rolling import main

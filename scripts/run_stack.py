@@ -1,6 +1,7 @@
 """Start the whole stack locally — model server + gateway — and show a request and its answer.
 
-Entry point of ``ops.demo.stack`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.demo.stack`` (its code), the same as ``python -m ops.demo run``;
+``--help`` shows the flags.
 """
 
 from ops.demo.stack import main
