@@ -1,7 +1,7 @@
 """How a model's default traffic is split between versions: the routing file beside models.config.
 
 ``serving_config/routing.yaml`` (the gateway reads it like the labels: bounded staleness, last good
-value kept; ``ops.rollout.engine`` writes it atomically)::
+value kept; ``ops.rollout`` writes it atomically)::
 
     minilm-intent:
       weights: {1: 95, 3: 5}    # version: weight; requests naming no version or label are split
@@ -128,7 +128,7 @@ def dump(routing: Routing) -> str:
             entry["shadow"] = {"version": route.shadow.version,
                                "share": _number(route.shadow.share)}  # fmt: skip
         doc[name] = entry
-    header = "# Written by ops/rollout/engine.py; see modelformat/routing.py for the format.\n"
+    header = "# Written by ops/rollout/; see modelformat/routing.py for the format.\n"
     return header + (
         yaml.safe_dump(doc, sort_keys=True, default_flow_style=None) if doc else "{}\n"
     )
