@@ -36,7 +36,7 @@ import psutil
 from modelformat import layout, serverconfig
 from ops import modelconfig, stack
 from ops.delayproxy import DelayProxy
-from ops.drills import common as drills
+from ops.drills import common
 from ops.drills.common import Answer
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, port_open
@@ -69,7 +69,7 @@ def first_ok_after(answers: list[Answer], t: float) -> float | None:
 
 
 def kill_phase(
-    load: drills.Load, server: ServerProcess, grpc_port: int, args: argparse.Namespace
+    load: common.Load, server: ServerProcess, grpc_port: int, args: argparse.Namespace
 ) -> dict[str, float]:
     del load  # running: the phase only needs it to be under way
     """SIGKILL the model server, keep it down, restart it; return the phase's timestamps."""
@@ -178,7 +178,7 @@ def evaluate(
         "no request hung": worst <= timeout_s + margin + 1.0,
         "no gunicorn worker died": bool(workers_before) and workers_before == workers_after,
     }
-    return {"checks": checks, "figures": figures, "counts": drills.counts(answers)}
+    return {"checks": checks, "figures": figures, "counts": common.counts(answers)}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -221,12 +221,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             direct_url, proxied_url = urls
             before = set().union(*(wait_workers(g, WORKERS) for g in gateways))
             client_timeout = args.timeout + 10  # a hang shows up as an answer slower than this
-            load = drills.Load(
+            load = common.Load(
                 direct_url, args.model, args.verb, [""], args.clients, client_timeout
             )
             kill = kill_phase(load.start(), server, grpc_port, args)
             kill_answers = load.stop()
-            load = drills.Load(
+            load = common.Load(
                 proxied_url, args.model, args.verb, [""], args.clients, client_timeout
             )
             load.start()
@@ -248,9 +248,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = answers[0].started if answers else 0.0
         marks = {int(t - t0): [text] for t, text in events.items()}
         print(f"\nTimeline, {title} phase (answers finished per second):")
-        print(drills.timeline(answers, t0, marks))
+        print(common.timeline(answers, t0, marks))
     print("\n" + json.dumps(result["figures"], indent=1, default=str))
-    drills.print_checks(result["checks"])
+    common.print_checks(result["checks"])
     return result
 
 

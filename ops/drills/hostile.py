@@ -56,7 +56,7 @@ import requests
 
 from modelformat import layout, serverconfig
 from ops import modelconfig, stack
-from ops.drills import common as drills
+from ops.drills import common
 from ops.drills.common import Answer
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env
@@ -216,7 +216,7 @@ def failed(answers: list[Answer]) -> int:
 
 
 def paced(url: str, args: argparse.Namespace, interval: float, seconds: float) -> list[Answer]:
-    load = drills.Load(url, args.model, args.verb, [""], args.clients, 30.0, interval_s=interval)
+    load = common.Load(url, args.model, args.verb, [""], args.clients, 30.0, interval_s=interval)
     load.start()
     time.sleep(seconds)
     return load.stop()
@@ -235,7 +235,7 @@ def restart_phase(
 ) -> dict[str, Any]:
     """Paced keep-alive load for ``--duration`` s; SIGHUP at a third and two thirds when
     ``hup``; return the answers and every worker pid seen."""
-    load = drills.Load(url, args.model, args.verb, [""], args.clients, 30.0, interval_s=interval)
+    load = common.Load(url, args.model, args.verb, [""], args.clients, 30.0, interval_s=interval)
     load.start()
     seen = set(worker_pids(gateway))
     start, hups = time.monotonic(), 0
@@ -275,7 +275,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         gateway, url = stack.start_gateway("grpc", grpc_port, rest_port, base, config_path, work,
                                            settings=settings)  # fmt: skip
         gateways.append(gateway)
-        probe = drills.Load(url, args.model, args.verb, [""], args.clients, 30.0).start()
+        probe = common.Load(url, args.model, args.verb, [""], args.clients, 30.0).start()
         time.sleep(args.probe)
         probed = [a for a in probe.stop() if a.ok]
         span = max(a.finished for a in probed) - min(a.started for a in probed)
@@ -353,7 +353,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     result["checks"] = checks
     print("\n" + json.dumps(figures, indent=1))
     print("attackers saw: " + json.dumps(result["attackers"], indent=1))
-    drills.print_checks(checks)
+    common.print_checks(checks)
     return result
 
 
@@ -390,4 +390,4 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["attack"]:
         return attacker_main(argv[1:])
     args = parse_args(argv)
-    return drills.run_in_tmp("hostile_drill", args.json, lambda work: run(args, work))
+    return common.run_in_tmp("hostile_drill", args.json, lambda work: run(args, work))

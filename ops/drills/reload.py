@@ -34,7 +34,7 @@ from typing import Any
 from backend.settings import load_settings
 from modelformat import layout, serverconfig
 from ops import modelconfig, stack
-from ops.drills import common as drills
+from ops.drills import common
 from ops.drills.common import Answer
 from ops.lifecycle import push
 from ops.modelconfig import OpsError
@@ -74,9 +74,9 @@ def plan_steps(source: Path) -> list[Step]:
     ]
 
 
-def run_step(step: Step, common: list[str], config_path: Path, model: str) -> None:
+def run_step(step: Step, push_args: list[str], config_path: Path, model: str) -> None:
     """Run one push_model invocation, timing it and its label write."""
-    args, extra = push.parse_args([*step.argv, *common])
+    args, extra = push.parse_args([*step.argv, *push_args])
     step.started = time.monotonic()
     try:
         step.labelled = push.run(args, extra).labels_moved_at
@@ -108,7 +108,7 @@ def switch_delay(step: Step, answers: list[Answer]) -> float | None:
 def check(
     answers: list[Answer],
     steps: list[Step],
-    monitor: drills.StatusMonitor,
+    monitor: common.StatusMonitor,
     settled: tuple[set[int], set[int]],
     switch_bound_s: float,
 ) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def check(
         "checks": checks,
         "switch_delay_s": delays,
         "unloaded_after_label_moved_s": gaps,
-        "counts": drills.counts(answers),
+        "counts": common.counts(answers),
         "failed_examples": [a.error or a.status for a in failed[:5]],
         "unavailable_examples": [(a.version, a.started, a.finished) for a in unavailable[:5]],
         "available_at_end": sorted(available),
@@ -210,15 +210,15 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
         modelconfig.find_model(modelconfig.load_config(args.config), args.model), args.base_path
     )
     source = args.source or model_dir / str(layout.list_versions(model_dir)[-1])
-    common = [
+    push_args = [
         "--name", args.model, "--config", str(args.config), "--base-path", str(args.base_path),
         "--server", args.server, "--timeout", "60",
     ]  # fmt: skip
     if "canary" not in labels_now(args.config, args.model):
-        push.main(["--promote", "stable", "canary", *common])
+        push.main(["--promote", "stable", "canary", *push_args])
     server = ModelServer(args.server)
-    monitor = drills.StatusMonitor(server, args.model, config_path=args.config).start()
-    load = drills.Load(args.gateway, args.model, args.verb, ["stable", "canary", ""], args.clients)
+    monitor = common.StatusMonitor(server, args.model, config_path=args.config).start()
+    load = common.Load(args.gateway, args.model, args.verb, ["stable", "canary", ""], args.clients)
     t0 = time.monotonic()
     load.start()
     steps = plan_steps(source)
@@ -226,7 +226,7 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
     for step, at in zip(steps, SCHEDULE, strict=True):
         time.sleep(max(0.0, t0 + at * args.duration - time.monotonic()))
         print(f"\n== t={time.monotonic() - t0:.1f}s {step.name}", flush=True)
-        run_step(step, common, args.config, args.model)
+        run_step(step, push_args, args.config, args.model)
         # Marked when the label moved: a step that unloads a version ends --reader-wait later.
         moved = step.labelled if step.labelled is not None else step.finished
         events.setdefault(int(moved - t0), []).append(
@@ -243,7 +243,7 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
     for t, change in monitor.transitions():
         events.setdefault(int(t - t0), []).append(change)
     print("\nTimeline (answers finished per second, by version):")
-    print(drills.timeline(answers, t0, events))
+    print(common.timeline(answers, t0, events))
     result = check(answers, steps, monitor, settled, args.switch_bound)
     print("\nCounts:", json.dumps(result["counts"], sort_keys=True))
     delays = {k: (None if v is None else round(v, 2)) for k, v in result["switch_delay_s"].items()}
@@ -251,7 +251,7 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
     gaps = {f"v{k}": round(v, 2) for k, v in result["unloaded_after_label_moved_s"].items()}
     print("Unloaded after its label moved (s, at least):", json.dumps(gaps))
     print(f"AVAILABLE at end: {result['available_at_end']}, policy: {result['policy_at_end']}")
-    drills.print_checks(result["checks"])
+    common.print_checks(result["checks"])
     return result
 
 

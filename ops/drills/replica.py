@@ -45,7 +45,7 @@ import requests
 
 from modelformat import layout, serverconfig
 from ops import modelconfig, stack
-from ops.drills import common as drills
+from ops.drills import common
 from ops.drills.common import Answer
 from ops.lifecycle import push
 from ops.modelconfig import OpsError
@@ -291,12 +291,12 @@ def drill(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             args.upstream, replicas[0].grpc_port, replicas[0].rest_port, base, config, work,
             settings=upstream_settings(replicas, args.upstream, args.workers),
         )  # fmt: skip
-        common = [
+        push_args = [
             "--name", args.model, "--config", str(config), "--base-path", str(base),
             "--timeout", str(args.step_timeout), *[f"--server={r.target}" for r in replicas],
         ]  # fmt: skip
         monitor = ReplicaMonitor(replicas, args.model).start()
-        return run_phases(args, replicas, url, common, monitor, src_dir / str(newest))
+        return run_phases(args, replicas, url, push_args, monitor, src_dir / str(newest))
     finally:
         if monitor is not None:
             monitor.stop()
@@ -310,14 +310,14 @@ def run_phases(
     args: argparse.Namespace,
     replicas: list[Replica],
     url: str,
-    common: list[str],
+    push_args: list[str],
     monitor: ReplicaMonitor,
     source: Path,
 ) -> dict[str, Any]:
     """Load the gateway through the kill, restart, push and promote; return the results."""
     names = [r.name for r in replicas]
     victim = replicas[1 % len(replicas)]
-    load = drills.Load(url, args.model, args.verb, ["stable", "canary", ""], args.clients)
+    load = common.Load(url, args.model, args.verb, ["stable", "canary", ""], args.clients)
     events: dict[int, list[str]] = defaultdict(list)
     steps: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
@@ -360,12 +360,12 @@ def run_phases(
 
     time.sleep(max(0.0, t0 + PUSH_AT * args.duration - time.monotonic()))
     mark("push copy -> canary (every replica)")
-    ok, took, error = run_push(["--from-dir", str(source), "--label", "canary", *common])
+    ok, took, error = run_push(["--from-dir", str(source), "--label", "canary", *push_args])
     steps["push -> canary"] = {"ok": ok, "seconds": round(took, 1), "error": error}
     mark(f"canary moved ({took:.1f}s)" if ok else "push failed")
     time.sleep(max(0.0, t0 + PROMOTE_AT * args.duration - time.monotonic()))
     mark("promote canary -> stable")
-    ok, took, error = run_push(["--promote", "canary", "stable", *common])
+    ok, took, error = run_push(["--promote", "canary", "stable", *push_args])
     steps["promote canary -> stable"] = {"ok": ok, "seconds": round(took, 1), "error": error}
     promoted = mark(f"stable moved ({took:.1f}s)" if ok else "promote failed")
     time.sleep(max(0.0, max(t0 + args.duration, promoted + args.tail) - time.monotonic()))
@@ -404,7 +404,7 @@ def run_phases(
         "replicas": {r.name: r.target for r in replicas},
         "steps": steps,
         "windows": windows["rows"],
-        "counts": drills.counts(answers),
+        "counts": common.counts(answers),
         "replica_counts_at_end": final,
         "replica_failed_requests": replica_failures,
         "not_available_examples": not_available[:5],
@@ -423,7 +423,7 @@ def _p99(values: list[float]) -> float:
 def report(result: dict[str, Any], answers: list[Answer], t0: float, events: Any) -> None:
     """Print the timeline, the per-replica table and the checks."""
     print("\nTimeline (answers finished per second, by version):")
-    print(drills.timeline(answers, t0, dict(events)))
+    print(common.timeline(answers, t0, dict(events)))
     print("\nCounts:", json.dumps(result["counts"], sort_keys=True))
     names = list(result["replicas"])
     print("\nPredict calls each replica answered (its own request_count), per window:")
@@ -440,7 +440,7 @@ def report(result: dict[str, Any], answers: list[Answer], t0: float, events: Any
     for name, step in result["steps"].items():
         print(f"step {name}: {'ok' if step['ok'] else 'FAILED'} in {step['seconds']}s")
     print(f"p99 latency: {result['latency_p99_ms']:.1f} ms")
-    drills.print_checks(result["checks"])
+    common.print_checks(result["checks"])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

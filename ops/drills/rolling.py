@@ -45,7 +45,7 @@ import requests
 from modelformat import layout, serverconfig
 from ops import modelconfig, stack
 from ops.delayproxy import DelayProxy
-from ops.drills import common as drills
+from ops.drills import common
 from ops.drills.common import Answer
 from ops.drills.replica import run_push, scrape, upstream_settings
 from ops.modelconfig import OpsError
@@ -305,7 +305,7 @@ class Drill:
             self.monitor = Monitor(args.model, f"{url}/readyz", args.probe_timeout).start()
             for replica in first:
                 self.wait_ready(replica)
-            load = drills.Load(url, args.model, args.verb, LABELS, args.clients).start()
+            load = common.Load(url, args.model, args.verb, LABELS, args.clients).start()
             self.t0 = time.monotonic()
             self.steps_under_load(source, first)
             answers = load.stop()
@@ -405,7 +405,7 @@ class Drill:
             "checks": checks,
             "upstream": self.args.upstream,
             "steps": self.steps,
-            "counts": drills.counts(answers),
+            "counts": common.counts(answers),
             "by_kind": {
                 label or "default": sum(1 for a in answers if a.label == label and a.ok)
                 for label in LABELS
@@ -425,7 +425,7 @@ class Drill:
     def report(self, result: dict[str, Any], answers: list[Answer]) -> None:
         """Print the timeline, the per-replica table and the checks."""
         print("\nTimeline (answers finished per second, by version):")
-        print(drills.timeline(answers, self.t0, dict(self.events)))
+        print(common.timeline(answers, self.t0, dict(self.events)))
         print("\nCounts:", json.dumps(result["counts"], sort_keys=True))
         print("Answers by kind:", json.dumps(result["by_kind"]))
         print("\nreplica  up at   down at  served  refused (retried elsewhere)")
@@ -441,7 +441,7 @@ class Drill:
             f"not ready {len(result['readyz_not_ready'])}x"
         )
         print(f"latency p50 {result['latency_p50_ms']} ms, p99 {result['latency_p99_ms']} ms")
-        drills.print_checks(result["checks"])
+        common.print_checks(result["checks"])
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -478,4 +478,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return drills.run_in_tmp("rolling_drill", args.json, lambda work: Drill(args, work).run())
+    return common.run_in_tmp("rolling_drill", args.json, lambda work: Drill(args, work).run())

@@ -67,12 +67,11 @@ import requests
 from modelformat import layout, serverconfig
 from modelformat.routing import ModelRoute, Shadow
 from ops import modelconfig, stack
-from ops.drills import common as drills
-from ops.drills import rolloutreport
+from ops.drills import common, rolloutreport
 from ops.drills.tickets import Clients, Reply, Sampler, classify, measure_capacity, read_tickets
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env
-from ops.rollout import engine as rollout
+from ops.rollout import engine, state
 
 TICKETS = REPO / "data" / "tickets" / "test.tsv"
 DEFAULT_CHECKPOINT = REPO / "run" / "finetune-demo" / "tickets-v1"
@@ -304,8 +303,8 @@ class Drill:
         labels = serverconfig.version_labels(serverconfig.read(self.config))[args.model]
         stable = labels["stable"]
         shadow = max((e["version"] for e in self.rollouts["bad"]["events"]), default=stable)
-        routing = rollout.routing_path_for(self.config)
-        before = rollout.read_routing(routing).route(args.model)
+        routing = state.routing_path_for(self.config)
+        before = state.read_routing(routing).route(args.model)
         self.mark(f"shadow cost: {args.windows} windows of {args.window_s:g}s each way, "
                   f"stable v{stable}, shadow v{shadow} at 100 %")  # fmt: skip
         pin = ModelRoute(((stable, 100.0),))
@@ -313,7 +312,7 @@ class Drill:
             on = i % 2 == 1
             route = ModelRoute(pin.weights, Shadow(shadow, 1.0)) if on else pin
             with serverconfig.config_lock(self.config, 60.0):
-                rollout.write_route(routing, args.model, route)
+                state.write_route(routing, args.model, route)
             time.sleep(LABELS_CACHE_S + 1.5)  # every worker has re-read it
             start = time.monotonic()
             time.sleep(args.window_s)
@@ -333,7 +332,7 @@ class Drill:
             self.windows.append(row)
             self.say(line)
         with serverconfig.config_lock(self.config, 60.0):
-            rollout.write_route(routing, args.model, before)
+            state.write_route(routing, args.model, before)
         self.mark("shadow cost: routing entry back")
 
     # -- the verdict ----------------------------------------------------------------------
@@ -359,9 +358,9 @@ class Drill:
         ratio = p50_on / p50_off if p50_off else float("nan")
         checks = {
             "0 failed client requests": bool(replies) and not failed,
-            f"good version v{good_v} promoted": good["exit"] == rollout.EXIT_PROMOTED,
+            f"good version v{good_v} promoted": good["exit"] == engine.EXIT_PROMOTED,
             f"bad version v{bad_v} rolled back at the shadow step": bad["exit"]
-            == rollout.EXIT_ROLLED_BACK
+            == engine.EXIT_ROLLED_BACK
             and bool(bad_end)
             and bad_end[0]["step_index"] == 0,
             f"no client answer from the bad version v{bad_v}": not from_bad,
@@ -374,7 +373,7 @@ class Drill:
         ]  # fmt: skip
         result = {
             "checks": checks,
-            "counts": drills.counts(_as_answers(replies)),
+            "counts": common.counts(_as_answers(replies)),
             "versions": {"stable": 1, "good": good_v, "bad": bad_v},
             "decisions": decisions,
             "windows": self.windows,
@@ -414,9 +413,9 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _as_answers(replies: list[Reply]) -> list[drills.Answer]:
+def _as_answers(replies: list[Reply]) -> list[common.Answer]:
     return [
-        drills.Answer(0, "", r.started, r.finished, r.status, r.version, r.error) for r in replies
+        common.Answer(0, "", r.started, r.finished, r.status, r.version, r.error) for r in replies
     ]
 
 
@@ -470,4 +469,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return drills.run_in_tmp("rollout_drill", args.json, lambda work: Drill(args, work).run())
+    return common.run_in_tmp("rollout_drill", args.json, lambda work: Drill(args, work).run())

@@ -28,7 +28,7 @@ import requests
 from export.hardware import cpu_info
 from modelformat import serverconfig
 from ops import stack
-from ops.load import protocols as loadtest
+from ops.load import protocols
 from ops.load.cells import Cell, gateway_sender, make_texts, run_cell
 from ops.modelconfig import say
 from ops.procs import REPO
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> Path:
     with tempfile.TemporaryDirectory(prefix="profile-") as tmp:
         work = Path(tmp)
         config_path = work / "models.config"
-        serverconfig.write_atomic(config_path, loadtest.spawn_config(args.model, args.spawn))
+        serverconfig.write_atomic(config_path, protocols.spawn_config(args.model, args.spawn))
         say(f"spawning a model server and a gateway for {args.spawn} ...")
         server, grpc_port, rest_port = stack.start_modelserver(config_path, work)
         try:

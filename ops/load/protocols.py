@@ -31,7 +31,7 @@ import requests
 from modelformat import serverconfig
 from ops import modelconfig, stack
 from ops.delayproxy import DelayProxy
-from ops.load import report as loadreport
+from ops.load import report
 from ops.load.cells import (
     Cell,
     CellResult,
@@ -245,11 +245,11 @@ def write_outputs(args: argparse.Namespace, results: list[CellResult], versions:
         "command": "`python scripts/loadtest.py " + " ".join(sys.argv[1:]) + "`",
     }
     prefix = args.prefix
-    loadreport.write_csv(args.out / f"{prefix}.csv", results)
-    report = loadreport.markdown(results, loadreport.machine(), settings)
-    paths = loadreport.plot(results, args.out, prefix)
-    report += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in paths) + "\n"
-    (args.out / f"{prefix}.md").write_text(report)
+    report.write_csv(args.out / f"{prefix}.csv", results)
+    page = report.markdown(results, report.machine(), settings)
+    paths = report.plot(results, args.out, prefix)
+    page += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in paths) + "\n"
+    (args.out / f"{prefix}.md").write_text(page)
     print(f"wrote {args.out / (prefix + '.csv')}, {args.out / (prefix + '.md')}, "
           f"{', '.join(p.name for p in paths)}")  # fmt: skip
 
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replot:
         args.out.mkdir(parents=True, exist_ok=True)
-        paths = loadreport.plot(loadreport.read_csv(args.replot), args.out, args.prefix)
+        paths = report.plot(report.read_csv(args.replot), args.out, args.prefix)
         print("wrote " + ", ".join(str(p) for p in paths))
         return 0
     stack = spawned_stack(args) if args.spawn else contextlib.nullcontext()
