@@ -76,18 +76,18 @@ test: setup sysdeps lint models ## the development set, lint and the whole suite
 	$(PY) -m pytest -q
 
 bench: setup models ## every benchmark; a dated run file per CPU class in results/runs/, summary regenerated
-	@$(MAKE) --no-print-directory infinity-env || echo "bench: infinity's environment could not be made: e2e_bench skips its row and says why"
+	@$(MAKE) --no-print-directory infinity-env || echo "bench: infinity's environment could not be made: the e2e benchmark skips its row and says why"
 	@$(MAKE) --no-print-directory onnx-env || echo "bench: ONNX Runtime's environment could not be made: architectures_bench leaves its column empty and says why"
 	$(PY) scripts/bench.py --base-path $(MODELS)
 
 docs: setup ## regenerate the reference pages (settings, CLIs, metrics, routes, OpenAPI) and the results summary
 	$(PY) scripts/gen_docs.py
 
-# infinity (infinity-emb), the peer e2e_bench compares :embed with, in its own git-ignored environment: it needs
+# infinity (infinity-emb), the peer benchmarks/e2e compares :embed with, in its own git-ignored environment: it needs
 # transformers<5, the product pins 5.x. Every package pinned (benchmarks/infinity-requirements.txt, torch the same
-# 2.13.0 as the product's tests). e2e_bench skips its row with a line saying why when this is missing.
+# 2.13.0 as the product's tests). benchmarks/e2e skips its row with a line saying why when this is missing.
 INFINITY_VENV := .venv-infinity
-infinity-env: $(INFINITY_VENV)/.installed ## infinity-emb in its own venv (e2e_bench's :embed peer)
+infinity-env: $(INFINITY_VENV)/.installed ## infinity-emb in its own venv (benchmarks/e2e's :embed peer)
 $(INFINITY_VENV)/.installed: benchmarks/infinity-requirements.txt
 	@command -v $(PY_SYS) >/dev/null || { echo "need $(PY_SYS)"; exit 1; }
 	test -x $(INFINITY_VENV)/bin/python || $(PY_SYS) -m venv $(INFINITY_VENV)

@@ -138,7 +138,7 @@ ROUTING_STALE = Gauge(
     multiprocess_mode="livemax",
 )
 
-# Rollouts (ops/rollout.py) read these: per-version latency and errors, the split, the shadow.
+# Rollouts (ops/rollout/) read these: per-version latency and errors, the split, the shadow.
 # Only default requests (naming neither a version nor a label: the traffic routing splits) count
 # in these two: a client pinning the new version must not move the figures a rollout decides on.
 VERSION_REQUESTS = Counter(

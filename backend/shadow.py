@@ -7,7 +7,7 @@ worker runs the jobs through the gateway's own request path and
 compares the shadow's answer with the one the client got. Comparisons are by label *name*, not
 index, so a version whose ``id2label`` swaps two labels disagrees exactly where it would mislead
 a client. Results go to the ``gateway_shadow_*`` metrics per (model, served version, shadow
-version), which ``ops/rollout.py`` reads.
+version), which the rollout (``ops/rollout/``) reads.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The gateway's floor: the least a request can cost under the parts it is built from.
 
-Two WSGI apps e2e_bench runs under gunicorn's gthread worker (the gateway's worker class and
+Two WSGI apps benchmarks/e2e runs under gunicorn's gthread worker (the gateway's worker class and
 threads) to measure CPU per sequential request: ``raw`` answers without any framework, ``app``
 is Flask with one JSON route that reads its body as the gateway does (orjson). With a bare gRPC
 Predict call measured in the client (bytes in, bytes out: no tensors built), their sum is the

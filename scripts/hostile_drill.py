@@ -2,10 +2,11 @@
 token-id lists) against well-behaved clients at half capacity; rolling restarts under keep-alive
 load.
 
-Entry point of ``ops.hostile_drill`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.drills.hostile`` (its code), the same as ``python -m ops.drills hostile``;
+``--help`` shows the flags.
 """
 
-from ops.hostile_drill import main
+from ops.drills.hostile import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,9 +1,10 @@
 """Compare gRPC and REST under load, straight at the model server and through the gateway.
 
-Entry point of ``ops.loadtest`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.load.protocols`` (its code), the same as ``python -m ops.load protocols``;
+``--help`` shows the flags.
 """
 
-from ops.loadtest import main
+from ops.load.protocols import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

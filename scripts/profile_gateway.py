@@ -1,9 +1,10 @@
 """Profile the gateway under load: where its workers' CPU goes, function by function (py-spy).
 
-Entry point of ``ops.profile_gateway`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.load.profiler`` (its code), the same as ``python -m ops.load profile``;
+``--help`` shows the flags.
 """
 
-from ops.profile_gateway import main
+from ops.load.profiler import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,9 +1,10 @@
 """Roll a good version out and a bad one back under 16 clients of real tickets (issue 24's drill).
 
-Entry point of ``ops.rollout_drill`` (its code); ``--help`` shows the flags.
+Entry point of ``ops.drills.rollout`` (its code), the same as ``python -m ops.drills rollout``;
+``--help`` shows the flags.
 """
 
-from ops.rollout_drill import main
+from ops.drills.rollout import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from ops import localstack as run_stack
+from ops.demo import stack as run_stack
 from ops.procs import REPO, free_port
 
 README = REPO / "README.md"

@@ -3,7 +3,7 @@ in order, in a copy of the repository, on free ports, with a tiny checkpoint sav
 
 The copy holds the code, the committed serving config (which the guide's command edits), the demo
 models (linked, read-only) and the checkpoint at ``my-checkpoint/``; ``make run`` and ``make stop``
-start and stop the stack there as they would (``ops.localstack``, on free ports), and every
+start and stop the stack there as they would (``ops.demo.stack``, on free ports), and every
 ``localhost:<port>`` of a command becomes that port. A ```json block after a command shows (part
 of) its answer: keys, strings and list lengths must match ("..." ends a list or string shown in
 part); numbers must be numbers (the checkpoint is random).
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ops import localstack
+from ops.demo import stack as localstack
 from ops.procs import REPO, child_env, free_port
 
 GUIDE = REPO / "docs" / "guides" / "serve-your-own-model.md"

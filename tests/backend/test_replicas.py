@@ -23,8 +23,8 @@ from backend.errors import (
     VersionNotFound,
 )
 from modelformat.status import VersionStatus, merge_replicas, newest_available
+from ops.drills.replica import scrape
 from ops.procs import REPO, port_open
-from ops.replica_drill import scrape
 from tests.backend.conftest import INTENT
 from tests.backend.stack import ModelServer
 

@@ -1,4 +1,4 @@
-"""e2e_bench --quick: the whole headline run on tiny models (real modelserver + gunicorn).
+"""benchmarks/e2e --quick: the whole headline run on tiny models (real modelserver + gunicorn).
 
 No demo embedder under the base path, so the infinity row must say it was skipped and why.
 Speed is never asserted: only that every setting was measured and the figures are coherent.
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import BenchContext
-from benchmarks.e2e_bench import NOTE, SPEEDS, run
+from benchmarks.e2e.headline import run
+from benchmarks.e2e.plan import NOTE, SPEEDS
 
 
 @pytest.mark.slow

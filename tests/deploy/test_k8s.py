@@ -580,7 +580,7 @@ def rollout_command(objs: list[Obj]) -> list[str]:
 
 def rollout_flags() -> set[str]:
     """Return the flags rollout.py's argument parser declares (read from its source)."""
-    source = (REPO / "ops" / "rolloutcli.py").read_text()
+    source = (REPO / "ops" / "rollout" / "cli.py").read_text()
     return set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
 
 
@@ -595,7 +595,7 @@ def test_rollout_template_never_fires_and_names_rollout_flags(objs: list[Obj]) -
 
 def test_rollout_writes_the_routing_file_the_gateways_read(objs: list[Obj]) -> None:
     from backend.settings import load_settings
-    from ops.rollout import routing_path_for
+    from ops.rollout.engine import routing_path_for
 
     argv = rollout_command(objs)
     options = dict(zip(argv[2::2], argv[3::2], strict=False))
@@ -683,7 +683,7 @@ def push_model_flags() -> set[str]:
     """Return the flags push_model's argument parser declares (read from its source)."""
     source = "\n".join(
         path.read_text()
-        for path in (REPO / "ops" / "push.py", REPO / "scripts" / "push_model.py")
+        for path in (REPO / "ops" / "lifecycle" / "push.py", REPO / "scripts" / "push_model.py")
         if path.is_file()
     )
     return set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))

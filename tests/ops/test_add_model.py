@@ -11,7 +11,8 @@ import pytest
 
 from modelformat import serverconfig
 from modelformat.layout import list_versions, read_model_info
-from ops import addmodel, modelconfig, push
+from ops import modelconfig
+from ops.lifecycle import addmodel, push
 from ops.procs import REPO, child_env
 from ops.server import ModelServer
 from tests.ops.conftest import OpsServer

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from backend.clients.grpc_client import CHANNEL_OPTIONS
-from ops import drills, fault_drill
-from ops.drills import Answer
+from ops.drills import common as drills
+from ops.drills import fault as fault_drill
+from ops.drills.common import Answer
 from ops.procs import REPO, child_env
 from tests.ops.conftest import MODEL
 

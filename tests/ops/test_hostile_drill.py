@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import hostile_drill
+from ops.drills import hostile as hostile_drill
 from tests.ops.conftest import MODEL
 from tests.ops.test_drills import run_drill
 

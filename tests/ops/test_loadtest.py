@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ops import loadreport
-from ops.load import Cell, CellResult, Sample, make_tensors, summarize
+from ops.load import report as loadreport
+from ops.load.cells import Cell, CellResult, Sample, make_tensors, summarize
 from ops.procs import REPO, child_env
 from tests.ops.conftest import MODEL
 

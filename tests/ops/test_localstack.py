@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops import localstack
+from ops.demo import stack as localstack
 from ops.modelconfig import full_config
 
 

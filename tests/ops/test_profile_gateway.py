@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.profile_gateway import fold
+from ops.load.profiler import fold
 
 
 def test_fold_counts_self_and_total_shares_and_skips_process_and_thread_frames() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import labelhistory, push
+from ops.lifecycle import labelhistory, push
 from tests.ops.conftest import MODEL, OpsServer, serve_tiny_versions
 from tests.ops.test_push_model import labels, served_version
 

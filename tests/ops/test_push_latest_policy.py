@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ops import modelconfig, push
+from ops import modelconfig
+from ops.lifecycle import push
 from tests.ops.conftest import MODEL, OpsServer, serve_tiny_versions
 from tests.ops.test_push_model import available, labels, served_version
 

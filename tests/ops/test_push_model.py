@@ -17,7 +17,8 @@ import pytest
 
 from backend.versions import LabelTable
 from modelformat.layout import read_model_info
-from ops import modelconfig, push
+from ops import modelconfig
+from ops.lifecycle import push
 from ops.procs import REPO, ServerProcess, child_env, python_cmd
 from ops.server import ModelServer
 from tests.ops.conftest import MODEL, OpsServer

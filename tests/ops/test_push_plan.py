@@ -15,7 +15,8 @@ from backend.versions import label_staleness_bound_s
 from modelformat import layout, serverconfig
 from modelformat.errors import FormatError
 from modelformat.publish import copy_in
-from ops import labelhistory, modelconfig, push
+from ops import modelconfig
+from ops.lifecycle import labelhistory, push
 from ops.modelconfig import OpsError
 
 

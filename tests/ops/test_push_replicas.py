@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import backend.clients.endpoints as endpoints
-from ops import modelconfig, push
+from ops import modelconfig
+from ops.lifecycle import push
 from ops.procs import ServerProcess, free_port, port_open, python_cmd
 from ops.server import ModelServer, replica_targets
 from tests.ops.conftest import MODEL

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ops import replica_drill
-from ops.drills import Answer
-from ops.replica_drill import ReplicaMonitor, Window
+from ops.drills import replica as replica_drill
+from ops.drills.common import Answer
+from ops.drills.replica import ReplicaMonitor, Window
 from tests.ops.conftest import MODEL
 from tests.ops.test_drills import run_drill
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import rolling_drill
+from ops.drills import rolling as rolling_drill
 from tests.ops.conftest import MODEL
 from tests.ops.test_drills import run_drill
 

@@ -24,9 +24,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from modelformat import routing as routing_format
 from modelformat.routing import ModelRoute, Shadow
-from ops import rollout
 from ops.modelconfig import OpsError
-from ops.rolloutdecisions import (
+from ops.rollout import engine as rollout
+from ops.rollout.decisions import (
     GO,
     HOLD,
     ROLLBACK,
@@ -36,7 +36,7 @@ from ops.rolloutdecisions import (
     decide,
     parse_steps,
 )
-from ops.rolloutmetrics import (
+from ops.rollout.metrics import (
     Figures,
     GatewayMetrics,
     PrometheusMetrics,

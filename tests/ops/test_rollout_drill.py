@@ -9,9 +9,11 @@ import pytest
 
 from modelformat import routing as routing_format
 from modelformat.routing import ModelRoute
-from ops import rollout, rolloutcli, rolloutpush
 from ops.modelconfig import OpsError
 from ops.procs import free_port
+from ops.rollout import cli as rolloutcli
+from ops.rollout import engine as rollout
+from ops.rollout import push as rolloutpush
 from tests.ops.test_drills import run_drill
 
 MODEL = "tiny"

@@ -22,8 +22,9 @@ import pytest
 from modelformat import routing as routing_format
 from modelformat import serverconfig
 from modelformat.routing import ModelRoute
-from ops import labelhistory, rollout
+from ops.lifecycle import labelhistory
 from ops.procs import REPO, child_env
+from ops.rollout import engine as rollout
 from tests.ops.conftest import MODEL, OpsServer
 from tests.ops.test_rollout import STEP_ROUTES, Behaviour, FakeGateway
 
