@@ -24,6 +24,7 @@ import torch  # the test-time numerical reference (requirements-dev.txt)
 import transformers
 
 from export.architectures import architectures
+from export.gates import Tolerance
 from export.tiny_tokenizers import write_tokenizer
 
 SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
@@ -269,6 +270,10 @@ def _module(path: Path, head: str, **kwargs: Any) -> Any:
 
 # the precisions every architecture is checked at beside fp32 (the build's gates, in-process)
 LOW_PRECISIONS = ("bf16", "fp16")
+# the gate these random weights pass (export's default max_prob_diff is 1e-2): their spread (0.3)
+# is far wider than trained weights', so 16-bit rounding moves their probabilities further; the
+# gateway-level matrix exports with it (`--max-prob-diff 0.05`) and holds the served answers to it
+GATE_TOLERANCE = Tolerance(max_prob_diff=5e-2)
 
 
 @pytest.mark.parametrize("precision", LOW_PRECISIONS)
@@ -276,7 +281,7 @@ LOW_PRECISIONS = ("bf16", "fp16")
 def test_low_precision_passes_the_export_gates(
     arch: str, precision: str, checkpoints: Callable[[str, str], Path]
 ) -> None:
-    from export.gates import Tolerance, measure, within
+    from export.gates import measure, within
     from export.model import run
 
     path = checkpoints(arch, "single")
@@ -284,9 +289,7 @@ def test_low_precision_passes_the_export_gates(
     expected = run(_module(path, "single").serve, feeds)
     got = run(_module(path, "single", precision=precision).serve, feeds)
     figures = measure(expected, got, attention_mask=feeds["attention_mask"])
-    # the export refuses what is beyond its tolerance (1e-2 by default): these random weights
-    # (spread 0.3, far wider than trained ones) sit near it, so the check here is looser
-    assert within(figures, Tolerance(max_prob_diff=5e-2)), figures
+    assert within(figures, GATE_TOLERANCE), figures
     assert figures["decisive_agreement"] == 1.0
 
 
