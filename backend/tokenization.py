@@ -283,14 +283,12 @@ class TextTokenizer:
         character offsets into the text as given ((0, 0) on specials), which are special
         tokens, and whether the text is cut (only the kept tokens are listed, as ``encode``
         sends them with the tokenizer's truncation side)."""
-        keep = self.max_seq_len - self.layout.single_specials
         head_off, head_tok, head_sp = self._specials_of(self.layout.prefix)
         tail_off, tail_tok, tail_sp = self._specials_of(self.layout.suffix)
         out: list[dict[str, object]] = []
         for encoding in self._bodies_of(texts):
             n = len(encoding.ids)
-            start = n - keep if self.truncation_side == "left" and n > keep else 0
-            stop = min(n, start + keep)
+            start, stop = self._kept(n)
             ids = [*self.layout.prefix.ids, *encoding.ids[start:stop], *self.layout.suffix.ids]
             offsets = [list(pair) for pair in
                        [*head_off, *encoding.offsets[start:stop], *tail_off]]  # fmt: skip
@@ -300,8 +298,26 @@ class TextTokenizer:
                 "ids": ids,
                 "tokens": [*head_tok, *self._vocab_tokens(encoding.ids[start:stop]), *tail_tok],
                 "offsets": offsets, "special": special,
-                "truncated": n > keep, "length": len(ids),
+                "truncated": stop - start < n, "length": len(ids),
             })  # fmt: skip
+        return out
+
+    def _kept(self, n: int) -> tuple[int, int]:
+        """Return which of a text's ``n`` tokens (specials apart) one sequence keeps."""
+        keep = self.max_seq_len - self.layout.single_specials
+        start = n - keep if self.truncation_side == "left" and n > keep else 0
+        return start, min(n, start + keep)
+
+    def word_ids(self, texts: Sequence[str]) -> list[list[int | None]]:
+        """Return, per text, the tokenizer's word of each position ``describe`` lists
+        (HF ``Encoding.word_ids``: the pre-tokenizer's word a token was cut from, counted from 0
+        in the text; None on the special tokens), cut as ``describe`` cuts."""
+        head = [None] * len(self.layout.prefix.ids)
+        tail = [None] * len(self.layout.suffix.ids)
+        out: list[list[int | None]] = []
+        for encoding in self._bodies_of(texts):
+            start, stop = self._kept(len(encoding.ids))
+            out.append([*head, *encoding.word_ids[start:stop], *tail])
         return out
 
     def decode(self, token_ids: Sequence[Sequence[int]]) -> list[dict[str, object]]:

@@ -4,7 +4,8 @@ config.json keys.
 ``classify`` (one text, softmax), ``pair-classify`` (two segments, ``token_type_ids`` 1 on the
 second; with one logit a cross-encoder trained with binary cross-entropy), ``multi-label``
 (independent sigmoids, binary cross-entropy, a threshold per label tuned on dev) and ``tag`` (BIO
-tags on the first word piece of each word, loss there only, span-exact entity F1). The training
+tags on the first token of each of the tokenizer's words, loss there only, span-exact entity F1).
+The training
 loop (finetune/training.py) asks a task for its loss and its dev figure; finetune/run.py for the
 rest. TensorFlow is imported inside the loss functions only.
 """
@@ -332,7 +333,8 @@ class MultiLabelTask(Task):
 
 @dataclass(frozen=True)
 class Word:
-    """A word of a tokenized text: its first token's position and its character span."""
+    """A word of a tokenized text: its first token's position and its character span (without
+    the spaces a token may carry; ``start == end`` for a word of whitespace only)."""
 
     token: int
     start: int
@@ -340,7 +342,17 @@ class Word:
 
 
 class TagTask(Task):
-    """Token classification: entity spans → BIO tags on each word's first word piece."""
+    """Token classification: entity spans → BIO tags on the first token of each word.
+
+    A word is what the checkpoint's own tokenizer calls one (HF ``Encoding.word_ids``: BERT's
+    pre-tokenizer splits at spaces, punctuation and CJK characters; byte-level BPE's at spaces,
+    letters/digits/other runs, ``Ġ`` carrying the space; SentencePiece's at spaces, ``▁``
+    carrying it), as transformers' token-classification scripts align labels: the word's tag on
+    its first token, ``IGNORE`` on the rest and on the special tokens. An entity boundary that
+    falls between two tokens of one word next to punctuation or a CJK character (``March:`` with
+    SentencePiece, entity ``March``) splits that word there, as BERT's words would; one between
+    two letters or digits, or inside a token, is refused.
+    """
 
     name = "tag"
     model_task = "tag"
@@ -370,7 +382,8 @@ class TagTask(Task):
         for text, spans, line in zip(examples.texts, examples.entities, examples.lines,
                                      strict=True):  # fmt: skip
             described = full.describe([text])[0]
-            row_words = _words(described)
+            cuts = {b for span in spans for b in (span.start, span.end)}
+            row_words = _words(text, described, full.word_ids([text])[0], cuts)
             tags, reason = _bio(row_words, spans)
             if reason:
                 bad.append(f"line {line}: {reason}")
@@ -379,6 +392,8 @@ class TagTask(Task):
             labels = np.full(len(row_ids), IGNORE, np.int32)
             for word, tag in zip(row_words, tags, strict=True):
                 labels[word.token] = index[tag]
+            # entities are read back from the words with text (a whitespace word has none)
+            row_words = [w for w in row_words if w.start < w.end]
             if len(row_ids) > tokenizer.max_seq_len:
                 truncated += 1
                 row_ids = np.concatenate([row_ids[:keep], row_ids[-1:]])
@@ -434,35 +449,92 @@ class TagTask(Task):
                 f"R {micro['recall']:.4f})")  # fmt: skip
 
 
-def _words(described: dict[str, Any]) -> list[Word]:
-    """Return the words of a described text: a word starts at every token that is neither
-    special nor a ``##`` continuation (BERT's pre-tokenizer splits on spaces and punctuation and
-    around CJK characters, so a word never starts mid-piece); it ends where its last piece ends."""
+def _is_cjk(char: str) -> bool:
+    """Whether ``char`` is a CJK ideograph (BERT's ``_is_chinese_char`` blocks)."""
+    code = ord(char)
+    return any(low <= code <= high for low, high in (
+        (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+    ))  # fmt: skip
+
+
+def _joins(text: str, at: int) -> bool:
+    """Whether character position ``at`` lies between two letters or digits (not CJK): inside
+    what every tokenizer kind keeps as one word, where an entity may not start or end."""
+    if not 0 < at < len(text):
+        return False
+    return all(c.isalnum() and not _is_cjk(c) for c in text[at - 1 : at + 1])
+
+
+def _content(text: str, start: int, end: int) -> tuple[int, int]:
+    """Return the span ``[start, end)`` of ``text`` without whitespace at either side."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def _words(
+    text: str, described: dict[str, Any], word_ids: Sequence[int | None], cuts: set[int]
+) -> list[Word]:
+    """Return the words of a described text, in order: each run of tokens the tokenizer gives
+    one word id (``TextTokenizer.word_ids``), split again before a token that starts at one of
+    ``cuts`` (entity boundaries) or after one that ends at one, unless letters or digits join
+    there (``_joins``). A word spans its tokens' characters without surrounding spaces (a
+    ``Ġword`` or ``▁word`` token's offsets may include the space before it)."""
     words: list[Word] = []
-    for i, (token, (start, end), special) in enumerate(
-        zip(described["tokens"], described["offsets"], described["special"], strict=True)
+    tokens: list[int] = []  # the positions of the word being read
+    span: list[int] = []  # its [start, end) so far; empty while it has only whitespace
+
+    def close() -> None:
+        if tokens:
+            at = int(described["offsets"][tokens[0]][0])
+            words.append(Word(tokens[0], *(span or (at, at))))
+        tokens.clear()
+        span.clear()
+
+    last = None
+    for i, (word, special, (start, end)) in enumerate(
+        zip(word_ids, described["special"], described["offsets"], strict=True)
     ):
-        if special:
+        if special or word is None:
+            close()
+            last = None
             continue
-        if token.startswith("##") and words:
-            words[-1] = Word(words[-1].token, words[-1].start, end)
-        else:
-            words.append(Word(i, start, end))
+        start, end = _content(text, int(start), int(end))
+        # an entity boundary between this token and the word's text before it
+        boundary = (
+            bool(span)
+            and start < end
+            and start >= span[1]
+            and any(b in cuts and not _joins(text, b) for b in {start, span[1]})
+        )
+        if word != last or boundary:
+            close()
+        last = word
+        tokens.append(i)
+        if start < end:
+            span[:] = [span[0], end] if span else [start, end]
+    close()
     return words
 
 
 def _bio(words: list[Word], spans: Sequence[Any]) -> tuple[list[str], str]:
-    """Return the words' BIO tags for ``spans``, or a reason the spans do not fit the words."""
+    """Return the words' BIO tags for ``spans``, or a reason the spans do not fit the words.
+    A whitespace word inside an entity continues it; elsewhere it is ``O``."""
     tags = ["O"] * len(words)
-    starts = {w.start: i for i, w in enumerate(words)}
-    ends = {w.end: i for i, w in enumerate(words)}
+    real = [i for i, w in enumerate(words) if w.start < w.end]
+    starts = {words[i].start: i for i in real}
+    ends = {words[i].end: i for i in real}
     for span in spans:
         first, last = starts.get(span.start), ends.get(span.end)
         if first is None or last is None or last < first:
             side = "start" if first is None else "end"
             return tags, (
                 f"entity [{span.start}, {span.end}) {span.label!r} does not {side} at a word "
-                "boundary (BERT's words split at spaces, punctuation and CJK characters)"
+                "boundary of the checkpoint's tokenizer (its words; or punctuation or a CJK "
+                "character between two of a word's tokens)"
             )
         tags[first] = f"B-{span.label}"
         for i in range(first + 1, last + 1):

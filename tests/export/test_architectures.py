@@ -24,6 +24,7 @@ import torch  # the test-time numerical reference (requirements-dev.txt)
 import transformers
 
 from export.architectures import architectures
+from export.gates import Tolerance
 from export.tiny_tokenizers import write_tokenizer
 
 SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
@@ -269,6 +270,10 @@ def _module(path: Path, head: str, **kwargs: Any) -> Any:
 
 # the precisions every architecture is checked at beside fp32 (the build's gates, in-process)
 LOW_PRECISIONS = ("bf16", "fp16")
+# the gate these random weights pass (export's default max_prob_diff is 1e-2): their spread (0.3)
+# is far wider than trained weights', so 16-bit rounding moves their probabilities further; the
+# gateway-level matrix exports with it (`--max-prob-diff 0.05`) and holds the served answers to it
+GATE_TOLERANCE = Tolerance(max_prob_diff=5e-2)
 
 
 @pytest.mark.parametrize("precision", LOW_PRECISIONS)
@@ -276,7 +281,7 @@ LOW_PRECISIONS = ("bf16", "fp16")
 def test_low_precision_passes_the_export_gates(
     arch: str, precision: str, checkpoints: Callable[[str, str], Path]
 ) -> None:
-    from export.gates import Tolerance, measure, within
+    from export.gates import measure, within
     from export.model import run
 
     path = checkpoints(arch, "single")
@@ -284,9 +289,7 @@ def test_low_precision_passes_the_export_gates(
     expected = run(_module(path, "single").serve, feeds)
     got = run(_module(path, "single", precision=precision).serve, feeds)
     figures = measure(expected, got, attention_mask=feeds["attention_mask"])
-    # the export refuses what is beyond its tolerance (1e-2 by default): these random weights
-    # (spread 0.3, far wider than trained ones) sit near it, so the check here is looser
-    assert within(figures, Tolerance(max_prob_diff=5e-2)), figures
+    assert within(figures, GATE_TOLERANCE), figures
     assert figures["decisive_agreement"] == 1.0
 
 
@@ -329,37 +332,69 @@ def test_early_exits_hook_the_layer_loop_of_every_architecture(
     np.testing.assert_allclose(one["logits"], other["logits"], atol=1e-5)
 
 
-HEAD_WORDS = {"single": "single-label", "multi": "multi-label", "regression": "regression"}
+# each check of the parity matrices, as docs/reference/supported-models.md names it, in its order
+CHECKS = {
+    "single": "classify: single-label", "pair": "classify: sentence pairs",
+    "multi": "classify: multi-label", "regression": "classify: regression (one logit)",
+    "cross": "classify: one-logit cross-encoder", "tag": "tag", "embed": "embed",
+    "tokenize": "tokenize", "bf16": "bf16", "fp16": "fp16", "early exit": "early exit",
+}  # fmt: skip
+CLASSIFY_WORDS = {"single": "single-label", "pair": "pairs", "multi": "multi-label",
+                  "regression": "regression", "cross": "cross-encoder"}  # fmt: skip
+# what the tests in this file check for every architecture of ARCHITECTURES
+IN_PROCESS = (*HEADS, *LOW_PRECISIONS, *(("early exit",) if EARLY_EXIT else ()))
 
 
-def _expected_rows() -> list[list[str]]:
-    """Return the supported-models table's rows as the registry and these tests make them."""
+def _gateway_matrix() -> tuple[set[str], set[str]]:
+    """Return what tests/backend/test_architectures_e2e.py checks through the model server and
+    gateway, and the model_types it checks it for."""
+    from tests.backend import test_architectures_e2e as e2e
+
+    return set(e2e.CHECKED), {ARCHITECTURES[name]["model_type"] for name in e2e.GATEWAY}
+
+
+def _expected_rows() -> tuple[list[list[str]], list[list[str]]]:
+    """Return the supported-models tables' rows as the registry and the two matrices make them:
+    one per architecture, one per check (which matrix runs it)."""
+    gateway, through = _gateway_matrix()
+    checked = set(IN_PROCESS) | gateway
     tested = {spec["model_type"] for spec in ARCHITECTURES.values()}
     exits = {ARCHITECTURES[name]["model_type"] for name in EARLY_EXIT}
-    classify = ", ".join(HEAD_WORDS[h] for h in HEADS if h in HEAD_WORDS)
-    heads = f"classify ({classify}), tag, embed"
-    precision = ", ".join(("fp32", *LOW_PRECISIONS))
-    return [
+    classify = ", ".join(w for h, w in CLASSIFY_WORDS.items() if h in checked)
+    heads = ", ".join([f"classify ({classify})", *(h for h in ("tag", "embed") if h in checked)])
+    precision = ", ".join(("fp32", *(p for p in LOW_PRECISIONS if p in checked)))
+    architecture_rows = [
         [arch.title, f"`{model_type}`", heads, "yes" if model_type in exits else "no",
-         precision if model_type in tested else "fp32",
-         "yes" if model_type in tested else "no"]
+         precision if model_type in tested | through else "fp32",
+         "yes" if model_type in tested else "no", "yes" if model_type in through else "no"]
         for model_type, arch in architectures().items()
     ]  # fmt: skip
+    check_rows = [[words, "yes" if key in IN_PROCESS else "no", "yes" if key in gateway else "no"]
+                  for key, words in CHECKS.items() if key in checked]  # fmt: skip
+    assert checked <= set(CHECKS), checked - set(CHECKS)  # every check has its words
+    return architecture_rows, check_rows
+
+
+def _table(text: str, header: str) -> list[list[str]]:
+    """Return the cells of the markdown table whose header row starts with ``header``."""
+    lines = text.split(header, 1)[1].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
 
 
 def test_the_supported_models_table_claims_only_what_these_tests_run() -> None:
     from ops.procs import REPO
 
     text = (REPO / "docs" / "reference" / "supported-models.md").read_text(encoding="utf-8")
-    lines = text.split("| Architecture | model_type |", 1)[1].splitlines()[2:]
-    rows = []
-    for line in lines:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-    expected = _expected_rows()
-    rendered = "\n".join("| " + " | ".join(row) + " |" for row in expected)
-    assert rows == expected, f"docs/reference/supported-models.md should read:\n{rendered}"
+    for header, expected in zip(("| Architecture | model_type |", "| Check |"), _expected_rows(),
+                                strict=True):  # fmt: skip
+        rendered = "\n".join("| " + " | ".join(row) + " |" for row in expected)
+        where = f"docs/reference/supported-models.md's table under {header!r}"
+        assert _table(text, header) == expected, f"{where} should read:\n{rendered}"
 
 
 def test_a_torch_pickle_only_checkpoint_is_refused_with_what_to_do(tmp_path: Path) -> None:
