@@ -97,6 +97,9 @@ def _pooled(path: str, token_types: bool) -> Any:
     class Pooled(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
+            # the bench's own save_pretrained directory: a local folder, never a hub name
+            if not Path(path).is_dir():
+                raise FileNotFoundError(f"no saved model directory at {path}")
             self.model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:

@@ -15,4 +15,6 @@ import pytest
 def needs(program: str, package: str) -> pytest.MarkDecorator:
     """Skip when ``program`` is missing and this user could not have installed it (not root)."""
     missing = shutil.which(program) is None and os.geteuid() != 0
-    return pytest.mark.skipif(missing, reason=f"needs Debian package {package}: make sysdeps")
+    return pytest.mark.skipif(  # a Debian package a user who is not root may lack
+        missing, reason=f"needs Debian package {package}: not root, make sysdeps can't add it"
+    )
