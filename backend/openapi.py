@@ -89,7 +89,19 @@ def _schemas() -> dict[str, Any]:
         schema = model.model_json_schema(ref_template=REF, mode=mode)  # type: ignore[arg-type]
         out.update(schema.pop("$defs", {}))
         out[model.__name__] = schema
-    return out
+    return _sorted_enums(out)
+
+
+def _sorted_enums(node: Any) -> Any:
+    """Return ``node`` with every ``enum`` of strings sorted. typing caches ``Literal[...]`` by
+    its values as a set, so a ``Literal["left", "right"]`` made first by any imported library
+    comes back for our ``Literal["right", "left"]``: the document would depend on import order."""
+    if isinstance(node, dict):
+        return {key: sorted(value) if key == "enum" and all(isinstance(v, str) for v in value)
+                else _sorted_enums(value) for key, value in node.items()}  # fmt: skip
+    if isinstance(node, list):
+        return [_sorted_enums(item) for item in node]
+    return node
 
 
 def _json(name: str) -> dict[str, Any]:
