@@ -183,13 +183,18 @@ class TextTokenizer:
         return out
 
     def encode_pairs(
-        self, pairs: Sequence[tuple[str, str] | Sequence[str]], direction: str | None = None
+        self,
+        pairs: Sequence[tuple[str, str] | Sequence[str]],
+        direction: str | None = None,
+        *,
+        refuse_long_first: bool = True,
     ) -> list[Encoded]:
         """Return each pair with the template's specials (``[CLS] a [SEP] b [SEP]``, ``<s> a
         </s></s> b </s>``) and its type ids, cut ``longest_first`` to max_seq_len (``left``
         cuts each segment's start).
 
-        Raises FirstSegmentTooLong for a pair whose first segment alone fills max_seq_len.
+        Raises FirstSegmentTooLong for a pair whose first segment alone fills max_seq_len,
+        unless ``refuse_long_first`` is False (training: such a pair is cut longest-first too).
         """
         side = self._side(direction)
         layout = self.layout
@@ -199,7 +204,7 @@ class TextTokenizer:
         lead = len(layout.pair_prefix.ids) + len(layout.middle.ids)
         out = []
         for index, (a, b) in enumerate(zip(firsts, seconds, strict=True)):
-            if len(a) + lead >= self.max_seq_len:
+            if refuse_long_first and len(a) + lead >= self.max_seq_len:
                 raise FirstSegmentTooLong(index, len(a) + lead, self.max_seq_len)
             keep_a, keep_b = longest_first(len(a), len(b), budget)
             a, b = _cut(a, keep_a, side), _cut(b, keep_b, side)

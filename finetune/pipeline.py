@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from backend.bucketing import pad_batch
-from backend.tokenization import BertTokenizer, TextTokenizer, longest_first
+from backend.tokenization import BertTokenizer, TextTokenizer
 from modelformat.buckets import bucket_for, buckets
 
 PIPELINES = ("optimised", "naive")
@@ -82,25 +82,22 @@ def sorted_batches(
 
 
 def pair_token_ids(
-    full: TextTokenizer, texts_a: Sequence[str], texts_b: Sequence[str], max_seq_len: int
+    tokenizer: TextTokenizer, texts_a: Sequence[str], texts_b: Sequence[str]
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Return each pair's ids ``[CLS] a [SEP] b [SEP]`` and token types (1 on ``b [SEP]``).
+    """Return each pair's ids and token types exactly as the gateway builds them for this
+    checkpoint: its tokenizer.json's pair template (``[CLS] a [SEP] b [SEP]`` with type 1 on
+    ``b [SEP]`` for BERT; ``<s> a </s></s> b </s>`` with every type 0 for RoBERTa, XLM-R,
+    CamemBERT, ModernBERT), cut ``longest_first`` to the tokenizer's max_seq_len on its
+    truncation side (``backend.tokenization.longest_first``: HF tokenizers' rule), so a long
+    answer never pushes the question out and training cuts pairs as serving does.
 
-    ``full`` is a tokenizer that never cuts (``make_tokenizer(..., max_seq_len=UNCUT)``). A pair
-    longer than ``max_seq_len`` loses tokens from the end of its longer segment first
-    (``backend.tokenization.longest_first``: the gateway's rule, HF tokenizers' ``longest_first``),
-    so a long answer never pushes the question out and training cuts pairs as serving does.
+    Unlike the gateway, which refuses a pair whose first segment alone fills max_seq_len, a
+    training pair is kept and cut longest-first (what transformers' tokenizer(a, b) does).
     """
-    budget = max_seq_len - 3
-    ids, types = [], []
-    bodies_a = [e.ids[1:-1] for e in full.encode(texts_a)]
-    bodies_b = [e.ids[1:-1] for e in full.encode(texts_b)]
-    for a, b in zip(bodies_a, bodies_b, strict=True):
-        keep_a, keep_b = longest_first(len(a), len(b), budget)
-        row = [full.cls_id, *a[:keep_a], full.sep_id, *b[:keep_b], full.sep_id]
-        ids.append(np.asarray(row, np.int32))
-        types.append(np.asarray([0] * (keep_a + 2) + [1] * (keep_b + 1), np.int32))
-    return ids, types
+    rows = tokenizer.encode_pairs(list(zip(texts_a, texts_b, strict=True)),
+                                  refuse_long_first=False)  # fmt: skip
+    types = [np.zeros(len(e.ids), np.int32) if e.type_ids is None else e.type_ids for e in rows]
+    return [e.ids for e in rows], types
 
 
 def bucket_boundaries(max_seq_len: int) -> list[int]:

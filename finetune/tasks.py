@@ -138,7 +138,8 @@ class Task:
 
 
 class PairTask(Task):
-    """Sentence pairs: ``[CLS] a [SEP] b [SEP]``; softmax over labels, or one relevance logit."""
+    """Sentence pairs in the checkpoint's pair template; softmax over labels, or one relevance
+    logit."""
 
     name = "pair-classify"
 
@@ -185,8 +186,7 @@ class PairTask(Task):
 
     def encode(self, tokenizer: TextTokenizer, full: TextTokenizer, examples: PairExamples,
                pipeline: str) -> Split:  # fmt: skip
-        ids, types = pair_token_ids(full, examples.texts_a, examples.texts_b,
-                                    tokenizer.max_seq_len)  # fmt: skip
+        ids, types = pair_token_ids(tokenizer, examples.texts_a, examples.texts_b)
         if self.one_logit:
             label_ids = [int(y == self.labels[0]) for y in examples.labels]
         else:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from export.tiny import tiny_vocab
-from finetune.pipeline import UNCUT, make_tokenizer, pair_token_ids, token_ids
+from finetune.pipeline import make_tokenizer, pair_token_ids, token_ids
 from finetune.run import FinetuneResult, finetune
 from finetune.tasks import TaskOptions
 from finetune.training import TrainConfig
@@ -107,10 +107,10 @@ def _theirs(path: Path, feeds: dict[str, np.ndarray], kind: str) -> tuple[np.nda
 def _pair_feeds() -> dict[str, np.ndarray]:
     from finetune.pipeline import sorted_batches
 
-    full = make_tokenizer(tiny_vocab(), True, UNCUT)
+    served = make_tokenizer(tiny_vocab(), True, 32)
     a = ["where is my order", "café 我的订单 🙂", "refund " * 40]
     b = ["track the package", "ok", "the card " * 40]
-    ids, types = pair_token_ids(full, a, b, 32)
+    ids, types = pair_token_ids(served, a, b)
     [(_order, feeds)] = sorted_batches(ids, 8, 32, 0, types)
     assert feeds["token_type_ids"].sum() > 0
     return feeds

@@ -114,10 +114,10 @@ def test_skip_resumes_the_same_epoch_order(tokenizer: BertTokenizer) -> None:
 def test_pairs_are_cut_as_the_gateway_cuts_them(a: str, b: str) -> None:
     """Training cuts a long pair exactly where serving does (ties included), so the model
     never sees at serve time a pair shape it was not trained on."""
-    full = make_tokenizer(tiny_vocab(), True, UNCUT)
-    served = make_tokenizer(tiny_vocab(), True, 24).encode_pairs([(a, b)])[0]
+    tokenizer = make_tokenizer(tiny_vocab(), True, 24)
+    served = tokenizer.encode_pairs([(a, b)])[0]
 
-    [ids], [types] = pair_token_ids(full, [a], [b], 24)
+    [ids], [types] = pair_token_ids(tokenizer, [a], [b])
 
     assert ids.tolist() == served.ids.tolist()
     assert served.type_ids is not None and types.tolist() == served.type_ids.tolist()
@@ -126,7 +126,8 @@ def test_pairs_are_cut_as_the_gateway_cuts_them(a: str, b: str) -> None:
 def test_pairs_get_token_types_one_on_the_second_segment() -> None:
     full = make_tokenizer(tiny_vocab(), True, UNCUT)
 
-    [ids], [types] = pair_token_ids(full, ["where is my order"], ["track it " * 40], 16)
+    [ids], [types] = pair_token_ids(make_tokenizer(tiny_vocab(), True, 16),
+                                    ["where is my order"], ["track it " * 40])  # fmt: skip
 
     assert len(ids) == len(types) == 16
     cls, sep = full.cls_id, full.sep_id
