@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,23 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_hf_checkpoint(
         tmp_path_factory.mktemp("tiny") / "bert", task="embed", seed=3, layers=1
     )
+
+
+@pytest.fixture(scope="session")
+def base_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Return a function saving (once per session) the tiny base checkpoint of an architecture
+    (tests/export/test_architectures.py), with its tokenizer.json, as transformers saves it."""
+    from tests.export.test_architectures import save_checkpoint
+
+    where = tmp_path_factory.mktemp("bases")
+    saved: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in saved:
+            saved[arch] = save_checkpoint(arch, "embed", where)
+        return saved[arch]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -31,23 +31,6 @@ PAIRS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Return a function saving (once) an architecture's tiny base checkpoint, as transformers
-    saves it, with its tokenizer.json."""
-    from tests.export.test_architectures import save_checkpoint
-
-    where = tmp_path_factory.mktemp("pair-templates")
-    saved: dict[str, Path] = {}
-
-    def get(arch: str) -> Path:
-        if arch not in saved:
-            saved[arch] = save_checkpoint(arch, "embed", where)
-        return saved[arch]
-
-    return get
-
-
 def _write_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
     path.write_text("text_a\ttext_b\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
     return path
@@ -55,7 +38,7 @@ def _write_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_training_pairs_are_the_pairs_transformers_builds(
-    arch: str, checkpoint: Callable[[str], Path], tmp_path: Path
+    arch: str, base_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
     from transformers import AutoTokenizer
 
@@ -63,7 +46,7 @@ def test_training_pairs_are_the_pairs_transformers_builds(
     from finetune.data import read_pairs
     from finetune.pipeline import UNCUT, checkpoint_tokenizer
 
-    path = checkpoint(arch)
+    path = base_checkpoint(arch)
     rows = [(a, b, "relevant" if i % 2 else "irrelevant") for i, (a, b) in enumerate(PAIRS)]
     examples = read_pairs(_write_pairs(tmp_path / "pairs.tsv", rows))
     task = PairTask(TaskOptions("pair-classify"))
@@ -81,7 +64,7 @@ def test_training_pairs_are_the_pairs_transformers_builds(
 
 
 def test_a_cross_encoder_fine_tuned_from_roberta_loads_in_transformers_alike(
-    checkpoint: Callable[[str], Path], tmp_path: Path
+    base_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
     import torch
     import transformers
@@ -94,7 +77,7 @@ def test_a_cross_encoder_fine_tuned_from_roberta_loads_in_transformers_alike(
 
     train = _write_pairs(tmp_path / "train.tsv", pair_rows(1) * 2)
     dev = _write_pairs(tmp_path / "dev.tsv", pair_rows(2))
-    result = finetune(checkpoint("roberta"), train, dev, tmp_path / "out", test_path=dev,
+    result = finetune(base_checkpoint("roberta"), train, dev, tmp_path / "out", test_path=dev,
                       config=TrainConfig(**ONE_EPOCH), precision="fp32", max_seq_len=32,
                       task=TaskOptions("pair-classify", num_labels=1))  # fmt: skip
 

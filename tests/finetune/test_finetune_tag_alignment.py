@@ -56,23 +56,6 @@ SPLIT = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Return a function saving (once) the tiny base checkpoint of an architecture, with its
-    tokenizer.json, as transformers saves it."""
-    from tests.export.test_architectures import save_checkpoint
-
-    where = tmp_path_factory.mktemp("tag-alignment")
-    saved: dict[str, Path] = {}
-
-    def get(arch: str) -> Path:
-        if arch not in saved:
-            saved[arch] = save_checkpoint(arch, "embed", where)
-        return saved[arch]
-
-    return get
-
-
 def _encode(path: Path, rows: list[dict[str, Any]], where: Path) -> tuple[TagTask, Any]:
     """Return the tag task and its encoded split of ``rows``, as finetune/run.py encodes them:
     the checkpoint's own tokenizer, whole (``UNCUT``) and cut to 64 tokens."""
@@ -128,9 +111,9 @@ def _tokens(path: Path, text: str) -> list[str]:
 
 @pytest.mark.parametrize("arch", list(KINDS))
 def test_labels_sit_on_each_words_first_token_as_transformers_aligns_them(
-    arch: str, checkpoint: Callable[[str], Path], tmp_path: Path
+    arch: str, base_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    path = checkpoint(arch)
+    path = base_checkpoint(arch)
     task, split = _encode(path, ALIGNED, tmp_path)
 
     assert IGNORE == -100  # transformers' ignore_index
@@ -146,10 +129,10 @@ def test_labels_sit_on_each_words_first_token_as_transformers_aligns_them(
 
 @pytest.mark.parametrize("arch", list(KINDS))
 def test_gold_tags_read_back_to_the_same_character_spans(
-    arch: str, checkpoint: Callable[[str], Path], tmp_path: Path
+    arch: str, base_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
     rows = ALIGNED + SPLIT
-    task, split = _encode(checkpoint(arch), rows, tmp_path)
+    task, split = _encode(base_checkpoint(arch), rows, tmp_path)
     logits = []
     for targets in split.targets:  # all the weight on the gold tag of every labelled token
         row = np.zeros((len(targets), len(task.labels)), np.float32)
@@ -166,11 +149,11 @@ def test_gold_tags_read_back_to_the_same_character_spans(
 
 @pytest.mark.parametrize("arch", list(KINDS))
 def test_an_entity_before_punctuation_splits_the_tokenizers_word_there(
-    arch: str, checkpoint: Callable[[str], Path], tmp_path: Path
+    arch: str, base_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """``March:`` is one SentencePiece word; the entity ``14 March`` leaves ``:`` an O of its
     own, as BERT's words (and byte-level BPE's) have it; ``订单`` inside a CJK run likewise."""
-    task, split = _encode(checkpoint(arch), SPLIT, tmp_path)
+    task, split = _encode(base_checkpoint(arch), SPLIT, tmp_path)
 
     for row, words, targets in zip(SPLIT, split.words, split.targets, strict=True):
         at = {word.start: word for word in words}
@@ -185,16 +168,16 @@ def test_an_entity_before_punctuation_splits_the_tokenizers_word_there(
 
 @pytest.mark.parametrize("arch", list(KINDS))
 def test_an_entity_edge_between_two_letters_is_refused_for_every_kind(
-    arch: str, checkpoint: Callable[[str], Path], tmp_path: Path
+    arch: str, base_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
     bad = {"text": "refunding unbelievably", "entities": [{"start": 0, "end": 6, "label": "X"}]}
 
     with pytest.raises(FinetuneError, match=r"line 2: entity \[0, 6\) 'X' does not end at"):
-        _encode(checkpoint(arch), [ALIGNED[0], bad], tmp_path)
+        _encode(base_checkpoint(arch), [ALIGNED[0], bad], tmp_path)
 
 
 def test_a_tagger_fine_tuned_from_a_bpe_checkpoint_loads_in_transformers_alike(
-    checkpoint: Callable[[str], Path], tmp_path: Path
+    base_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """A few steps from the tiny RoBERTa (byte-level BPE): every entity of the data aligns (none
     refused, all counted), and transformers reads the tagger to export's logits."""
@@ -209,7 +192,7 @@ def test_a_tagger_fine_tuned_from_a_bpe_checkpoint_loads_in_transformers_alike(
 
     train = write_entities(tmp_path / "train.jsonl", entity_rows(32, 1))
     dev = write_entities(tmp_path / "dev.jsonl", entity_rows(20, 2))
-    result = finetune(checkpoint("roberta"), train, dev, tmp_path / "out", test_path=dev,
+    result = finetune(base_checkpoint("roberta"), train, dev, tmp_path / "out", test_path=dev,
                       config=TrainConfig(**ONE_EPOCH), precision="fp32", max_seq_len=32,
                       task=TaskOptions("tag"))  # fmt: skip
 
