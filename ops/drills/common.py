@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import sys
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 import orjson
 import requests
 
+from modelformat import layout
 from ops import modelconfig
 from ops.modelconfig import OpsError
 from ops.server import ModelServer
@@ -267,3 +269,28 @@ def run_in_tmp(name: str, json_path: Path | None, run: Callable[[Path], dict[str
     if json_path:
         json_path.write_text(json.dumps(result, indent=1, default=str))
     return 0 if all(result["checks"].values()) else 1
+
+
+def copy_newest(
+    spawn: Path, model: str, base: Path, as_version: int | None = None
+) -> tuple[Path, int]:
+    """Copy the newest exported version of ``model`` under ``spawn`` to ``base/<model>/<v>``
+    (``v``: its own number, or ``as_version``); return the source directory and ``v``."""
+    src = spawn.resolve() / model
+    versions = layout.list_versions(src)
+    if not versions:
+        raise OpsError(f"no exported version under {src}")
+    version = versions[-1] if as_version is None else as_version
+    source = src / str(versions[-1])
+    shutil.copytree(source, base / model / str(version))
+    return source, version
+
+
+def pinned_config(model: str, base: Path, version: int) -> str:
+    """Return a models.config serving only ``version`` of ``model`` (under ``base/<model>``)
+    with the stable and canary labels on it."""
+    return modelconfig.full_config(f"""model_config_list {{ config {{
+        name: "{model}" base_path: "{base / model}" model_platform: "tensorflow"
+        model_version_policy {{ specific {{ versions: {version} }} }}
+        version_labels {{ key: "stable" value: {version} }}
+        version_labels {{ key: "canary" value: {version} }} }} }}""")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import signal
 import sys
 import tempfile
@@ -33,11 +32,11 @@ from typing import Any
 
 import psutil
 
-from modelformat import layout, serverconfig
+from modelformat import serverconfig
 from ops import modelconfig, stack
 from ops.delayproxy import DelayProxy
 from ops.drills import common
-from ops.drills.common import Answer
+from ops.drills.common import Answer, copy_newest
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, port_open
 
@@ -190,12 +189,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     with tempfile.TemporaryDirectory(prefix="fault-drill-") as tmp:
         work = Path(tmp)
-        src = args.spawn.resolve() / args.model
-        versions = layout.list_versions(src)
-        if not versions:
-            raise OpsError(f"no exported version under {src}")
         base = work / "models"
-        shutil.copytree(src / str(versions[-1]), base / args.model / str(versions[-1]))
+        copy_newest(args.spawn, args.model, base)
         config = modelconfig.full_config(
             f'model_config_list {{ config {{ name: "{args.model}" '
             f'base_path: "{base / args.model}" model_platform: "tensorflow" }} }}'

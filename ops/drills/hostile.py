@@ -40,7 +40,6 @@ import json
 import os
 import random
 import selectors
-import shutil
 import signal
 import socket
 import subprocess
@@ -54,11 +53,10 @@ import orjson
 import psutil
 import requests
 
-from modelformat import layout, serverconfig
+from modelformat import serverconfig
 from ops import modelconfig, stack
 from ops.drills import common
-from ops.drills.common import Answer
-from ops.modelconfig import OpsError
+from ops.drills.common import Answer, copy_newest
 from ops.procs import REPO, ServerProcess, child_env
 
 ATTACKS = ("stalled", "idle", "names", "ids")
@@ -250,12 +248,8 @@ def restart_phase(
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    src = args.spawn.resolve() / args.model
-    versions = layout.list_versions(src)
-    if not versions:
-        raise OpsError(f"no exported version under {src}")
     base = work / "models"
-    shutil.copytree(src / str(versions[-1]), base / args.model / str(versions[-1]))
+    copy_newest(args.spawn, args.model, base)
     config_path = work / "models.config"
     serverconfig.write_atomic(config_path, modelconfig.full_config(
         f'model_config_list {{ config {{ name: "{args.model}" '

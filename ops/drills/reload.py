@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from backend.settings import load_settings
 from modelformat import layout, serverconfig
 from ops import modelconfig, stack
 from ops.drills import common
-from ops.drills.common import Answer
+from ops.drills.common import Answer, copy_newest, pinned_config
 from ops.lifecycle import push
 from ops.modelconfig import OpsError
 from ops.procs import REPO
@@ -176,19 +175,10 @@ def spawned(args: argparse.Namespace) -> Iterator[None]:
     """Copy the newest version into a temp base path, start a model server + gateway on it."""
     with tempfile.TemporaryDirectory(prefix="reload-drill-") as tmp:
         work = Path(tmp)
-        src_dir = args.spawn.resolve() / args.model
-        newest = layout.list_versions(src_dir)
-        if not newest:
-            raise OpsError(f"no exported version under {src_dir}")
         base = work / "models"
-        shutil.copytree(src_dir / str(newest[-1]), base / args.model / str(newest[-1]))
-        text = f"""model_config_list {{ config {{
-            name: "{args.model}" base_path: "{base / args.model}" model_platform: "tensorflow"
-            model_version_policy {{ specific {{ versions: {newest[-1]} }} }}
-            version_labels {{ key: "stable" value: {newest[-1]} }}
-            version_labels {{ key: "canary" value: {newest[-1]} }} }} }}"""
+        _, newest = copy_newest(args.spawn, args.model, base)
         args.config = work / "models.config"
-        serverconfig.write_atomic(args.config, modelconfig.full_config(text))
+        serverconfig.write_atomic(args.config, pinned_config(args.model, base, newest))
         args.base_path = base
         server, grpc_port, rest_port = stack.start_modelserver(args.config, work, batching=False)
         gateway = None

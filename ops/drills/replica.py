@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import signal
 import sys
 import tempfile
@@ -43,10 +42,10 @@ from typing import Any, Protocol
 
 import requests
 
-from modelformat import layout, serverconfig
-from ops import modelconfig, stack
+from modelformat import serverconfig
+from ops import stack
 from ops.drills import common
-from ops.drills.common import Answer
+from ops.drills.common import Answer, copy_newest, pinned_config
 from ops.lifecycle import push
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env, free_port, port_open
@@ -269,20 +268,10 @@ def run_push(argv: list[str]) -> tuple[bool, float, str]:
 
 def drill(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Run the stack, the load and the steps; print the tables; return checks and figures."""
-    src_dir = args.spawn.resolve() / args.model
-    versions = layout.list_versions(src_dir)
-    if not versions:
-        raise OpsError(f"no exported version under {src_dir}")
-    newest = versions[-1]
     base = work / "models"
-    shutil.copytree(src_dir / str(newest), base / args.model / str(newest))
-    text = f"""model_config_list {{ config {{
-        name: "{args.model}" base_path: "{base / args.model}" model_platform: "tensorflow"
-        model_version_policy {{ specific {{ versions: {newest} }} }}
-        version_labels {{ key: "stable" value: {newest} }}
-        version_labels {{ key: "canary" value: {newest} }} }} }}"""
+    source, newest = copy_newest(args.spawn, args.model, base)
     config = work / "models.config"
-    serverconfig.write_atomic(config, modelconfig.full_config(text))
+    serverconfig.write_atomic(config, pinned_config(args.model, base, newest))
     replicas = start_replicas(config, work, args.replicas)
     gateway = None
     monitor = None
@@ -296,7 +285,7 @@ def drill(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "--timeout", str(args.step_timeout), *[f"--server={r.target}" for r in replicas],
         ]  # fmt: skip
         monitor = ReplicaMonitor(replicas, args.model).start()
-        return run_phases(args, replicas, url, push_args, monitor, src_dir / str(newest))
+        return run_phases(args, replicas, url, push_args, monitor, source)
     finally:
         if monitor is not None:
             monitor.stop()

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import signal
 import threading
 import time
@@ -42,11 +41,11 @@ from typing import Any
 
 import requests
 
-from modelformat import layout, serverconfig
+from modelformat import serverconfig
 from ops import modelconfig, stack
 from ops.delayproxy import DelayProxy
 from ops.drills import common
-from ops.drills.common import Answer
+from ops.drills.common import Answer, copy_newest, pinned_config
 from ops.drills.replica import run_push, scrape, upstream_settings
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env, free_port, port_open
@@ -275,18 +274,8 @@ class Drill:
     def run(self) -> dict[str, Any]:
         """Set up, run every step under load, tear down; return the results."""
         args = self.args
-        src_dir = args.spawn.resolve() / args.model
-        versions = layout.list_versions(src_dir)
-        if not versions:
-            raise OpsError(f"no exported version under {src_dir}")
-        source = src_dir / str(versions[-1])
-        shutil.copytree(source, self.base / args.model / "1")
-        text = f"""model_config_list {{ config {{
-            name: "{args.model}" base_path: "{self.base / args.model}" model_platform: "tensorflow"
-            model_version_policy {{ specific {{ versions: 1 }} }}
-            version_labels {{ key: "stable" value: 1 }}
-            version_labels {{ key: "canary" value: 1 }} }} }}"""
-        serverconfig.write_atomic(self.config, modelconfig.full_config(text))
+        source, _ = copy_newest(args.spawn, args.model, self.base, as_version=1)
+        serverconfig.write_atomic(self.config, pinned_config(args.model, self.base, 1))
         gateway = None
         load = None
         try:

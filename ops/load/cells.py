@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 import requests
 
+JSON_HEADERS = {"Content-Type": "application/json"}
 # Token ids 5..99 exist in every BERT vocabulary here (ids 0..4 are the special tokens).
 _ID_LOW, _ID_HIGH = 5, 100
 _SENTENCE = (
@@ -156,26 +157,33 @@ def rest_sender(
     """Return a sender doing REST :predict with the columnar ``inputs`` format."""
     path = f"{model}/versions/{version}" if version is not None else model
     endpoint = f"{url.rstrip('/')}/v1/models/{path}:predict"
-    headers = {"Content-Type": "application/json"}
+
+    def decoded(answer: bytes) -> int | None:
+        orjson.loads(answer)  # a client decodes the answer; that cost belongs in the figure
+        return version
 
     def send() -> tuple[bool, int, int, int | None, str]:
         body = orjson.dumps({"inputs": {k: v.tolist() for k, v in tensors.items()}})
-        try:
-            resp = session.post(endpoint, data=body, headers=headers, timeout=timeout_s)
-        except requests.RequestException as exc:
-            return False, len(body), 0, None, type(exc).__name__
-        if resp.status_code != 200:
-            return (
-                False,
-                len(body),
-                len(resp.content),
-                None,
-                f"{resp.status_code} {resp.text[:200]}",
-            )
-        orjson.loads(resp.content)  # a client decodes the answer; that cost belongs in the figure
-        return True, len(body), len(resp.content), version, ""
+        return _posted(session, endpoint, body, timeout_s, decoded)
 
     return send
+
+
+def _posted(
+    session: requests.Session,
+    endpoint: str,
+    body: bytes,
+    timeout_s: float,
+    version_of: Callable[[bytes], int | None],
+) -> tuple[bool, int, int, int | None, str]:
+    """POST ``body`` as JSON; return a sender's tuple (``version_of`` reads a 200's answer)."""
+    try:
+        resp = session.post(endpoint, data=body, headers=JSON_HEADERS, timeout=timeout_s)
+    except requests.RequestException as exc:
+        return False, len(body), 0, None, type(exc).__name__
+    if resp.status_code != 200:
+        return False, len(body), len(resp.content), None, f"{resp.status_code} {resp.text[:200]}"
+    return True, len(body), len(resp.content), version_of(resp.content), ""
 
 
 def gateway_payload(texts: list[str], version: int | None) -> dict[str, Any]:
@@ -200,24 +208,10 @@ def gateway_sender(
 ) -> Sender:
     """Return a sender doing the gateway's ``:classify`` or ``:embed`` with raw texts."""
     endpoint = f"{url.rstrip('/')}/v1/models/{model}:{verb}"
-    headers = {"Content-Type": "application/json"}
     payload = gateway_payload(texts, version)
 
     def send() -> tuple[bool, int, int, int | None, str]:
-        body = orjson.dumps(payload)
-        try:
-            resp = session.post(endpoint, data=body, headers=headers, timeout=timeout_s)
-        except requests.RequestException as exc:
-            return False, len(body), 0, None, type(exc).__name__
-        if resp.status_code != 200:
-            return (
-                False,
-                len(body),
-                len(resp.content),
-                None,
-                f"{resp.status_code} {resp.text[:200]}",
-            )
-        return True, len(body), len(resp.content), served_version(resp.content), ""
+        return _posted(session, endpoint, orjson.dumps(payload), timeout_s, served_version)
 
     return send
 
@@ -239,19 +233,18 @@ def gateway_http_sender(
     host = parsed.hostname or "127.0.0.1"
     conn = http.client.HTTPConnection(host, parsed.port, timeout=timeout_s)
     path = f"{parsed.path.rstrip('/')}/v1/models/{model}:{verb}"
-    headers = {"Content-Type": "application/json"}
     payload = gateway_payload(texts, version)
 
     def send() -> tuple[bool, int, int, int | None, str]:
         body = orjson.dumps(payload)
         try:
             try:
-                conn.request("POST", path, body=body, headers=headers)
+                conn.request("POST", path, body=body, headers=JSON_HEADERS)
                 resp = conn.getresponse()
             except (http.client.RemoteDisconnected, ConnectionError):
                 # The server closed an idle keep-alive connection (gunicorn: after 5 s): reconnect.
                 conn.close()
-                conn.request("POST", path, body=body, headers=headers)
+                conn.request("POST", path, body=body, headers=JSON_HEADERS)
                 resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as exc:
