@@ -89,18 +89,28 @@ def _ours(threads: int) -> Callable[[dict[str, Any], Path], Model]:
     return load
 
 
+def _saved_base_model(path: Path) -> Any:
+    """Return the base model the bench saved in ``path`` (architectures_bench.save_checkpoint):
+    built from its config.json, its weights read from model.safetensors, every tensor matched.
+    Only files on disk are read: nothing names a hub repository."""
+    import transformers
+    from safetensors.torch import load_file
+
+    values = json.loads((path / "config.json").read_text())
+    config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    model = transformers.AutoModel.from_config(config)
+    model.load_state_dict(load_file(path / "model.safetensors"), strict=True)
+    return model.eval()
+
+
 def _pooled(path: str, token_types: bool) -> Any:
     """Return transformers' base model with mean pooling over the mask, as one torch module."""
     import torch
-    import transformers
 
     class Pooled(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            # the bench's own save_pretrained directory: a local folder, never a hub name
-            if not Path(path).is_dir():
-                raise FileNotFoundError(f"no saved model directory at {path}")
-            self.model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
+            self.model = _saved_base_model(Path(path))
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
             extra = {"token_type_ids": token_type_ids} if token_types else {}
