@@ -87,7 +87,7 @@ def pair_token_ids(
     """Return each pair's ids and token types exactly as the gateway builds them for this
     checkpoint: its tokenizer.json's pair template (``[CLS] a [SEP] b [SEP]`` with type 1 on
     ``b [SEP]`` for BERT; ``<s> a </s></s> b </s>`` with every type 0 for RoBERTa, XLM-R,
-    CamemBERT, ModernBERT), cut ``longest_first`` to the tokenizer's max_seq_len on its
+    CamemBERT, MPNet), cut ``longest_first`` to the tokenizer's max_seq_len on its
     truncation side (``backend.tokenization.longest_first``: HF tokenizers' rule), so a long
     answer never pushes the question out and training cuts pairs as serving does.
 
