@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from finetune.tasks import PairTask, TaskOptions
+from tests.finetune.test_finetune_heads import ONE_EPOCH, pair_rows, write_pairs
 
 ARCHS = ["bert", "roberta", "xlm-roberta", "deberta-v3"]
 MAX = 24
@@ -29,11 +30,6 @@ PAIRS = [
     ("refund my card please " * 8, "the card was charged twice"),  # first alone fills MAX
     ("refund my card please " * 5, "the card was charged twice " * 5),  # both long
 ]
-
-
-def _write_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
-    path.write_text("text_a\ttext_b\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
-    return path
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -48,7 +44,7 @@ def test_training_pairs_are_the_pairs_transformers_builds(
 
     path = base_checkpoint(arch)
     rows = [(a, b, "relevant" if i % 2 else "irrelevant") for i, (a, b) in enumerate(PAIRS)]
-    examples = read_pairs(_write_pairs(tmp_path / "pairs.tsv", rows))
+    examples = read_pairs(write_pairs(tmp_path / "pairs.tsv", rows))
     task = PairTask(TaskOptions("pair-classify"))
     task.labels = task.label_set(examples)
     ckpt = read_checkpoint(path)
@@ -73,10 +69,9 @@ def test_a_cross_encoder_fine_tuned_from_roberta_loads_in_transformers_alike(
     from export.model import BertModule
     from finetune.run import finetune
     from finetune.training import TrainConfig
-    from tests.finetune.test_finetune_heads import ONE_EPOCH, pair_rows
 
-    train = _write_pairs(tmp_path / "train.tsv", pair_rows(1) * 2)
-    dev = _write_pairs(tmp_path / "dev.tsv", pair_rows(2))
+    train = write_pairs(tmp_path / "train.tsv", pair_rows(1) * 2)
+    dev = write_pairs(tmp_path / "dev.tsv", pair_rows(2))
     result = finetune(base_checkpoint("roberta"), train, dev, tmp_path / "out", test_path=dev,
                       config=TrainConfig(**ONE_EPOCH), precision="fp32", max_seq_len=32,
                       task=TaskOptions("pair-classify", num_labels=1))  # fmt: skip
