@@ -160,12 +160,12 @@ def _ours(path: Path, head: str, feeds: dict[str, np.ndarray], pooling: str = "m
     """Return export's serving outputs for the checkpoint at ``path`` (fp32, in-process)."""
     from export.checkpoint import read_checkpoint
     from export.heads import resolve_head
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     ckpt = read_checkpoint(path)
     task = {"tag": "tag", "embed": "embed"}.get(head, "classify")
     activation = resolve_head(task, ckpt.head_config, ckpt.labels).activation
-    module = BertModule(ckpt.config, ckpt.weights, task=task, pooling=pooling,
+    module = EncoderModule(ckpt.config, ckpt.weights, task=task, pooling=pooling,
                         activation=activation)  # fmt: skip
     return run(module.serve, feeds)
 
@@ -259,12 +259,12 @@ def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
 def _module(path: Path, head: str, **kwargs: Any) -> Any:
     from export.checkpoint import read_checkpoint
     from export.heads import resolve_head
-    from export.model import BertModule
+    from export.model import EncoderModule
 
     ckpt = read_checkpoint(path)
     task = {"tag": "tag", "embed": "embed"}.get(head, "classify")
     activation = resolve_head(task, ckpt.head_config, ckpt.labels).activation
-    return BertModule(ckpt.config, kwargs.pop("weights", ckpt.weights), task=task,
+    return EncoderModule(ckpt.config, kwargs.pop("weights", ckpt.weights), task=task,
                       activation=activation, **kwargs)  # fmt: skip
 
 
@@ -430,10 +430,10 @@ def test_export_reads_and_builds_every_architecture_without_torch(
     code = (
         "import sys\n"
         "from export.checkpoint import read_checkpoint\n"
-        "from export.model import BertModule\n"
+        "from export.model import EncoderModule\n"
         "for path in sys.argv[1:]:\n"
         "    ckpt = read_checkpoint(path)\n"
-        "    BertModule(ckpt.config, ckpt.weights, task='classify')\n"
+        "    EncoderModule(ckpt.config, ckpt.weights, task='classify')\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code, *paths], cwd=REPO, env=child_env(),
