@@ -407,6 +407,38 @@ def test_a_torch_pickle_only_checkpoint_is_refused_with_what_to_do(tmp_path: Pat
         read_checkpoint(tmp_path)
 
 
+def test_a_slow_tokenizer_only_checkpoint_is_told_how_to_make_tokenizer_json(
+    checkpoints: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    """RoBERTa saved with its slow tokenizer (vocab.json + merges.txt, no tokenizer.json): the
+    error says how to make tokenizer.json, and what it says, run as said, makes it readable."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tokenizers import Tokenizer
+
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    path = tmp_path / "slow"
+    shutil.copytree(checkpoints("roberta", "single"), path)
+    fast = Tokenizer.from_file(str(path / "tokenizer.json"))
+    fast.model.save(str(path))  # vocab.json + merges.txt, the slow RobertaTokenizer's files
+    (path / "tokenizer.json").unlink()
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "RobertaTokenizer"  # as a slow tokenizer's save names itself
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ExportError, match=r"vocab\.json, merges\.txt.*no tokenizer\.json"
+    ) as caught:
+        read_checkpoint(path)
+    command = str(caught.value).split("python -c ", 1)[1].split(", then", 1)[0]
+    subprocess.run([sys.executable, "-c", json.loads(command)], check=True, timeout=120)
+    assert read_checkpoint(path).tokenizer is not None
+    assert (path / "tokenizer.json").is_file()
+
+
 def test_an_unknown_model_type_names_every_supported_one(tmp_path: Path) -> None:
     from export.checkpoint import read_checkpoint
     from export.errors import ExportError
