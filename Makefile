@@ -120,7 +120,7 @@ loadtest: setup models ## gRPC vs REST under load, at the model server and throu
 	    --concurrency 1,4,16,64 --texts-per-request 1,8 --words 8,48 --duration 5 --warmup 1 \
 	    --repeats 3 --out results/loadtest
 
-drills: setup models ## the five ops drills: reload, fault, replica, rolling update, rollout
+drills: setup models ## the six ops drills: reload, fault, replica, rolling update, rollout, hostile
 	$(PY) scripts/reload_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
 	$(PY) scripts/fault_drill.py --spawn $(MODELS) --model minilm-intent --clients 8 --timeout 2
 	$(PY) scripts/replica_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60

@@ -276,7 +276,7 @@ def _build_modules(
     sentence: SentenceModules | None = None,
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     label_vectors = None
     labels = ckpt.labels if task in ("classify", "tag") else []
@@ -286,7 +286,7 @@ def _build_modules(
 
         pairs = read_label_prompts(label_prompts)
         say(f"embedding {len(pairs)} label prompts for a zero-shot head")
-        encoder = BertModule(ckpt.config, ckpt.weights, task="embed", pooling=pooling)
+        encoder = EncoderModule(ckpt.config, ckpt.weights, task="embed", pooling=pooling)
         labels, label_vectors = label_embeddings(
             pairs,
             lambda feeds: run(encoder.encode, feeds)["output"],
@@ -304,7 +304,7 @@ def _build_modules(
             from export.sentence_head import SentenceHead
 
             head = SentenceHead(sentence)
-        return BertModule(
+        return EncoderModule(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
             early_exit=exits, activation=activation, sentence_head=head,

@@ -38,6 +38,13 @@ MODULES = [
 ]
 
 
+def groups() -> list[str]:
+    """Return what ``--only`` may name: ``MODULES`` (what a plain run runs), then every other
+    ``benchmarks/*_bench.py`` (run only when named: speed_curve_bench trains two teachers)."""
+    found = sorted(path.stem for path in (REPO / "benchmarks").glob("*_bench.py"))
+    return [*MODULES, *(name for name in found if name not in MODULES)]
+
+
 def machine(cpu: CpuInfo) -> str:
     """Return a one-line description of this machine: CPU model, class, flags, cores, Python."""
     return f"{cpu.describe()}, Python {platform.python_version()}"
@@ -56,7 +63,14 @@ def render(rows: list[Row], cpu: CpuInfo) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base-path", default="models", type=Path)
-    parser.add_argument("--only", nargs="*", help="benchmark modules to run (default: all)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        choices=groups(),
+        metavar="NAME",
+        help=f"benchmark modules to run (default: {', '.join(MODULES)}); also: "
+        f"{', '.join(groups()[len(MODULES) :])}",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
     parser.add_argument(

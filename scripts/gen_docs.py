@@ -362,12 +362,21 @@ def all_helps() -> dict[str, str]:
         return {command: text for (command, _), text in zip(commands, outputs, strict=True)}
 
 
+# cli.md's second part: what rehearses or measures the stack, and this generator; whoever runs the
+# gateway needs none of them
+PROJECT_TOOLS = re.compile(
+    r"_drill\.py$|scripts/(?:bench|loadtest|profile_gateway|gen_docs)\.py$|-m ops\.(?:load|drills)$"
+)
+CLI_PARTS = ("Commands a user runs", "Drills, benchmarks and the project's own tools")
+
+
 def cli_body(helps: dict[str, str]) -> str:
-    """Return every command's --help, one section each."""
-    parts = []
+    """Return every command's --help, one section each: the user's commands first."""
+    parts: dict[str, list[str]] = {title: [] for title in CLI_PARTS}
     for command, _ in cli_entry_points():
-        parts.append(f"### `{command}`\n\n```text\n{helps[command]}```\n")
-    return "\n".join(parts)
+        title = CLI_PARTS[1] if PROJECT_TOOLS.search(command) else CLI_PARTS[0]
+        parts[title].append(f"### `{command}`\n\n```text\n{helps[command]}```\n")
+    return "\n".join(f"## {title}\n\n" + "\n".join(body) for title, body in parts.items())
 
 
 def generated_pages(helps: dict[str, str] | None = None) -> dict[Path, str]:
