@@ -46,7 +46,7 @@ from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
 WORDS = 8
 BATCH = 32
 CLIENTS = 16
-THREADS = 4  # the gateway's and the floor's threads per worker
+THREADS = 8  # threads per worker, the gateway's and the floor's: docker/gunicorn.conf.py's default
 TIMEOUT_S = 60.0
 # The throughput figure of issue 43: one H200 runs the demo's MiniLM at about 143,000 texts/s
 # (fp16, batches of 1,024 × 32 tokens).
@@ -290,7 +290,7 @@ def _sizes(ctx: BenchContext, target: Target) -> tuple[int, int]:
     ms of worker CPU at least (CPU times tick every 10 ms)."""
     if ctx.quick:
         return (6, 1) if target.texts > 1 else (20, 2)
-    return (60, 4) if target.texts > 1 else (300, 20)
+    return (80, 5) if target.texts > 1 else (300, 20)
 
 
 def _embed_output(base: Path, model: str, version: int) -> str:
@@ -433,5 +433,5 @@ def setup(result: dict[str, Any]) -> str:
             f"timing headers), grpc upstream, 1 worker, {THREADS} threads; the floor: "
             f"benchmarks/relay_floor_app.py under gunicorn gthread, 1 worker, {THREADS} threads, "
             f"answering the same texts with the gateway's own upstream request; stretches per "
-            f"round: 300 sequential / {CLIENTS} × 20 concurrent requests of 1 text, 60 / "
-            f"{CLIENTS} × 4 of {BATCH} texts")  # fmt: skip
+            f"round: 300 sequential / {CLIENTS} × 20 concurrent requests of 1 text, 80 / "
+            f"{CLIENTS} × 5 of {BATCH} texts")  # fmt: skip
