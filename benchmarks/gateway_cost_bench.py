@@ -387,27 +387,44 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     left.set_xticks(list(xs), labels, fontsize=6, rotation=30, ha="right")
     left.set_ylabel("worker CPU ms per request")
     left.set_title("worker CPU per request (× the floor)", fontsize=9)
-    left.legend(fontsize=7)
-    bottoms = [0.0] * len(gateway)
-    names = sorted({n for t in gateway for n in split(result, t.key) if n != "total"},
-                   key=lambda n: list(split(result, gateway[0].key)).index(n)
-                   if n in split(result, gateway[0].key) else 99)  # fmt: skip
-    for name in names:
-        values = [split(result, t.key).get(name, 0.0) for t in gateway]
-        right.bar([t.label for t in gateway], values, bottom=bottoms, label=name)
-        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    totals = [split(result, t.key).get("total", 0.0) for t in gateway]
-    right.scatter([t.label for t in gateway], totals, marker="_", s=400, color="black",
-                  label="total", zorder=5)  # fmt: skip
-    right.set_ylabel("wall ms (Server-Timing, sequential, median)")
-    right.set_title("the gateway's stage split", fontsize=9)
-    right.tick_params(axis="x", labelsize=7)
-    right.legend(fontsize=7)
+    left.set_ylim(0, max(floor_ms + gw_ms) * 1.15)
+    left.legend(fontsize=7, loc="upper left")
+    _plot_stages(right, result, gateway)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# Stages that wait on the model server: wall time, not the worker's work; left out of the bars.
+WAITING = ("queue", "upstream", "call")
+
+
+def _plot_stages(ax: Any, result: dict[str, Any], gateway: list[Target]) -> None:
+    """Stack each route's worker-side stages (wall ms) and the rest of its request."""
+    splits = [split(result, t.key) for t in gateway]
+    names = list(dict.fromkeys(n for s in splits for n in s if n not in (*WAITING, "total")))
+    labels = [t.label for t in gateway]
+    bottoms = [0.0] * len(gateway)
+    for name in [*names, "rest"]:
+        if name == "rest":  # the request outside every named stage: HTTP, Flask, JSON, metrics
+            values = [
+                max(0.0, s.get("total", 0.0) - sum(v for n, v in s.items() if n != "total"))
+                for s in splits
+            ]
+        else:
+            values = [s.get(name, 0.0) for s in splits]
+        ax.bar(labels, values, bottom=bottoms, label=name)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    for x, s in enumerate(splits):
+        waiting = "\n".join(f"{n} {s[n]:.1f} ms" for n in WAITING if s.get(n))
+        ax.annotate(waiting, (x, bottoms[x]), ha="center", va="bottom", fontsize=6)
+    ax.set_ylabel("wall ms in the gateway (Server-Timing, sequential, median)")
+    ax.set_title("the gateway's stages, waiting on the model server left out", fontsize=9)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_ylim(0, max(bottoms, default=1.0) * 1.3)
+    ax.legend(fontsize=7, loc="lower right")
 
 
 def run(ctx: BenchContext) -> list[Row]:
