@@ -35,14 +35,22 @@ MODULES = [
     "heads_bench",
     "observability_bench",
     "architectures_bench",
+    "gateway_cost_bench",
 ]
 
 
 def groups() -> list[str]:
     """Return what ``--only`` may name: ``MODULES`` (what a plain run runs), then every other
-    ``benchmarks/*_bench.py`` (run only when named: speed_curve_bench trains two teachers)."""
+    ``benchmarks/*_bench.py`` (run only when named: speed_curve_bench trains two teachers), then
+    each ``*_bench`` module's short name (``gateway_cost`` for gateway_cost_bench)."""
     found = sorted(path.stem for path in (REPO / "benchmarks").glob("*_bench.py"))
-    return [*MODULES, *(name for name in found if name not in MODULES)]
+    names = [*MODULES, *(name for name in found if name not in MODULES)]
+    return [*names, *(n.removesuffix("_bench") for n in names if n.endswith("_bench"))]
+
+
+def module_name(name: str) -> str:
+    """Return the module of a group named on --only: ``gateway_cost`` is gateway_cost_bench."""
+    return name if name in MODULES or f"{name}_bench" not in MODULES else f"{name}_bench"
 
 
 def machine(cpu: CpuInfo) -> str:
@@ -88,11 +96,12 @@ def main() -> int:
             work_dir=Path(tmp),
             repeats=args.repeats,
             quick=args.quick,
+            runs_dir=args.runs_dir,
         )
         for name in args.only or MODULES:
             print(f"== {name}", flush=True)
             try:
-                module = importlib.import_module(f"benchmarks.{name}")
+                module = importlib.import_module(f"benchmarks.{module_name(name)}")
                 rows += module.run(ctx)
             except Exception as exc:  # one broken benchmark must not hide the others
                 traceback.print_exc()
