@@ -79,13 +79,31 @@ def test_the_committed_summary_is_what_the_run_files_give() -> None:
     assert runs.SUMMARY.read_text(encoding="utf-8") == runs.render_summary(runs.RUNS_DIR)
 
 
+# scripts/bench.py's main with one more group whose run raises at once (--only takes only real
+# groups, so the broken one is added to MODULES before main parses the arguments).
+BROKEN_GROUP = """
+import importlib.util, sys, types
+spec = importlib.util.spec_from_file_location("bench", "scripts/bench.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+broken = types.ModuleType("benchmarks.broken_bench")
+def run(ctx):
+    raise RuntimeError("broken at once")
+broken.run = run
+sys.modules["benchmarks.broken_bench"] = broken
+bench.MODULES.append("broken_bench")
+sys.argv = ["scripts/bench.py", *sys.argv[1:]]
+sys.exit(bench.main())
+"""
+
+
 def test_bench_writes_a_run_file_and_the_summary_where_it_is_told(tmp_path: Path) -> None:
     """scripts/bench.py end to end on a module that fails at once: its row still lands in a new
     run file under --runs-dir, the summary is regenerated, and results/ is left alone."""
     before = sorted(runs.RUNS_DIR.iterdir()), runs.SUMMARY.read_text(encoding="utf-8")
     summary = tmp_path / "summary.md"
     done = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--only", "no_such_bench", "--runs-dir",
+        [sys.executable, "-c", BROKEN_GROUP, "--only", "broken_bench", "--runs-dir",
          str(tmp_path / "runs"), "--summary", str(summary)],
         cwd=runs.REPO, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
