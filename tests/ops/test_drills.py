@@ -71,6 +71,20 @@ def test_unload_gap_runs_from_the_label_moving_off_to_the_last_available_sightin
     assert monitor.unload_gaps()[2] < 0
 
 
+def test_an_answer_is_judged_by_the_sightings_around_it_however_slowly_the_monitor_polls() -> None:
+    monitor = drills.StatusMonitor(None, MODEL)  # type: ignore[arg-type]  # never polled
+    # a monitor slowed to one sighting every 2 s: v3 appears in the first one after the answer
+    monitor.seen = [(0.0, frozenset({2})), (2.0, frozenset({2})), (4.0, frozenset({2, 3}))]
+    assert monitor.available_during(3, 2.5, 2.6, 0.3)
+    assert monitor.available_during(2, 2.5, 2.6, 0.3)
+    # an answer from a version no sighting near it had: not AVAILABLE
+    assert not monitor.available_during(5, 2.5, 2.6, 0.3)
+    # v3 was gone two sightings before the answer: not AVAILABLE then
+    monitor.seen = [(0.0, frozenset({3})), (1.0, frozenset()), (2.0, frozenset()),
+                    (4.0, frozenset())]  # fmt: skip
+    assert not monitor.available_during(3, 2.5, 2.6, 0.3)
+
+
 @pytest.mark.slow
 def test_fault_drill_kill_and_slow_model_server(
     tiny_exports: Path, tmp_path: Path, record_property: Callable[[str, object], None]
