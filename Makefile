@@ -73,7 +73,9 @@ sysdeps: ## apt-get the Debian packages the tests start (root only; listed other
 	else echo "sysdeps: not root: missing Debian packages ($$missing); the tests that need them skip"; fi
 
 test: setup sysdeps lint models ## the development set, lint and the whole suite (real servers on free ports)
-	$(PY) -m pytest -q
+	@start=$$(date +%s); $(PY) -m pytest -q --durations=15; status=$$?; \
+	echo "make test: the suite ran $$(( $$(date +%s) - start )) s wall clock (the 15 slowest tests above)"; \
+	exit $$status
 
 bench: setup models ## every benchmark; a dated run file per CPU class in results/runs/, summary regenerated
 	@$(MAKE) --no-print-directory infinity-env || echo "bench: infinity's environment could not be made: the e2e benchmark skips its row and says why"

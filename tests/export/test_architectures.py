@@ -82,32 +82,34 @@ LENGTHS = (12, 7, 4)  # a padded batch: the first row fills the length
 _TRAINED: dict[str, Any] = {}
 
 
-def _tokenizer(arch: str) -> Any:
-    """Return the tiny trained tokenizer of ``arch``'s kind (trained once per kind)."""
+def _tokenizer(arch: str, kind: str | None = None) -> Any:
+    """Return the tiny trained tokenizer of ``kind`` (by default ``arch``'s own; trained once per
+    kind)."""
     from export.tiny_tokenizers import build_tokenizer
 
-    kind = TOKENIZERS[arch]
+    kind = kind or TOKENIZERS[arch]
     if kind not in _TRAINED:
         _TRAINED[kind] = build_tokenizer(kind)
     return _TRAINED[kind]
 
 
-def _config(arch: str, head: str) -> Any:
-    rows = _tokenizer(arch).get_vocab_size(with_added_tokens=True)
+def _config(arch: str, head: str, kind: str | None = None) -> Any:
+    rows = _tokenizer(arch, kind).get_vocab_size(with_added_tokens=True)
     values = {**SIZE, "vocab_size": rows, **ARCHITECTURES[arch], **HEADS[head][1]}
     model_type = values.pop("model_type")
     return transformers.AutoConfig.for_model(model_type, **values)
 
 
-def save_checkpoint(arch: str, head: str, where: Path) -> Path:
-    """Save a tiny random model of ``arch`` with ``head`` as transformers does; return its dir."""
+def save_checkpoint(arch: str, head: str, where: Path, kind: str | None = None) -> Path:
+    """Save a tiny random model of ``arch`` with ``head`` as transformers does, with a tokenizer
+    of ``kind`` (by default the architecture's own, TOKENIZERS); return its dir."""
     cls, _ = HEADS[head]
     torch.manual_seed(sorted(ARCHITECTURES).index(arch) * 10 + sorted(HEADS).index(head))
-    model = cls.from_config(_config(arch, head)).eval()
+    model = cls.from_config(_config(arch, head, kind)).eval()
     path = where / f"{arch}-{head}"
     model.save_pretrained(path)
     # what save_pretrained writes beside a fast tokenizer: tokenizer.json + its config, no vocab.txt
-    write_tokenizer(path, TOKENIZERS[arch], trained=_tokenizer(arch))
+    write_tokenizer(path, kind or TOKENIZERS[arch], trained=_tokenizer(arch, kind))
     return path
 
 
