@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,12 +24,26 @@ from tests.ops.conftest import MODEL
 def run_drill(script: str, out: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     """Run a drill script; return its exit status, its JSON result and its output."""
     cmd = [sys.executable, f"scripts/{script}", "--json", str(out), *args]
-    result = subprocess.run(
-        cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=280
-    )
-    output = result.stdout + result.stderr
+    # A drill stopped at the timeout is interrupted first (SIGINT: its finally blocks stop the
+    # model servers and gunicorns it spawned in their own sessions), then its group is killed,
+    # rather than leaving its servers to load the rest of the suite.
+    drill = subprocess.Popen(
+        cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = drill.communicate(timeout=280)
+    except subprocess.TimeoutExpired:
+        drill.send_signal(signal.SIGINT)
+        try:
+            stdout, stderr = drill.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(drill.pid, signal.SIGKILL)
+            stdout, stderr = drill.communicate()
+        pytest.fail(f"{script} ran past 280 s:\n{(stdout + stderr)[-3000:]}")
+    output = stdout + stderr
     assert out.is_file(), output[-3000:]
-    return result.returncode, json.loads(out.read_text()), output
+    return drill.returncode, json.loads(out.read_text()), output
 
 
 # How soon a label move is seen (the drill checks 3 s, its --switch-bound) is this machine's
