@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from backend import auth, metrics, routing, timing, tracing
+from backend import auth, budget, metrics, routing, timing, tracing
 from backend.bucketing import Chunk, pad_batch, plan_chunks, reassemble
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
@@ -319,6 +319,7 @@ class Gateway:
                 names = [str(i) for i in range(values.shape[-1])]
             predictions, row = [], 0
             for text, text_windows in zip(request.texts, windows, strict=True):
+                budget.check_deadline()
                 rows = [values[row + k, : w.encoded.ids.shape[0]] for k, w in
                         enumerate(text_windows)]  # fmt: skip
                 row += len(text_windows)
@@ -572,6 +573,7 @@ class Gateway:
             )
         if check is not None:
             check(assets)
+        budget.begin(self.settings, deadline)  # spent by the tokenizer (backend/budget.py)
         with timing.stage("tokenize"):
             encoded = encode(assets) if encode is not None else assets.tokenizer.encode(texts)
         speeds = None
