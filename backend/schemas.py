@@ -130,7 +130,7 @@ class ClassifyRequest(_Request):
     )
     top_k: Int = Field(default=1, ge=1, le=1000, description="How many ranked labels to return.")
     return_logits: bool = Field(default=False, description="Also return the raw logits.")
-    speed: Speed | list[Speed] | None = Field(
+    speed: Speed | Annotated[list[Speed], Field(min_length=1)] | None = Field(
         default=None,
         description="Early-exit models: how early a text may leave the model, 0 (the full "
         "model) to 1 (the first exit); one number for every text, or a list with one per text: "
@@ -172,6 +172,22 @@ PROMPT_OR_INPUT_TYPE: dict[str, Any] = {
         "properties": {"prompt_name": {"type": "string"}, "input_type": {"type": "string"}},
     }}]
 }  # fmt: skip
+
+
+# A prompt goes before a text: token ids take no prompt_name or input_type (a 422 otherwise),
+# which the schema says too: an input whose items are ids or lists of ids has neither.
+PROMPTS_NEED_TEXTS: list[dict[str, Any]] = [{"not": {
+    "required": ["input", field],
+    "properties": {
+        "input": {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "array"}]}},
+        field: {"type": "string"},
+    },
+}} for field in ("prompt_name", "input_type")]  # fmt: skip
+
+
+def _openai_embeddings(schema: dict[str, Any]) -> None:
+    """Say in the schema: prompt_name or input_type, not both, and neither with token ids."""
+    schema["allOf"] = [*PROMPT_OR_INPUT_TYPE["allOf"], *PROMPTS_NEED_TEXTS]
 
 
 def _prompt_or_input_type(schema: dict[str, Any]) -> None:
@@ -249,7 +265,7 @@ class EmbeddingsRequest(BaseModel):
     """Body of POST /v1/embeddings (OpenAI's request)."""
 
     # Other fields are ignored, as clients of other providers send their own.
-    model_config = ConfigDict(extra="ignore", json_schema_extra=PROMPT_OR_INPUT_TYPE)
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_openai_embeddings)
 
     input: (
         Text

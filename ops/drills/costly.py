@@ -188,9 +188,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(table(rows))
     for r in rows:
         print(f"  {r['probe']}: {r['answer']}")
-    result = {"rows": rows, "checks": checks(rows)}
-    common.print_checks(result["checks"])
-    return result
+    verdicts = checks(rows)
+    common.print_checks(verdicts)
+    return {"rows": rows, "checks": verdicts}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
