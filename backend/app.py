@@ -18,7 +18,7 @@ from typing import Any
 from flask import Flask, Response, current_app, g, request
 from werkzeug.routing import BaseConverter
 
-from backend import auth, budget, metrics, observability, ratelimit, routing
+from backend import auth, metrics, observability, ratelimit, routing
 from backend.api import (
     BODY_READ,
     authorize_model,
@@ -116,7 +116,6 @@ def _start_timer() -> None:
     # hook below refuses it before _start_routing runs.
     routing.start_request(None)
     auth.current_key.set(None)
-    budget.clear()
 
 
 METRICS_PATH = "/metrics"

@@ -2,15 +2,18 @@
 upstream rows (text-embeddings-inference's ``max_batch_tokens`` / ``max_client_batch_size`` as the
 analogy) and its deadline, checked by the tokenizer as it goes and by post-processing loops.
 
-The gateway's ``_infer_once`` starts a fresh budget before it tokenizes (``begin``); the
-tokenizer spends from it right after each tokenization, before windows or pairs are built
-(``spend``); long loops call ``check_deadline``. Outside a request (training, tests of the
-tokenizer alone) there is no budget and both are no-ops.
+The gateway's ``_infer_once`` tokenizes within a fresh budget (``scope``); the tokenizer spends
+from it right after each tokenization, before windows or pairs are built (``spend``), and its
+loops call ``check_deadline``. Outside that scope (training, tests of the tokenizer alone, the
+rest of the request) there is no budget and both are no-ops; post-processing checks the
+request's deadline itself (``past_deadline``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -47,23 +50,27 @@ class Budget:
 
     def check_deadline(self) -> None:
         """504 once the request's deadline has passed."""
-        if time.monotonic() > self.deadline:
-            raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S before its call")
+        past_deadline(self.deadline)
+
+
+def past_deadline(deadline: float) -> None:
+    """504 once ``deadline`` (time.monotonic()) has passed."""
+    if time.monotonic() > deadline:
+        raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S")
 
 
 _active: ContextVar[Budget | None] = ContextVar("gateway_budget", default=None)
 
 
-def begin(settings: Settings, deadline: float) -> Budget:
-    """Start this request's budget (each inference attempt starts a fresh one)."""
+@contextmanager
+def scope(settings: Settings, deadline: float) -> Iterator[Budget]:
+    """Run the enclosed tokenization within a fresh budget of ``settings``' limits."""
     budget = Budget(settings.max_request_tokens, settings.max_request_rows, deadline)
-    _active.set(budget)
-    return budget
-
-
-def clear() -> None:
-    """Forget the budget (a pool thread's next request starts without one)."""
-    _active.set(None)
+    token = _active.set(budget)
+    try:
+        yield budget
+    finally:
+        _active.reset(token)
 
 
 def spend(rows: int, tokens: int) -> None:

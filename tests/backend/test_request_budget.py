@@ -28,6 +28,7 @@ import requests
 
 from backend import budget
 from backend.errors import PayloadTooLarge, UpstreamTimeout
+from backend.settings import Settings
 from backend.tokenization import BertTokenizer
 from export.tiny import tiny_vocab
 from ops.drills.costly import PeakRss
@@ -241,14 +242,17 @@ def test_the_tokenizer_checks_the_deadline_as_it_goes() -> None:
         "texts": lambda: tokenizer.encode(["hi"]),
         "ids": lambda: tokenizer.encode_ids([[5, 6]]),
     }
+    roomy = Settings(max_request_tokens=10**9, max_request_rows=10**9)
     for name, call in calls.items():
-        budget.clear()
         call()  # no budget: no check
-        budget._active.set(budget.Budget(10**9, 10**9, deadline=time.monotonic() - 1))
-        with pytest.raises(UpstreamTimeout):
+        with budget.scope(roomy, deadline=time.monotonic() - 1), pytest.raises(UpstreamTimeout):
             call()
-        budget._active.set(budget.Budget(10**9, 0, deadline=time.monotonic() + 60))
-        with pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_REQUEST_ROWS"):
+        no_rows = roomy.replace(max_request_rows=1)
+        with (
+            budget.scope(no_rows, deadline=time.monotonic() + 60),
+            pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_REQUEST_ROWS"),
+        ):
             call()
-        budget.clear()
+            call()  # one row is within it (a text, a pair): the second is not
+        call()  # the scope is over: no check
         assert name
