@@ -43,13 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="fp32",
                    help="auto: fp16 on a GPU, bf16 on native-bf16 CPUs, else fp32")  # fmt: skip
-    b.add_argument(
-        "--max-seq-len",
-        type=int,
-        default=128,
-        help="longest input in tokens, specials included; longer texts are cut or "
-        "windowed (default: 128)",
-    )
+    b.add_argument("--max-seq-len", type=int, default=None,
+                   help="longest input in tokens, specials included; longer texts are cut or "
+                   "windowed (default: 128, or the tokenizer's model_max_length where that is "
+                   "lower; model.json's max_seq_len_source says which)")  # fmt: skip
     b.add_argument("--labels", type=Path, help="file with one label per line (head order)")
     b.add_argument("--label-prompts", type=Path,
                    help="zero-shot head: lines of 'label<TAB>description'")  # fmt: skip

@@ -41,6 +41,9 @@ class TokenizerAssets:
     do_lower_case: bool
     entry: dict[str, Any] = field(default_factory=dict)  # model.json's "tokenizer"
     vocab_txt: list[str] | None = None  # a WordPiece vocabulary (kept for older gateways)
+    # tokenizer_config.json's model_max_length, when it states one (not transformers' 1e30
+    # "no limit" placeholder)
+    model_max_length: int | None = None
 
     def special_ids(self) -> tuple[int, int]:
         """Return the ids of the first and last special token of one text ([CLS], [SEP])."""
@@ -157,7 +160,19 @@ def read_tokenizer(path: Path, rows: int, lower: bool | None = None) -> Tokenize
         )
     entry = _entry(tokenizer, config, source, size, path)
     return TokenizerAssets(json_text=text, source=source, vocab=vocab, do_lower_case=do_lower,
-                           entry=entry, vocab_txt=vocab_txt)  # fmt: skip
+                           entry=entry, vocab_txt=vocab_txt,
+                           model_max_length=_max_length(config))  # fmt: skip
+
+
+def _max_length(config: dict[str, Any]) -> int | None:
+    """Return tokenizer_config.json's model_max_length, None when it states none (absent, not a
+    positive integer, or transformers' placeholder for "no limit", 1e30)."""
+    value = config.get("model_max_length")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not 1 <= value < 10**9 or value != int(value):
+        return None
+    return int(value)
 
 
 def _by_id(tokenizer: Any, *, with_added: bool) -> list[str]:
