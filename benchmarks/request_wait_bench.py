@@ -33,7 +33,7 @@ import grpc
 import orjson
 from flask import Flask, Response, request
 
-from benchmarks import Row, median
+from benchmarks import BenchContext, Row, median
 
 WAIT_MS = 15.0
 METHOD = "/probe.Probe/Wait"
@@ -103,7 +103,9 @@ def _per_request(port: int, pid: int, mode: str, n: int) -> tuple[float, float]:
     def send() -> None:
         conn.request("POST", f"/{mode}", BODY, {"Content-Type": "application/json"})
         reply = conn.getresponse()
-        reply.read()
+        data = reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"/{mode}: {reply.status} {data[:200]!r}")
         inside.append(float(reply.headers.get("X-Call-Cpu-Us", "0")))
 
     for _ in range(10):
@@ -202,6 +204,11 @@ def measure(n: int = 300, rounds: int = 3) -> list[Row]:
             "process CPU (all threads) per call, another process than the server's",
         ),
     ]
+
+
+def run(ctx: BenchContext) -> list[Row]:
+    """The rows for scripts/bench.py (``--only request_wait_bench``)."""
+    return measure(n=60 if ctx.quick else 300, rounds=1 if ctx.quick else 3)
 
 
 def main() -> int:
