@@ -35,7 +35,13 @@ MODULES = [
     "heads_bench",
     "observability_bench",
     "architectures_bench",
+    "gateway_cost_bench",
 ]
+
+
+def module_name(name: str) -> str:
+    """Return the module of a group named on --only: ``gateway_cost`` is gateway_cost_bench."""
+    return name if name in MODULES or f"{name}_bench" not in MODULES else f"{name}_bench"
 
 
 def machine(cpu: CpuInfo) -> str:
@@ -74,11 +80,12 @@ def main() -> int:
             work_dir=Path(tmp),
             repeats=args.repeats,
             quick=args.quick,
+            runs_dir=args.runs_dir,
         )
         for name in args.only or MODULES:
             print(f"== {name}", flush=True)
             try:
-                module = importlib.import_module(f"benchmarks.{name}")
+                module = importlib.import_module(f"benchmarks.{module_name(name)}")
                 rows += module.run(ctx)
             except Exception as exc:  # one broken benchmark must not hide the others
                 traceback.print_exc()
