@@ -93,8 +93,8 @@ worker_class = os.environ.get("GATEWAY_WORKER_CLASS") or "backend.httpworker.Lin
 workers = int(os.environ.get("GATEWAY_WORKERS") or max(1, _cpu_count()))
 # 32: a lingering thread serves its keep-alive connection only while another thread is free, so
 # the threads cover the connections a worker keeps (16 clients per worker and some to spare);
-# with 8, 16 clients' requests went through gthread's poller round trip: 1.48-1.85 ms of worker
-# CPU per one-text request instead of 1.19-1.37 ms (AVX-512 + bf16, docs/performance/).
+# with 8, 16 clients' requests went through gthread's poller round trip: 1.63-1.66 ms of worker
+# CPU per one-text request instead of 1.41-1.47 ms (AVX-512 + bf16, docs/performance/).
 threads = int(os.environ.get("GATEWAY_THREADS", "32"))
 preload_app = True
 timeout = int(max(30.0, 3 * _timeout_s))
