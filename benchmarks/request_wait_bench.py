@@ -95,6 +95,14 @@ def _worker_pid(master: int) -> int:
     return int(Path(f"/proc/{master}/task/{master}/children").read_text().split()[0])
 
 
+def _serving(port: int, master: int) -> bool:
+    """Return True once gunicorn listens on ``port`` and has forked its worker."""
+    from ops.procs import port_open
+
+    children = Path(f"/proc/{master}/task/{master}/children")
+    return port_open(port) and bool(children.read_text().split())
+
+
 def _per_request(port: int, pid: int, mode: str, n: int) -> tuple[float, float]:
     """Return (worker CPU ms per request, median thread CPU µs of the gRPC call) over n."""
     conn = http.client.HTTPConnection("127.0.0.1", port)
@@ -141,7 +149,7 @@ def _loop(port: int, n: int) -> float:
 
 def measure(n: int = 300, rounds: int = 3) -> list[Row]:
     """Start the gRPC server and one gunicorn per mode; return the rows (medians of rounds)."""
-    from ops.procs import ServerProcess, child_env, free_port, port_open
+    from ops.procs import ServerProcess, child_env, free_port
 
     server, grpc_port = _serve_grpc()
     modes = ("back-to-back", "sleep", "grpc")
@@ -155,7 +163,7 @@ def measure(n: int = 300, rounds: int = 3) -> list[Row]:
             env = child_env(PROBE_GRPC_TARGET=f"127.0.0.1:{grpc_port}")
             procs[mode] = (port, ServerProcess(cmd, logs / f"request-wait-{mode}.log", env))
         for port, proc in procs.values():
-            proc.wait_until(partial(port_open, port), 60)
+            proc.wait_until(partial(_serving, port, proc.pid), 60)
         cpu: dict[str, list[float]] = {m: [] for m in modes}
         inside: list[float] = []
         bare: list[float] = []
