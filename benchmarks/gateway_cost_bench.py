@@ -46,7 +46,8 @@ from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
 WORDS = 8
 BATCH = 32
 CLIENTS = 16
-THREADS = 8  # threads per worker, the gateway's and the floor's: docker/gunicorn.conf.py's default
+FLOOR_THREADS = 8  # the floor's threads per worker: gthread as issue 43 measured it
+GATEWAY_THREADS = 32  # docker/gunicorn.conf.py's default (benchmarks/stack.py pins 4)
 TIMEOUT_S = 60.0
 # The throughput figure of issue 43: one H200 runs the demo's MiniLM at about 143,000 texts/s
 # (fp16, batches of 1,024 × 32 tokens).
@@ -204,7 +205,7 @@ class Floor:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         cmd = python_cmd("-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
-                         "--threads", str(THREADS), "--keep-alive", "5", "--bind",
+                         "--threads", str(FLOOR_THREADS), "--keep-alive", "5", "--bind",
                          f"127.0.0.1:{port}", "benchmarks.relay_floor_app:app")  # fmt: skip
         env = child_env(FLOOR_TARGET=f"127.0.0.1:{grpc_port}", FLOOR_PROTOS=str(protos),
                         FLOOR_REQUESTS=str(requests), FLOOR_OUTPUT=output)  # fmt: skip
@@ -252,7 +253,8 @@ def measure(ctx: BenchContext) -> dict[str, Any]:
     """Start the stack and the floor, run the interleaved rounds; return the readings."""
     base, classify_model, embed_model = _models(ctx)
     one, batch = make_texts(1, WORDS, seed=1), make_texts(BATCH, WORDS, seed=2)
-    defaults = {"GATEWAY_ACCESS_LOG": "-", "GATEWAY_THREADS": str(THREADS)}  # the product's log
+    # the product's log and threads (benchmarks/stack.py turns the log off and pins 4 threads)
+    defaults = {"GATEWAY_ACCESS_LOG": "-", "GATEWAY_THREADS": str(GATEWAY_THREADS)}
     stack = Stack(ctx, base, [classify_model, embed_model], upstreams=("grpc",), settings=defaults)
     floor: Floor | None = None
     try:
@@ -447,8 +449,9 @@ def setup(result: dict[str, Any]) -> str:
     return (f"gateway_cost: {embed_model} v{version} (:embed, /v1/embeddings) and "
             f"{classify_model} (:classify) behind one model server, {WORDS}-word texts; the "
             f"gateway: docker/gunicorn.conf.py with product defaults (JSON access log, metrics, "
-            f"timing headers), grpc upstream, 1 worker, {THREADS} threads; the floor: "
-            f"benchmarks/relay_floor_app.py under gunicorn gthread, 1 worker, {THREADS} threads, "
+            f"timing headers), grpc upstream, 1 worker, {GATEWAY_THREADS} threads; the floor: "
+            f"benchmarks/relay_floor_app.py under gunicorn gthread, 1 worker, {FLOOR_THREADS} "
+            f"threads, "
             f"answering the same texts with the gateway's own upstream request; stretches per "
             f"round: 300 sequential / {CLIENTS} × 20 concurrent requests of 1 text, 80 / "
             f"{CLIENTS} × 5 of {BATCH} texts")  # fmt: skip

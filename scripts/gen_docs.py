@@ -136,7 +136,7 @@ SETTING_MEANINGS: dict[str, str] = {
 GUNICORN_DEFAULTS: dict[str, str] = {
     "GATEWAY_BIND": "`0.0.0.0:8000`",
     "GATEWAY_WORKERS": "(cores)",
-    "GATEWAY_THREADS": "`8`",
+    "GATEWAY_THREADS": "`32`",
     "GATEWAY_WORKER_CLASS": "(lingering gthread)",
     "GATEWAY_ACCESS_LOG": "`-`",
     "GATEWAY_LOG_LEVEL": "`info`",
