@@ -40,9 +40,12 @@ def share_with_containers(path: Path) -> Path:
 
 def quiet(*args: str) -> str:
     """Run podman for cleanup or logs: never raises, returns what it printed."""
-    result = subprocess.run(
-        ["podman", *args], env=podman_env(), capture_output=True, text=True, timeout=120
-    )
+    try:
+        result = subprocess.run(
+            ["podman", *args], env=podman_env(), capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired as exc:
+        return f"podman {' '.join(args)}: no answer in {exc.timeout} s"
     return result.stdout + result.stderr
 
 

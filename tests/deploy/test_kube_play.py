@@ -7,9 +7,11 @@ kube play can't take as rendered is changed, and only that (``for_kube_play``): 
 server's image (tensorflow/serving can't be pulled here: the ops image's model server, as
 docker/docker-compose.podman.yml), ports and addresses (every pod shares the host's network, so
 free ports on 127.0.0.1 instead of Services), the models claim (a podman volume of its own), the
-keys Secret (a directory holding the same keys.json: podman 4.3's Secret volumes crash) and Redis
-(a redis-server on this host: its image can't be pulled). NetworkPolicies, autoscalers and
-disruption budgets are not kube play's: tests/deploy/test_k8s.py validates them.
+keys Secret (a directory holding the same keys.json: podman 4.3's Secret volumes crash), Redis
+(a redis-server on this host: its image can't be pulled), the probes and container ports (not on
+the host's network), and tf-serving's init container (run as a pod of its own just before).
+NetworkPolicies, autoscalers and disruption budgets are not kube play's: tests/deploy/test_k8s.py
+validates them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class Ports:
     @classmethod
     def pick(cls) -> Ports:
         return cls(*(free_port() for _ in range(6)))
+
+
+def volume_names() -> list[str]:
+    """Return the names of podman's volumes."""
+    return quiet("volume", "ls", "-q").split()
 
 
 def render_base() -> list[Obj]:
@@ -107,6 +114,21 @@ def host_network(obj: Obj) -> Obj:
     return obj
 
 
+def init_containers_as_pod(deployment: Obj) -> Obj:
+    """Move a Deployment's init containers into a Pod of their own, to run first.
+
+    podman 4.3 under load removes a pod's finished init container before it has seen it exit and
+    gives the whole pod up ("failed to remove once init container"); run apart, the same
+    containers on the same volumes run to the end, and the Deployment starts without them.
+    """
+    spec = deployment["spec"]["template"]["spec"]
+    init_containers = spec.pop("initContainers")
+    init = {**copy.deepcopy(spec), "containers": init_containers}
+    init["restartPolicy"] = "Never"
+    name = f"{deployment['metadata']['name']}-init"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": init}
+
+
 def use_volume(obj: Obj, claim: str, keys_dir: Path) -> Obj:
     """Point the models claim at this run's volume and the keys Secret at ``keys_dir``."""
     for volume in volumes(obj):
@@ -160,6 +182,19 @@ def play(objs: list[Obj], path: Path) -> None:
     podman("kube", "play", "--network", "host", str(path), timeout_s=600)
 
 
+def pod_names(path: Path) -> list[str]:
+    """Return the names of the pods a play file makes (a Deployment's: ``<name>-pod-0``)."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] in {"Pod", "Deployment"}]
+    return [d["metadata"]["name"] + ("-pod-0" if d["kind"] == "Deployment" else "") for d in docs]
+
+
+def remove_pods(path: Path) -> None:
+    """Print the logs of a play file's pods and remove them, whatever state they are in."""
+    for pod in pod_names(path):
+        print(f"--- {pod}\n{quiet('pod', 'logs', '--tail', '40', pod)}")
+        quiet("pod", "rm", "-f", "-t", "5", pod)
+
+
 def wait_exited_ok(pod: Obj, timeout_s: float) -> float:
     """Wait for a played Job pod's container to exit 0; return its seconds."""
     started = time.monotonic()
@@ -171,18 +206,24 @@ def wait_exited_ok(pod: Obj, timeout_s: float) -> float:
 
 @dataclass(frozen=True)
 class KubeStack:
-    """The played stack: the gateway pod's URL, a key for it, the volume's directory."""
+    """The played stack: the gateway pod's URL, a key for it, the volume's directory, and what
+    a push Job needs (the rendered objects, ports, the claim, where to write play files)."""
 
     url: str
     key: str
     models: Path
+    objs: list[Obj]
+    ports: Ports
+    claim: str
+    work: Path
 
 
 def make_key(keys_dir: Path) -> str:
-    """Add a key with `python -m ops.apikeys` (the runbook's step 2); return it."""
+    """Add the runbook's (step 3) operator key with `python -m ops.apikeys`; return it."""
     keys = keys_dir / "keys.json"
+    add = ["add", "ops", "--versions", "*", "--rate", "50"]  # its rate: Redis is asked
     out = subprocess.run(
-        python_cmd("-m", "ops.apikeys", "--file", str(keys), "add", "kube-play", "--rate", "50"),
+        python_cmd("-m", "ops.apikeys", "--file", str(keys), *add),
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     keys.chmod(0o444)
@@ -205,6 +246,7 @@ def kube_stack(
     key = make_key(keys_dir)
     keys_dir.chmod(0o755)
     claim = f"bg-models-{suffix}"
+    volumes_before = set(volume_names())
     podman("volume", "create", "--opt", "type=none", "--opt", "o=bind",
            "--opt", f"device={models}", claim)  # fmt: skip
     redis = ServerProcess(
@@ -221,12 +263,17 @@ def kube_stack(
             play([*seeds, pod], files[-1])
             seconds = wait_exited_ok(pod, timeout_s=1500)
             record(f"kube play: Job {job} (as a pod)", f"{seconds:.0f} s")
+        tf_serving = use_volume(host_network(rename(tf_serving_for_kube_play(
+            named(objs, "Deployment", "tf-serving"), built_images.ops, ports), suffix)),
+            claim, keys_dir)  # fmt: skip
+        init = init_containers_as_pod(tf_serving)
+        files.append(work / "tf-serving-init.yaml")
+        play([named(objs, "ConfigMap", "tf-serving-config"), init], files[-1])
+        wait_exited_ok(init, timeout_s=120)
         stack = [
             named(objs, "ConfigMap", "tf-serving-config"),
             gateway_env_for_kube_play(named(objs, "ConfigMap", "gateway-env"), ports),
-            use_volume(host_network(rename(tf_serving_for_kube_play(
-                named(objs, "Deployment", "tf-serving"), built_images.ops, ports), suffix)),
-                claim, keys_dir),
+            tf_serving,
             use_volume(host_network(rename(named(objs, "Deployment", "gateway"), suffix)),
                 claim, keys_dir),
         ]  # fmt: skip
@@ -236,16 +283,35 @@ def kube_stack(
         url = f"http://127.0.0.1:{ports.http}"
         wait_ready(f"{url}/readyz", timeout_s=600)
         record("kube play: tf-serving + gateway pods to /readyz", f"{time.monotonic() - t0:.0f} s")
-        yield KubeStack(url, key, models)
+        yield KubeStack(url, key, models, objs, ports, claim, work)
     finally:
         for path in reversed(files):
-            for doc in yaml.safe_load_all(path.read_text()):
-                pod = doc["metadata"]["name"] + ("-pod-0" if doc["kind"] == "Deployment" else "")
-                if doc["kind"] in {"Pod", "Deployment"}:
-                    print(f"--- {pod}\n{quiet('pod', 'logs', '--tail', '40', pod)}")
-            print(quiet("kube", "down", str(path)))
-        quiet("volume", "rm", "-f", claim)
+            remove_pods(path)
+        # kube play makes a named volume for each ConfigMap and emptyDir volume; none outlives us.
+        for volume in set(volume_names()) - volumes_before:
+            quiet("volume", "rm", volume)  # not -f: one still in use by another run stays
         redis.stop()
+
+
+def run_push_job(stack: KubeStack, push_args: str) -> float:
+    """Run the push-model CronJob's template once (as `deploy/k8s/run-job.sh push` makes it),
+    its PUSH_SERVER this host's model server; return its seconds."""
+    suffix = unique("push").removeprefix("push-")
+    cronjob = named(stack.objs, "CronJob", "push-model")
+    job = {"metadata": {"name": f"push-{suffix}"}, "spec": cronjob["spec"]["jobTemplate"]["spec"]}
+    pod = use_volume(job_as_pod(job, "kp"), stack.claim, stack.work)
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    env["PUSH_SERVER"]["value"] = f"127.0.0.1:{stack.ports.grpc}"
+    env["PUSH_ARGS"]["value"] = push_args
+    config_map = gateway_env_for_kube_play(
+        named(stack.objs, "ConfigMap", "gateway-env"), stack.ports
+    )
+    path = stack.work / f"{pod['metadata']['name']}.yaml"
+    try:
+        play([config_map, pod], path)
+        return wait_exited_ok(pod, timeout_s=600)
+    finally:
+        remove_pods(path)
 
 
 def ask(stack: KubeStack, path: str, body: Obj, key: str | None) -> requests.Response:
@@ -280,3 +346,33 @@ def test_the_seed_jobs_wrote_the_config_and_every_version_it_names(kube_stack: K
     for name in ("minilm", "minilm-intent"):
         versions = sorted(p.name for p in (kube_stack.models / name).iterdir() if p.is_dir())
         assert versions == ["1", "2"], (name, versions)
+
+
+def served_version(stack: KubeStack, label: str) -> int:
+    """Return the version of minilm-intent the gateway pod answers for ``label``."""
+    body = {"texts": ["where is my parcel?"], "label": label}
+    reply = ask(stack, "/v1/models/minilm-intent:classify", body, stack.key)
+    assert reply.status_code == 200, reply.text
+    version: int = reply.json()["model"]["version"]
+    return version
+
+
+def wait_served(stack: KubeStack, label: str, version: int, timeout_s: float = 30) -> None:
+    """Wait until the gateway pod resolves ``label`` to ``version`` (its labels cache expires)."""
+    deadline = time.monotonic() + timeout_s
+    while served_version(stack, label) != version:
+        assert time.monotonic() < deadline, f"{label} never served v{version}"
+        time.sleep(0.5)
+
+
+def test_a_push_and_its_rollback_run_as_push_jobs(kube_stack: KubeStack) -> None:
+    """The runbook's steps 6 and 7: a new version gets canary, then canary goes back."""
+    assert served_version(kube_stack, "canary") == 2
+    seconds = run_push_job(
+        kube_stack, "--name minilm-intent --from-dir /models/minilm-intent/1 --label canary"
+    )
+    record("kube play: a push Job (as a pod)", f"{seconds:.0f} s")
+    wait_served(kube_stack, "canary", 3)
+    assert served_version(kube_stack, "stable") == 1
+    run_push_job(kube_stack, "--name minilm-intent --rollback canary")
+    wait_served(kube_stack, "canary", 2)
