@@ -76,7 +76,9 @@ sysdeps: ## apt-get the Debian packages the tests start (root only; listed other
 	else echo "sysdeps: not root: missing Debian packages ($$missing); the tests that need them skip"; fi
 
 test: setup sysdeps lint models ## the development set, lint and the whole suite (real servers on free ports)
-	$(PY) -m pytest -q
+	@start=$$(date +%s); $(PY) -m pytest -q --durations=15; status=$$?; \
+	echo "make test: the suite ran $$(( $$(date +%s) - start )) s wall clock (the 15 slowest tests above)"; \
+	exit $$status
 
 bench: setup models ## every benchmark; a dated run file per CPU class in results/runs/, summary regenerated
 	@$(MAKE) --no-print-directory infinity-env || echo "bench: infinity's environment could not be made: the e2e benchmark skips its row and says why"
@@ -123,7 +125,7 @@ loadtest: setup models ## gRPC vs REST under load, at the model server and throu
 	    --concurrency 1,4,16,64 --texts-per-request 1,8 --words 8,48 --duration 5 --warmup 1 \
 	    --repeats 3 --out results/loadtest
 
-drills: setup models ## the five ops drills: reload, fault, replica, rolling update, rollout
+drills: setup models ## the six ops drills: reload, fault, replica, rolling update, rollout, hostile
 	$(PY) scripts/reload_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60
 	$(PY) scripts/fault_drill.py --spawn $(MODELS) --model minilm-intent --clients 8 --timeout 2
 	$(PY) scripts/replica_drill.py --spawn $(MODELS) --model minilm-intent --clients 16 --duration 60

@@ -85,6 +85,10 @@ class JsonAccessLogger(Logger):
         if self.json:
             for handler in self.error_log.handlers:
                 handler.setFormatter(JsonFormatter())
+            # Every library's records (OpenTelemetry's propagators quote the headers they could
+            # not parse, grpc, urllib3) go to the root logger: without a handler there, Python's
+            # last resort writes their text raw to stderr, a client's header text included.
+            logging.getLogger().handlers = list(self.error_log.handlers)
 
     def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> None:
         """Write one JSON line for a finished request."""

@@ -59,7 +59,7 @@ def pad_batch(
     pad_id: int = 0,
     type_rows: Sequence[np.ndarray | None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Return BERT's three int32 inputs [len(rows), seq_len] for rows of ids (each ≤ seq_len);
+    """Return the model's three int32 inputs [len(rows), seq_len] for rows of ids (each ≤ seq_len);
     ``type_rows`` (sentence pairs) are each row's token_type_ids, zeros where None."""
     input_ids = np.full((len(rows), seq_len), pad_id, dtype=np.int32)
     attention_mask = np.zeros((len(rows), seq_len), dtype=np.int32)

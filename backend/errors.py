@@ -102,7 +102,7 @@ class PayloadTooLarge(GatewayError):
 
 
 class UnsupportedMediaType(GatewayError):
-    """HTTP 415: the body is declared as something other than JSON."""
+    """HTTP 415, werkzeug's: today's routes read any body as JSON, whatever its Content-Type."""
 
     status_code = 415
     code = "unsupported_media_type"
@@ -135,7 +135,7 @@ class UpstreamError(GatewayError):
 
 
 class ModelAssetsError(UpstreamError):
-    """HTTP 502: the version's assets (vocab.txt, model.json) are missing or unreadable."""
+    """HTTP 502: the version's assets (tokenizer.json or vocab.txt, model.json) are unreadable."""
 
     code = "model_assets_error"
 
@@ -156,7 +156,7 @@ class Saturated(UpstreamUnavailable):
 
 
 class NotReady(UpstreamUnavailable):
-    """HTTP 503: /readyz when the default model is not AVAILABLE."""
+    """HTTP 503: /readyz while a model it waits for is not AVAILABLE."""
 
     code = "not_ready"
 

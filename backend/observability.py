@@ -35,19 +35,24 @@ def install(app: Flask, settings: Settings) -> None:
             g.in_flight = metrics.child(metrics.IN_FLIGHT, model)
             g.in_flight.inc()
             metrics.child(metrics.WAITING, model)  # exported (0) before anything ever waits
-        if traced:
-            tracing.setup()  # once per worker, after fork
-            rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-            handle = tracing.begin_request(
-                request.headers, f"{request.method} {rule}",
-                {"http.request.method": request.method, "http.route": rule},
-            )  # fmt: skip
-            g.trace = handle
-            clock.trace_id = request.environ[TRACE_ID] = tracing.trace_id(handle)
-        else:
+        if not traced:
             trace = tracing.traceparent_id(request.headers.get("traceparent"))
             if trace:
                 clock.trace_id = request.environ[TRACE_ID] = trace
+
+    def begin_trace() -> None:
+        """The request's span, joined to the caller's context: only once the request passed
+        authentication and rate limits (the hooks before this one)."""
+        tracing.setup()  # once per worker, after fork
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        handle = tracing.begin_request(
+            request.headers, f"{request.method} {rule}",
+            {"http.request.method": request.method, "http.route": rule},
+        )  # fmt: skip
+        g.trace = handle
+        clock = timing.current()
+        if clock is not None:
+            clock.trace_id = request.environ[TRACE_ID] = tracing.trace_id(handle)
 
     def finish(response: Response) -> Response:
         environ = request.environ
@@ -89,6 +94,8 @@ def install(app: Flask, settings: Settings) -> None:
         timing.stop()
 
     app.before_request_funcs.setdefault(None, []).insert(0, begin)
+    if traced:
+        app.before_request(begin_trace)  # after the app's own hooks: authentication first
     app.after_request(finish)
     app.teardown_request(teardown)
 

@@ -230,7 +230,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             },
             "/readyz": {
                 "get": {
-                    "summary": "Readiness: model server reachable, default model AVAILABLE",
+                    "summary": "Readiness: model server reachable, every served model AVAILABLE (see below)",
                     "responses": _responses("Ready", "Health", ["503"]),
                 }
             },

@@ -94,7 +94,9 @@ local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local tokens = tonumber(state[1])
 local ts = tonumber(state[2])
 if tokens == nil or ts == nil then tokens = burst; ts = now end
-tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+-- clamped at both ends: a bucket holds 0 to burst tokens, whatever the hash says (a negative or
+-- huge count written by anything else, a lowered burst, a clock that went back)
+tokens = math.max(0, math.min(burst, tokens + math.max(0, now - ts) * rate))
 local wait = 0
 if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))

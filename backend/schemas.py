@@ -130,7 +130,7 @@ class ClassifyRequest(_Request):
     )
     top_k: Int = Field(default=1, ge=1, le=1000, description="How many ranked labels to return.")
     return_logits: bool = Field(default=False, description="Also return the raw logits.")
-    speed: Speed | list[Speed] | None = Field(
+    speed: Speed | Annotated[list[Speed], Field(min_length=1)] | None = Field(
         default=None,
         description="Early-exit models: how early a text may leave the model, 0 (the full "
         "model) to 1 (the first exit); one number for every text, or a list with one per text: "
@@ -172,6 +172,22 @@ PROMPT_OR_INPUT_TYPE: dict[str, Any] = {
         "properties": {"prompt_name": {"type": "string"}, "input_type": {"type": "string"}},
     }}]
 }  # fmt: skip
+
+
+# A prompt goes before a text: token ids take no prompt_name or input_type (a 422 otherwise),
+# which the schema says too: an input whose items are ids or lists of ids has neither.
+PROMPTS_NEED_TEXTS: list[dict[str, Any]] = [{"not": {
+    "required": ["input", field],
+    "properties": {
+        "input": {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "array"}]}},
+        field: {"type": "string"},
+    },
+}} for field in ("prompt_name", "input_type")]  # fmt: skip
+
+
+def _openai_embeddings(schema: dict[str, Any]) -> None:
+    """Say in the schema: prompt_name or input_type, not both, and neither with token ids."""
+    schema["allOf"] = [*PROMPT_OR_INPUT_TYPE["allOf"], *PROMPTS_NEED_TEXTS]
 
 
 def _prompt_or_input_type(schema: dict[str, Any]) -> None:
@@ -249,7 +265,7 @@ class EmbeddingsRequest(BaseModel):
     """Body of POST /v1/embeddings (OpenAI's request)."""
 
     # Other fields are ignored, as clients of other providers send their own.
-    model_config = ConfigDict(extra="ignore", json_schema_extra=PROMPT_OR_INPUT_TYPE)
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_openai_embeddings)
 
     input: (
         Text
@@ -647,6 +663,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 def parse_request(kind: type[RequestModel], raw: bytes, settings: Settings) -> RequestModel:
     """Return the validated request in ``raw``; 400 / 413 / 422 errors name the field and limit."""
     body = load_json_object(raw, "body must be a JSON object with a 'texts' list")
+    check_fields(kind, body)
     if "pairs" in kind.model_fields and "pairs" in body:
         if "texts" in body:
             raise BadRequest("give 'texts' or 'pairs', not both")
@@ -692,11 +709,16 @@ def validate_body(
     empty or oversized text gets the same 413/422 on every route; ``ids`` picks its lists of
     token ids, whose count and lengths are checked before any id is (``check_token_ids``)."""
     body = load_json_object(raw, f"body must be a JSON object with '{what}'")
-    picked = texts(body) if texts is not None else None
-    if isinstance(picked, list) and all(isinstance(t, str) for t in picked):
-        check_texts(picked, settings, field=what)
-    if ids is not None:
-        check_token_ids(ids(body), settings, field=what)
+    check_fields(kind, body)
+    token_ids = ids(body) if ids is not None else None
+    picked = texts(body) if texts is not None and token_ids is None else None
+    if token_ids is not None:
+        check_token_ids(token_ids, settings, field=what, flat=isinstance(token_ids, OneInput))
+    elif isinstance(picked, list):
+        # counted whatever its items are: pydantic would validate (and fail) each of them
+        check_count(picked, settings, field=what)
+        if all(isinstance(t, str) for t in picked):
+            check_texts(picked, settings, field=what)
     try:
         request = kind.model_validate(body)
     except ValidationError as exc:
@@ -734,24 +756,66 @@ def check_texts(texts: Any, settings: Settings, field: str = "texts") -> None:
             )
 
 
-def check_token_ids(lists: Any, settings: Settings, field: str = "ids") -> None:
-    """Raise 413 for more lists of token ids than GATEWAY_MAX_TEXTS and 422 for a list longer
-    than GATEWAY_MAX_TOKEN_IDS, before a single id is validated (each is a validator call and
-    a look-up: 500k ids in a body were 500k of them). Anything that is not a list of lists is
-    left to the schema's validation."""
-    if not isinstance(lists, list) or not all(isinstance(ids, list) for ids in lists):
+class OneInput(list):  # type: ignore[type-arg]
+    """One input's token ids given as a flat list, wrapped as a list of one list by an ``ids``
+    picker (``check_token_ids`` then names its items ``field[j]``)."""
+
+
+def check_fields(kind: type[BaseModel], body: dict[str, Any]) -> None:
+    """400 naming the first field a strict model (extra="forbid") lacks, before validation:
+    pydantic would make one error per unknown field (100k of them fit in a body)."""
+    if kind.model_config.get("extra") != "forbid":
         return
-    if len(lists) > settings.max_texts_per_request:
+    for key in body:
+        if key not in kind.model_fields:
+            raise BadRequest(f"unknown field '{key}'")
+
+
+def check_count(items: list[Any], settings: Settings, field: str = "texts") -> None:
+    """413 for a list of more than GATEWAY_MAX_TEXTS items, whatever the items are."""
+    if len(items) > settings.max_texts_per_request:
         raise PayloadTooLarge(
-            f"{len(lists)} lists of token ids is over the limit of "
-            f"{settings.max_texts_per_request} (GATEWAY_MAX_TEXTS)"
+            f"{len(items)} {field} is over the limit of {settings.max_texts_per_request} "
+            "(GATEWAY_MAX_TEXTS)"
         )
+
+
+def is_token_id(value: Any) -> bool:
+    """True for what the schema takes as a token id: an int, or a float with no fraction (JSON
+    Schema's integer), from 0 to 2^63 - 1; never a bool."""
+    kind = type(value)
+    if kind is float:
+        return value.is_integer() and 0 <= value <= MAX_INT
+    return kind is int and 0 <= value <= MAX_INT
+
+
+def check_token_ids(lists: Any, settings: Settings, field: str = "ids", flat: bool = False) -> None:
+    """Check lists of token ids before pydantic sees one id: 413 for more lists than
+    GATEWAY_MAX_TEXTS, 422 for a list longer than GATEWAY_MAX_TOKEN_IDS (integral floats count:
+    they are ids to the schema), 400 naming the first item that is not a list or not an id.
+    Each check stops at the first bad item: pydantic would build an error per item, and a 1 MiB
+    body holds 500k of them. ``flat``: the lists are one input's ids (``field[j]`` in errors).
+    Anything that is not a list is left to the schema's validation."""
+    if not isinstance(lists, list):
+        return
+    check_count(lists, settings, field=f"lists of token ids in '{field}'")
     for index, ids in enumerate(lists):
+        if not isinstance(ids, list):
+            raise BadRequest(f"field '{field}[{index}]': give a list of token ids")
         if len(ids) > settings.max_token_ids:
+            where = field if flat else f"{field}[{index}]"
             raise UnprocessableInput(
-                f"{field}[{index}] has {len(ids)} token ids, over the limit of "
+                f"{where} has {len(ids)} token ids, over the limit of "
                 f"{settings.max_token_ids} (GATEWAY_MAX_TOKEN_IDS)"
             )
+    for index, ids in enumerate(lists):
+        for position, value in enumerate(ids):
+            if not is_token_id(value):
+                where = f"{field}[{position}]" if flat else f"{field}[{index}][{position}]"
+                raise BadRequest(
+                    f"field '{where}': {_short(value)} is not a token id (an integer from 0 "
+                    "to 2^63 - 1)"
+                )
 
 
 def check_pairs(pairs: Any, settings: Settings) -> None:
@@ -759,11 +823,11 @@ def check_pairs(pairs: Any, settings: Settings) -> None:
     limits of ``check_texts`` (count 413; empty, non-string or oversized segment 422)."""
     if not isinstance(pairs, list):
         raise BadRequest("field 'pairs' must be a list of [text_a, text_b] pairs")
+    if len(pairs) > settings.max_texts_per_request:
+        check_texts(pairs, settings, field="pairs")  # the 413, before any pair is looked at
     for index, pair in enumerate(pairs):
         if not isinstance(pair, list) or len(pair) != 2:
             raise BadRequest(f"pairs[{index}] must be a list of two texts [text_a, text_b]")
-    if len(pairs) > settings.max_texts_per_request:
-        check_texts(pairs, settings, field="pairs")  # the 413
     if not pairs:
         raise UnprocessableInput("field 'pairs' is empty: send at least one pair")
     for index, pair in enumerate(pairs):

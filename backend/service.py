@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from backend import auth, metrics, routing, timing, tracing
+from backend import auth, budget, metrics, routing, timing, tracing
 from backend.bucketing import Chunk, pad_batch, plan_chunks, reassemble
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
@@ -68,6 +68,7 @@ class Inference:
     outputs: Outputs
     truncated: list[bool]
     token_counts: list[int]  # tokens each input went in with ([CLS] and [SEP] included)
+    deadline: float = float("inf")  # the request's (time.monotonic()): post-processing checks it
 
 
 class Gateway:
@@ -319,6 +320,7 @@ class Gateway:
                 names = [str(i) for i in range(values.shape[-1])]
             predictions, row = [], 0
             for text, text_windows in zip(request.texts, windows, strict=True):
+                budget.past_deadline(done.deadline)
                 rows = [values[row + k, : w.encoded.ids.shape[0]] for k, w in
                         enumerate(text_windows)]  # fmt: skip
                 row += len(text_windows)
@@ -572,7 +574,8 @@ class Gateway:
             )
         if check is not None:
             check(assets)
-        with timing.stage("tokenize"):
+        # the tokenizer spends from the request's budget as it goes (backend/budget.py)
+        with timing.stage("tokenize"), budget.scope(self.settings, deadline):
             encoded = encode(assets) if encode is not None else assets.tokenizer.encode(texts)
         speeds = None
         if assets.early_exit is not None:
@@ -603,7 +606,8 @@ class Gateway:
         with timing.stage("upstream"):
             results = self._run_chunks(model, resolved, chunks, encoded, assets, deadline, speeds)
         outputs = reassemble(chunks, results, len(encoded), per_token=per_token)
-        return Inference(assets=assets, outputs=outputs, truncated=cut, token_counts=lengths)
+        return Inference(assets=assets, outputs=outputs, truncated=cut, token_counts=lengths,
+                         deadline=deadline)  # fmt: skip
 
     def _run_chunks(
         self,

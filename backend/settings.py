@@ -43,6 +43,12 @@ class Settings:
     # token ids in one list of ids (:detokenize's ids, /v1/embeddings' token-id input): a text
     # of GATEWAY_MAX_TEXT_CHARS characters never has more tokens than characters
     max_token_ids: int = 20_000
+    # what one request may cause once tokenized (chunk and tag windows, pairs, prompts included):
+    # tokens of every row it sends upstream, specials and windows' overlaps counted, and the
+    # rows (texts, pairs, windows); TEI's max_batch_tokens / max_client_batch_size. A 413 past
+    # either, before any row is built
+    max_request_tokens: int = 262_144
+    max_request_rows: int = 1024
     bucketing: bool = True
     grpc_retries: int = 2
     retry_after_s: int = 1
@@ -92,10 +98,10 @@ class Settings:
                 raise SettingsError(f"{name} must be at least 1")
         if self.shadow_queue_size < 0 or self.group_in_flight < 0:
             raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
-        if min(self.max_texts_per_request, self.max_text_chars, self.max_token_ids) < 1:
-            raise SettingsError(
-                "max_texts_per_request, max_text_chars and max_token_ids must be at least 1"
-            )
+        limits = ("max_texts_per_request", "max_text_chars", "max_token_ids",
+                  "max_request_tokens", "max_request_rows")  # fmt: skip
+        if min(getattr(self, name) for name in limits) < 1:
+            raise SettingsError(f"{', '.join(limits)} must be at least 1")
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
             raise SettingsError(
                 "request_timeout_s, status_deadline_s and shadow_timeout_s must be positive"
@@ -161,6 +167,8 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_MAX_TEXTS": "max_texts_per_request",
     "GATEWAY_MAX_TEXT_CHARS": "max_text_chars",
     "GATEWAY_MAX_TOKEN_IDS": "max_token_ids",
+    "GATEWAY_MAX_REQUEST_TOKENS": "max_request_tokens",
+    "GATEWAY_MAX_REQUEST_ROWS": "max_request_rows",
     "GATEWAY_BUCKETING": "bucketing",
     "GATEWAY_GRPC_RETRIES": "grpc_retries",
     "GATEWAY_RETRY_AFTER_S": "retry_after_s",

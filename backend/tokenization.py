@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from backend import budget
 from modelformat.tokenizer import Layout, Part, read_vocab, special_layout, wordpiece_tokenizer
 
 CLS, SEP, UNK, PAD, MASK = "[CLS]", "[SEP]", "[UNK]", "[PAD]", "[MASK]"
@@ -77,6 +78,35 @@ def _cut(ids: list[int], keep: int, direction: str) -> list[int]:
     if len(ids) <= keep:
         return ids
     return ids[len(ids) - keep :] if direction == "left" else ids[:keep]
+
+
+# characters of texts tokenized at once where the budget may stop a request part way (windows)
+GROUP_CHARS = 32_768
+
+
+def _groups(texts: Sequence[str], chars: int) -> list[Sequence[str]]:
+    """Return ``texts`` in consecutive groups of about ``chars`` characters (one text at least)."""
+    groups: list[Sequence[str]] = []
+    start, total = 0, 0
+    for index, text in enumerate(texts):
+        total += len(text)
+        if total >= chars:
+            groups.append(texts[start : index + 1])
+            start, total = index + 1, 0
+    if start < len(texts):
+        groups.append(texts[start:])
+    return groups
+
+
+def _window_starts(length: int, size: int, step: int) -> list[int]:
+    """Return where each window of a text of ``length`` tokens starts (windows of ``size``
+    tokens, ``step`` apart, the last ending at the text's end); [0]: it fits in one."""
+    if length <= size:
+        return [0]
+    starts = list(range(0, max(1, length - size), step))
+    if starts[-1] + size < length:
+        starts.append(length - size)
+    return starts
 
 
 class TextTokenizer:
@@ -158,8 +188,11 @@ class TextTokenizer:
         head (<specials> head ... <specials>), ``left`` the tail; None: the tokenizer's side."""
         side = self._side(direction)
         keep = self.max_seq_len - self.layout.single_specials
+        bodies = self._bodies(texts)
+        specials = self.layout.single_specials
+        budget.spend(len(bodies), sum(min(len(b), keep) + specials for b in bodies))
         out = []
-        for body in self._bodies(texts):
+        for body in bodies:
             full = len(body) + self.layout.single_specials
             out.append(self._encoded(_cut(body, keep, side), full, full > self.max_seq_len))
         return out
@@ -170,15 +203,27 @@ class TextTokenizer:
         window. The last window ends at the text's last token."""
         size = self.max_seq_len - self.layout.single_specials
         step = max(1, size - int(size * overlap))
+        specials = self.layout.single_specials
+        bodies: list[list[int]] = []
+        plans: list[list[int]] = []
+        # a group of texts at a time, each group's rows and tokens spent before the next is
+        # tokenized and before any window is built: a request far over the budget stops early
+        for group in _groups(texts, GROUP_CHARS):
+            fresh = self._bodies(group)
+            planned = [_window_starts(len(body), size, step) for body in fresh]
+            budget.spend(sum(map(len, planned)), sum(
+                min(size, len(body) - start) + specials
+                for body, text_starts in zip(fresh, planned, strict=True) for start in text_starts
+            ))  # fmt: skip
+            bodies.extend(fresh)
+            plans.extend(planned)
         out = []
-        for body in self._bodies(texts):
+        for body, starts in zip(bodies, plans, strict=True):
+            budget.check_deadline()
             full = len(body) + self.layout.single_specials
             if full <= self.max_seq_len:
                 out.append([self._encoded(body, full, False)])
                 continue
-            starts = list(range(0, max(1, len(body) - size), step))
-            if starts[-1] + size < len(body):
-                starts.append(len(body) - size)
             out.append([self._encoded(body[s : s + size], full, False) for s in starts])
         return out
 
@@ -198,15 +243,19 @@ class TextTokenizer:
         """
         side = self._side(direction)
         layout = self.layout
-        firsts = self._bodies([pair[0] for pair in pairs])
-        seconds = self._bodies([pair[1] for pair in pairs])
-        budget = self.max_seq_len - layout.pair_specials
+        firsts = self._first_segments(pairs)
         lead = len(layout.pair_prefix.ids) + len(layout.middle.ids)
+        if refuse_long_first:  # before a second segment is tokenized
+            for index, a in enumerate(firsts):
+                if len(a) + lead >= self.max_seq_len:
+                    raise FirstSegmentTooLong(index, len(a) + lead, self.max_seq_len)
+        seconds = self._bodies([pair[1] for pair in pairs])
+        room = self.max_seq_len - layout.pair_specials
+        kept = [longest_first(len(a), len(b), room) for a, b in zip(firsts, seconds, strict=True)]
+        budget.spend(len(pairs), sum(a + b + layout.pair_specials for a, b in kept))
         out = []
         for index, (a, b) in enumerate(zip(firsts, seconds, strict=True)):
-            if refuse_long_first and len(a) + lead >= self.max_seq_len:
-                raise FirstSegmentTooLong(index, len(a) + lead, self.max_seq_len)
-            keep_a, keep_b = longest_first(len(a), len(b), budget)
+            keep_a, keep_b = kept[index]
             a, b = _cut(a, keep_a, side), _cut(b, keep_b, side)
             parts: list[tuple[Sequence[int], Sequence[int]]] = [
                 (layout.pair_prefix.ids, layout.pair_prefix.type_ids),
@@ -220,6 +269,13 @@ class TextTokenizer:
             full = len(firsts[index]) + len(seconds[index]) + layout.pair_specials
             out.append(Encoded(ids, full > self.max_seq_len, full, type_ids))
         return out
+
+    def _first_segments(self, pairs: Sequence[tuple[str, str] | Sequence[str]]) -> list[list[int]]:
+        """Return each pair's first segment's ids, each distinct text tokenized once (a rerank
+        pairs one query with every document: one tokenization, not one per document)."""
+        distinct = list(dict.fromkeys(pair[0] for pair in pairs))
+        ids = dict(zip(distinct, self._bodies(distinct), strict=True))
+        return [ids[pair[0]] for pair in pairs]
 
     def _vocab_tokens(self, ids: Sequence[int]) -> list[str]:
         """Return the vocabulary's token of each id (an unknown piece is the unk token, as
@@ -237,20 +293,24 @@ class TextTokenizer:
         ends, the last ending at the text's end (the windows transformers' pipeline makes with
         ``stride``)."""
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
-        ids, tokens = list(encoding.ids), self._vocab_tokens(encoding.ids)
-        offsets = [(int(s), int(e)) for s, e in encoding.offsets]
-        special = [bool(flag) for flag in encoding.special_tokens_mask]
         size = self.max_seq_len - self.layout.single_specials
-        full = len(ids) + self.layout.single_specials
-        if len(ids) <= size or truncate:
-            spans = [(0, min(len(ids), size))]
+        count = len(encoding.ids)
+        full = count + self.layout.single_specials
+        if count <= size or truncate:
+            spans = [(0, min(count, size))]
         else:
             step = max(1, size - stride)
             spans = []
-            for start in range(0, len(ids), step):
-                spans.append((start, min(start + size, len(ids))))
-                if spans[-1][1] == len(ids):
+            for start in range(0, count, step):
+                spans.append((start, min(start + size, count)))
+                if spans[-1][1] == count:
                     break
+        specials = self.layout.single_specials
+        # before the per-token lists are built: their cost is the text's, the rows' the budget's
+        budget.spend(len(spans), sum(stop - start + specials for start, stop in spans))
+        ids, tokens = list(encoding.ids), self._vocab_tokens(encoding.ids)
+        offsets = [(int(s), int(e)) for s, e in encoding.offsets]
+        special = [bool(flag) for flag in encoding.special_tokens_mask]
         head_off, head_tok, head_sp = self._specials_of(self.layout.prefix)
         tail_off, tail_tok, tail_sp = self._specials_of(self.layout.suffix)
         windows = []
@@ -271,6 +331,8 @@ class TextTokenizer:
         Raises ValueError naming the first id outside the vocabulary.
         """
         keep = self.max_seq_len - self.layout.single_specials
+        specials = self.layout.single_specials
+        budget.spend(len(token_ids), sum(min(len(ids), keep) + specials for ids in token_ids))
         out = []
         for index, ids in enumerate(token_ids):
             for value in ids:

@@ -10,8 +10,11 @@ A traced request is one SERVER span joined to the caller's W3C ``traceparent``, 
 per stage (``gateway.tokenize``, ``gateway.upstream``, ``gateway.queue``, ``gateway.postprocess``:
 backend/timing.py times them) and a CLIENT span per model-server call (``tfserving.predict``:
 model, version, signature, rows of the (possibly grouped) call, replica). The call carries the
-trace on (gRPC metadata / HTTP headers, ``traceparent``). A shadow call is a trace of its own,
-linked to the request it repeats. Errors are recorded on the span they left.
+trace on (gRPC metadata / HTTP headers, ``traceparent``): the W3C trace context only, unless
+OTEL_PROPAGATORS names more (a client's ``baggage`` is not forwarded by default). The caller's
+context is read once the request is authenticated: a refused request starts no span. A shadow
+call is a trace of its own, linked to the request it repeats. Errors are recorded on the span
+they left.
 
 The SDK starts in each gunicorn worker on its first request (its export thread must not cross a
 fork); its BatchSpanProcessor exports in the background and flushes when the worker exits.
@@ -57,11 +60,23 @@ def setup() -> None:
     provider = TracerProvider(resource=Resource.create(attributes))  # sampler: OTEL_TRACES_*
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _api = SimpleNamespace(
-        context=context, propagate=propagate, trace=trace, Link=Link, SpanKind=SpanKind,
-        Status=Status, StatusCode=StatusCode, provider=provider,
+        context=context, propagator=_propagator(propagate), trace=trace, Link=Link,
+        SpanKind=SpanKind, Status=Status, StatusCode=StatusCode, provider=provider,
     )  # fmt: skip
     _tracer = provider.get_tracer("backend")
     _pid = os.getpid()
+
+
+def _propagator(propagate: Any) -> Any:
+    """Return what is read from requests and sent on to TF Serving: the W3C trace context only,
+    unless the operator names propagators (OTEL_PROPAGATORS, the SDK's own configuration). The
+    SDK's default adds W3C baggage: a client's ``baggage`` header would go, as it came, into
+    every model-server call's gRPC metadata."""
+    if os.environ.get("OTEL_PROPAGATORS", "").strip():
+        return propagate.get_global_textmap()
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
 
 
 def shutdown() -> None:
@@ -78,7 +93,7 @@ def shutdown() -> None:
 def begin_request(headers: Any, name: str, attributes: dict[str, Any]) -> Any:
     """Start the request's SERVER span as a child of the caller's ``traceparent`` (if any) and
     make it current; return the handle ``end_request`` takes."""
-    parent = _api.propagate.extract(headers)
+    parent = _api.propagator.extract(headers)
     span = _tracer.start_span(
         name, context=parent, kind=_api.SpanKind.SERVER, attributes=attributes
     )
@@ -169,14 +184,14 @@ def grpc_metadata() -> tuple[tuple[str, str], ...] | None:
     if _tracer is None:
         return None
     carrier: dict[str, str] = {}
-    _api.propagate.inject(carrier)
+    _api.propagator.inject(carrier)
     return tuple(carrier.items())
 
 
 def inject(headers: MutableMapping[str, str]) -> None:
     """Add the trace context (``traceparent``) to an outgoing HTTP call's headers, when tracing."""
     if _tracer is not None:
-        _api.propagate.inject(headers)
+        _api.propagator.inject(headers)
 
 
 def linked(name: str, fn: Callable[[], T], attributes: dict[str, Any]) -> Callable[[], T]:

@@ -83,6 +83,12 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
     if not version_path.is_dir():
         raise VersionNotFound(f"model {model!r} has no version {version}")
     assets = version_path / "assets"
+    if not (assets / "model.json").is_file():  # once per version: the assets are cached
+        raise ModelAssetsError(
+            f"model {model!r} version {version} has no assets/model.json: the gateway serves "
+            "versions `python -m export build` wrote; export the checkpoint it was made from "
+            "(docs/guides/coming-from-other-servers.md)"
+        )
     try:
         info = json.loads((assets / "model.json").read_text(encoding="utf-8"))
         labels_file = assets / "labels.txt"

@@ -30,6 +30,7 @@ class BenchContext:
     work_dir: Path
     repeats: int = 5
     quick: bool = False
+    runs_dir: Path | None = None  # where a run's figures (PNG) go beside its run file
     notes: list[str] = field(default_factory=list)
     cpu: CpuInfo = field(default_factory=cpu_info)
 

@@ -68,7 +68,7 @@ class Graphs:
 
         from backend.tokenization import BertTokenizer
         from export.checkpoint import read_checkpoint
-        from export.model import BertModule
+        from export.model import EncoderModule
         from finetune.pipeline import sorted_batches
 
         ckpt = read_checkpoint(checkpoint)
@@ -76,7 +76,9 @@ class Graphs:
         self.num_layers = ckpt.config.num_layers
 
         def module(**kwargs: Any) -> Any:
-            return BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls", **kwargs)
+            return EncoderModule(
+                ckpt.config, ckpt.weights, task="classify", pooling="cls", **kwargs
+            )
 
         self.full = module().serve
         self.compact = module(early_exit=ckpt.exits).serve

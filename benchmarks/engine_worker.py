@@ -65,12 +65,12 @@ def _ours(threads: int) -> Callable[[dict[str, Any], Path], Model]:
 
     def load(cmd: dict[str, Any], work: Path) -> Model:
         from export.checkpoint import read_checkpoint
-        from export.model import BertModule
+        from export.model import EncoderModule
         from modelformat.buckets import signature_name
 
         seq = int(cmd["seq"])
         ckpt = read_checkpoint(cmd["path"])
-        module = BertModule(ckpt.config, ckpt.weights, task="embed", pooling="mean")
+        module = EncoderModule(ckpt.config, ckpt.weights, task="embed", pooling="mean")
         fn = module.signatures(bucket_lens=[seq])[signature_name(seq)]
         feeds: dict[int, dict[str, Any]] = {}
 

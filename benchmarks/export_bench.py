@@ -88,7 +88,7 @@ def _size_rows(results: dict[str, Any]) -> list[Row]:
 
 def _reuse_rows(ctx: BenchContext, path: Path, ckpt: Path, name: str) -> list[Row]:
     from export.checkpoint import read_checkpoint
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
     from export.predictor import PersistentPredictor
 
     feeds = _feeds(1, 16)
@@ -97,7 +97,7 @@ def _reuse_rows(ctx: BenchContext, path: Path, ckpt: Path, name: str) -> list[Ro
 
     def rebuild_and_predict() -> None:  # what Estimator.predict does on every call
         checkpoint = read_checkpoint(ckpt)
-        model = BertModule(checkpoint.config, checkpoint.weights, task="embed")
+        model = EncoderModule(checkpoint.config, checkpoint.weights, task="embed")
         run(model.serve, feeds)
 
     def load_and_predict() -> None:  # the lighter variant: reload the exported SavedModel

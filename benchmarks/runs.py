@@ -6,6 +6,13 @@ per CPU class, the newest value of each figure, with the run it came from. Hand-
 (results/bench.md, the breakdowns, docs/performance/) are never written by a benchmark. Paths of
 the machine a run was taken on are written relative to the checkout (or shortened), so that
 committed results hold none.
+
+Every run file compares itself with the previous runs of its CPU class: each figure against
+its newest earlier value of that class; one more than 10 % worse gets a mark beside its value
+(``▲ 12 % worse than <run>``) and is listed under the table, so the next change that adds cost
+is seen the day it lands. Which way is worse: the aim's ``≤``/``≥`` when it has one, else the
+value's unit (ms, s, MB, cores: lower is better; per second: higher is better); a figure with
+neither is not compared.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ def write_run(
 ) -> Path:
     """Write one run file (never over an existing one) and return its path."""
     runs_dir.mkdir(parents=True, exist_ok=True)
+    body = mark_worse(body, previous_figures(runs_dir, cpu_class))
     path = run_path(runs_dir, when, cpu_class, bench)
     text = (
         f"# {bench}: {when:%Y-%m-%d %H:%M} UTC, {cpu_class}\n\n"
@@ -109,6 +117,76 @@ def read_run(path: Path) -> list[Figure]:
         when, cpu_class = measured.group(1).strip(), cpu.group(1).strip()
         rows.append(Figure(figure, value, ratio, aim, cpu_class, when, path.name))
     return rows
+
+
+WORSE_BY = 0.10
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_LOWER_UNITS = re.compile(r"^-?[\d.]+\s*(?:ms|µs|us|ns|s|KB|MB|GB|KiB|MiB|GiB|cores?)\b")
+
+
+def better(value: str, aim: str) -> int:
+    """Return +1 when a higher value is better, -1 when a lower one is, 0 when unknown."""
+    aim = aim.strip()
+    if aim.startswith(("≤", "<")):
+        return -1
+    if aim.startswith(("≥", ">")):
+        return 1
+    if "/s" in value.split(",")[0]:
+        return 1
+    return -1 if _LOWER_UNITS.match(value.strip()) else 0
+
+
+def worse_by(value: str, previous: str, direction: int) -> float | None:
+    """Return how much worse ``value`` is than ``previous`` (0.12 = 12 %), None if unknown."""
+    new, old = _NUMBER.search(value.replace(",", "")), _NUMBER.search(previous.replace(",", ""))
+    if direction == 0 or new is None or old is None or float(old.group(0)) <= 0:
+        return None
+    change = (float(new.group(0)) - float(old.group(0))) / float(old.group(0))
+    return change * -direction
+
+
+def previous_figures(runs_dir: Path, cpu_class: str) -> dict[str, Figure]:
+    """Return the newest earlier value of each figure measured on ``cpu_class``."""
+    newest: dict[str, Figure] = {}
+    for path in sorted(runs_dir.glob("*.md")) if runs_dir.is_dir() else []:
+        for row in read_run(path):
+            if row.cpu_class == cpu_class and (
+                row.figure not in newest or row.measured >= newest[row.figure].measured
+            ):
+                newest[row.figure] = row
+    return newest
+
+
+def mark_worse(body: str, previous: dict[str, Figure]) -> str:
+    """Return ``body`` with each figure more than WORSE_BY worse than ``previous`` marked beside
+    its value, and the comparison summed up under the table."""
+    if HEADER not in body:
+        return body
+    head, table = body.split(HEADER, 1)
+    lines = table.split("\n")
+    compared, worse = 0, []
+    for i, line in enumerate(lines[2:], start=2):
+        if not line.startswith("|"):
+            break
+        cells = line.strip().strip("|").split("|")
+        figure, value, aim = cells[0].strip(), cells[1].strip(), cells[3].strip()
+        before = previous.get(figure)
+        by = worse_by(value, before.value, better(value, aim)) if before else None
+        if before is None or by is None:
+            continue
+        compared += 1
+        if by > WORSE_BY:
+            cells[1] = f" {value} ▲ {by * 100:.0f} % worse than {before.run} "
+            lines[i] = "|" + "|".join(cells) + "|"
+            worse.append(f"- {figure}: {value}, was {before.value.split(' ▲')[0]} ({before.run})")
+    note = (f"Compared with the previous runs of this CPU class: {compared} figure(s); "
+            f"{len(worse)} more than {WORSE_BY * 100:.0f} % worse.")  # fmt: skip
+    return (
+        "\n".join([head + HEADER + lines[0], *lines[1:]]).rstrip()
+        + "\n\n"
+        + "\n".join([note, *(["", *worse] if worse else [])])
+        + "\n"
+    )
 
 
 def render_summary(runs_dir: Path) -> str:

@@ -83,11 +83,11 @@ class _Curves(Graphs):
 
     def __init__(self, checkpoint: Path, texts: Sequence[str], labels: Sequence[str]) -> None:
         super().__init__(checkpoint, texts, labels)
-        from export.model import BertModule
+        from export.model import EncoderModule
 
         ckpt = self.ckpt
         raw = {k: v for k, v in (ckpt.exits or {}).items() if k != "calibration"}
-        self.raw = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
+        self.raw = EncoderModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
                               early_exit=raw).serve  # fmt: skip
         self.table = ((ckpt.exits or {}).get("calibration") or {}).get("thresholds")
 

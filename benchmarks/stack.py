@@ -60,17 +60,17 @@ class Stack:
         self.gateways: dict[str, str] = {}
         for upstream in upstreams:
             port = free_port()
-            env = child_env(
-                GATEWAY_UPSTREAM=upstream,
-                GATEWAY_TFS_GRPC=f"127.0.0.1:{self.grpc_port}",
-                GATEWAY_TFS_REST=self.rest_url,
-                GATEWAY_MODEL_BASE_PATH=str(base),
-                GATEWAY_BIND=f"127.0.0.1:{port}",
-                GATEWAY_WORKERS="1",
-                GATEWAY_THREADS="4",
-                GATEWAY_ACCESS_LOG="",  # logging every request is not what we measure
-                **(settings or {}),
-            )
+            env = child_env(**{
+                "GATEWAY_UPSTREAM": upstream,
+                "GATEWAY_TFS_GRPC": f"127.0.0.1:{self.grpc_port}",
+                "GATEWAY_TFS_REST": self.rest_url,
+                "GATEWAY_MODEL_BASE_PATH": str(base),
+                "GATEWAY_BIND": f"127.0.0.1:{port}",
+                "GATEWAY_WORKERS": "1",
+                "GATEWAY_THREADS": "4",
+                "GATEWAY_ACCESS_LOG": "",  # logging every request is not what we measure
+                **(settings or {}),  # ``settings`` may set any of these too
+            })  # fmt: skip
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
             cmd = python_cmd("-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),
                              "backend.app:create_app()")  # fmt: skip

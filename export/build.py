@@ -93,6 +93,21 @@ class BuildResult:
         )
 
 
+DEFAULT_MAX_SEQ_LEN = 128
+
+
+def choose_max_seq_len(asked: int | None, ckpt: Checkpoint) -> tuple[int, str]:
+    """Return the max_seq_len to export with and where it comes from: the one asked (--max-seq-len),
+    else the default, cut to the tokenizer's model_max_length where that is lower (a model whose
+    tokenizer reads at most 64 tokens is served at 64, as transformers' pipelines cut it)."""
+    if asked is not None:
+        return asked, "--max-seq-len"
+    stated = ckpt.tokenizer.model_max_length if ckpt.tokenizer is not None else None
+    if stated is not None and stated < DEFAULT_MAX_SEQ_LEN:
+        return stated, "the tokenizer's model_max_length (tokenizer_config.json)"
+    return DEFAULT_MAX_SEQ_LEN, f"the default {DEFAULT_MAX_SEQ_LEN}"
+
+
 def _check_args(task: str, precision: str, pooling: str | None, max_seq_len: int) -> None:
     for value, allowed, what in (
         (task, TASKS, "task"),
@@ -113,7 +128,7 @@ def build(
     version: int | None = None,
     task: str = "classify",
     precision: str = "fp32",
-    max_seq_len: int = 128,
+    max_seq_len: int | None = None,
     labels: Sequence[str] | None = None,
     label_prompts: str | Path | None = None,
     pooling: str | None = None,
@@ -139,11 +154,13 @@ def build(
     classifier (``BertForTokenClassification``, BIO labels); a classifier's ``problem_type``,
     ``thresholds`` and ``text_pair`` come from the
     checkpoint's config.json unless ``problem_type`` / ``text_pair`` are given here.
+    ``max_seq_len`` None: ``DEFAULT_MAX_SEQ_LEN``, or the tokenizer's ``model_max_length`` where
+    that is lower (model.json's ``max_seq_len_source`` says which).
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     tolerance = tolerance or Tolerance()
-    _check_args(task, precision, pooling, max_seq_len)
+    _check_args(task, precision, pooling, max_seq_len or DEFAULT_MAX_SEQ_LEN)
     cpu = cpu or cpu_info()
     gpus = visible_gpus() if gpus is None else list(gpus)
     choice = choose_precision(precision, cpu, gpus)
@@ -167,6 +184,8 @@ def build(
 
     say(f"reading weights from {checkpoint}")
     ckpt = read_checkpoint(checkpoint, labels=labels, do_lower_case=do_lower_case)
+    max_seq_len, length_source = choose_max_seq_len(max_seq_len, ckpt)
+    say(f"max_seq_len {max_seq_len} ({length_source})")
     if max_seq_len > ckpt.config.max_position:
         raise ExportError(
             f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings "
@@ -233,7 +252,7 @@ def build(
         with temp_version(model_dir, version) as temp:
             path = _write_version(
                 temp, model_dir, version, name=name, ckpt=ckpt, target=target, task=task,
-                precision=precision, max_seq_len=max_seq_len,
+                precision=precision, max_seq_len=max_seq_len, length_source=length_source,
                 pooling=_served_pooling(task, pooling, label_prompts is not None,
                                         ckpt.config.classifier_pooling), head=head,
                 labels=out_labels, zero_shot_scale=scale, probe=probe, expected=expected,
@@ -276,7 +295,7 @@ def _build_modules(
     sentence: SentenceModules | None = None,
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     label_vectors = None
     labels = ckpt.labels if task in ("classify", "tag") else []
@@ -286,7 +305,7 @@ def _build_modules(
 
         pairs = read_label_prompts(label_prompts)
         say(f"embedding {len(pairs)} label prompts for a zero-shot head")
-        encoder = BertModule(ckpt.config, ckpt.weights, task="embed", pooling=pooling)
+        encoder = EncoderModule(ckpt.config, ckpt.weights, task="embed", pooling=pooling)
         labels, label_vectors = label_embeddings(
             pairs,
             lambda feeds: run(encoder.encode, feeds)["output"],
@@ -304,7 +323,7 @@ def _build_modules(
             from export.sentence_head import SentenceHead
 
             head = SentenceHead(sentence)
-        return BertModule(
+        return EncoderModule(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
             early_exit=exits, activation=activation, sentence_head=head,
@@ -417,6 +436,7 @@ def _write_version(
     pooling: str,
     max_seq_len: int,
     labels: list[str],
+    length_source: str = "--max-seq-len",
     zero_shot_scale: float | None,
     probe: dict[str, np.ndarray],
     expected: dict[str, np.ndarray],
@@ -482,6 +502,7 @@ def _write_version(
         "name": name,
         "task": task,
         "max_seq_len": max_seq_len,
+        "max_seq_len_source": length_source,  # the flag, the tokenizer's, or the default
         "do_lower_case": ckpt.do_lower_case,
         "precision": precision,
         "precision_requested": choice.requested,

@@ -1,4 +1,5 @@
-"""Read BERT checkpoints (Hugging Face directory or Google TF checkpoint) into one canonical form.
+"""Read BERT-family checkpoints (HF directory of a supported architecture, or Google's TF BERT
+checkpoint) into one canonical form.
 
 The canonical form is a dict of float32 numpy arrays with kernels laid out ``[in, out]`` (the
 TensorFlow matmul layout), so the model builder never needs to know where the weights came from.

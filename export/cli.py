@@ -25,12 +25,13 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="export a checkpoint as a new model version")
     b.add_argument("--checkpoint", required=True, type=Path,
-                   help="HF BERT dir, Google BERT dir, or a Google ckpt prefix")  # fmt: skip
+                   help="HF dir of a supported architecture (docs/reference/supported-models.md), "
+                        "Google BERT dir, or a Google ckpt prefix")  # fmt: skip
     b.add_argument("--name", required=True, help="model name (directory under --base-path)")
     b.add_argument("--base-path", required=True, type=Path)
     b.add_argument("--version", type=int, help="default: newest + 1")
     b.add_argument("--task", choices=["classify", "embed", "tag"], default="classify",
-                   help="tag: token classification (NER), BertForTokenClassification")  # fmt: skip
+                   help="tag: token classification (NER), ...ForTokenClassification")  # fmt: skip
     b.add_argument("--problem-type", choices=list(PROBLEM_TYPES),
                    help="classify: override config.json's problem_type (default: its value, "
                         "else single_label_classification)")  # fmt: skip
@@ -42,7 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16"], default="fp32",
                    help="auto: fp16 on a GPU, bf16 on native-bf16 CPUs, else fp32")  # fmt: skip
-    b.add_argument("--max-seq-len", type=int, default=128)
+    b.add_argument("--max-seq-len", type=int, default=None,
+                   help="longest input in tokens, specials included; longer texts are cut or "
+                   "windowed (default: 128, or the tokenizer's model_max_length where that is "
+                   "lower; model.json's max_seq_len_source says which)")  # fmt: skip
     b.add_argument("--labels", type=Path, help="file with one label per line (head order)")
     b.add_argument("--label-prompts", type=Path,
                    help="zero-shot head: lines of 'label<TAB>description'")  # fmt: skip

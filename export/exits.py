@@ -113,7 +113,7 @@ def decide(model: Any, i: int, hidden: tf.Tensor, attention_mask: tf.Tensor,
            threshold: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:  # fmt: skip
     """Return the logits after layer ``i`` and which rows leave there (None: every row left).
 
-    ``model`` is the BertModule (its ``students``, ``exit_pooling``, ``head`` and ``layers``).
+    ``model`` is the EncoderModule (its ``students``, ``exit_pooling``, ``head`` and ``layers``).
     """
     if i == len(model.layers) - 1:
         return model.head(hidden, attention_mask=attention_mask), None

@@ -2,7 +2,8 @@
 
 One layer loop for every architecture: what differs (embeddings and position ids, attention
 variant, feed-forward, norms, head) is export/architectures/'s table, read through
-``config.model_type``; ``BertModule`` keeps its name (finetune builds it too).
+``config.model_type``. ``EncoderModule`` is the one model module of every architecture (named
+``BertModule`` before the BERT family; finetune builds it too).
 
 The building blocks are export/layers.py's, the heads' outputs export/heads.py's, and the early
 exits (students, the exit rule, compacted and masked serving) export/exits.py's; this module
@@ -55,8 +56,9 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 SPEED = "speed"  # the early-exit graph's extra input: float32 [batch], one speed per row
 
 
-class BertModule(tf.Module):
-    """A BERT encoder with a ``classify`` (trained or zero-shot), ``tag`` or ``embed`` head.
+class EncoderModule(tf.Module):
+    """An encoder of any supported architecture with a ``classify`` (trained or zero-shot),
+    ``tag`` or ``embed`` head.
 
     ``serve`` is the ``serving_default`` function; ``encode`` returns pooled float32 sentence
     vectors and is what the zero-shot head uses to embed label descriptions at export time.

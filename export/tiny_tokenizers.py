@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 KINDS = ("wordpiece", "bpe", "unigram", "unigram-cls", "sp-bpe")
 
@@ -103,6 +104,8 @@ def build_tokenizer(kind: str, vocab_size: int = 400) -> object:
             vocab_size=vocab_size, special_tokens=specials, unk_token=unk
         )
     tok.train_from_iterator(_lines(), trainer=trainer)  # type: ignore[arg-type]
+    if kind.startswith("unigram"):
+        tok.model = _canonical_unigram(tok, len(specials))
     ids = {token: tok.token_to_id(token) for token in specials}
     cls, sep = names["cls_token"], names["sep_token"]
     if kind in ("bpe", "unigram"):  # RoBERTa / XLM-R: no token types, </s></s> between
@@ -125,6 +128,23 @@ def build_tokenizer(kind: str, vocab_size: int = 400) -> object:
         for t in specials
     ])  # fmt: skip
     return tok
+
+
+def _canonical_unigram(tok: Any, specials: int) -> Any:
+    """Return ``tok``'s Unigram model with its pieces in a fixed order and scores rounded.
+
+    The trainer's hash maps make each run order equal-score pieces differently (other ids,
+    so another model's answers) and sum scores in other orders (differences up to 4e-11);
+    rounded to 1e-6 and sorted by (score, piece) the same corpus gives the same tokenizer
+    every run, as golden answers need (tests/backend/golden.py).
+    """
+    from tokenizers import models
+
+    state = json.loads(tok.to_str())["model"]
+    head, pieces = state["vocab"][:specials], state["vocab"][specials:]
+    pieces = sorted(([p, round(s, 6)] for p, s in pieces), key=lambda x: (-x[1], x[0]))
+    return models.Unigram([tuple(x) for x in head + pieces], state["unk_id"],
+                          state.get("byte_fallback", False))  # fmt: skip
 
 
 def write_tokenizer(

@@ -41,6 +41,9 @@ class TokenizerAssets:
     do_lower_case: bool
     entry: dict[str, Any] = field(default_factory=dict)  # model.json's "tokenizer"
     vocab_txt: list[str] | None = None  # a WordPiece vocabulary (kept for older gateways)
+    # tokenizer_config.json's model_max_length, when it states one (not transformers' 1e30
+    # "no limit" placeholder)
+    model_max_length: int | None = None
 
     def special_ids(self) -> tuple[int, int]:
         """Return the ids of the first and last special token of one text ([CLS], [SEP])."""
@@ -89,6 +92,30 @@ def read_vocab_txt(path: Path, rows: int) -> list[str]:
     return vocab
 
 
+# the files of transformers' slow (Python) tokenizers that hold the whole vocabulary, none of them
+# a tokenizer.json: byte-level BPE (RoBERTa, GPT-2), SentencePiece (XLM-R, CamemBERT, ALBERT,
+# DeBERTa-v3, T5-style)
+SLOW_TOKENIZER_FILES = (
+    "vocab.json", "merges.txt", "sentencepiece.bpe.model", "spiece.model", "spm.model",
+    "tokenizer.model",
+)  # fmt: skip
+
+
+def _refuse_a_slow_tokenizer(path: Path) -> None:
+    """Raise ExportError saying how to make tokenizer.json when ``path`` has a slow tokenizer's
+    files and neither tokenizer.json nor vocab.txt (else the error would only say "missing")."""
+    found = [name for name in SLOW_TOKENIZER_FILES if (path / name).is_file()]
+    if not found or (path / "vocab.txt").is_file():
+        return
+    raise ExportError(
+        f"{path}: a slow tokenizer ({', '.join(found)}) and no tokenizer.json, the only tokenizer "
+        "file export and the gateway read besides a WordPiece vocab.txt. Make tokenizer.json "
+        "with transformers installed (it converts the slow tokenizer; SentencePiece files also "
+        'need the sentencepiece package): python -c "from transformers import AutoTokenizer; '
+        f"AutoTokenizer.from_pretrained('{path}').save_pretrained('{path}')\", then export again"
+    )
+
+
 def read_tokenizer(path: Path, rows: int, lower: bool | None = None) -> TokenizerAssets:
     """Return the tokenizer of the checkpoint directory ``path`` whose word embedding has
     ``rows`` rows: its tokenizer.json, else one built from its vocab.txt. ``lower`` (the
@@ -112,6 +139,7 @@ def read_tokenizer(path: Path, rows: int, lower: bool | None = None) -> Tokenize
         if model_kind(tokenizer) == "WordPiece":
             vocab_txt = _by_id(tokenizer, with_added=False)
     else:
+        _refuse_a_slow_tokenizer(path)
         vocab_txt = read_vocab_txt(path / "vocab.txt", rows)
         do_lower = bool(config.get("do_lower_case", True)) if lower is None else lower
         try:
@@ -132,7 +160,19 @@ def read_tokenizer(path: Path, rows: int, lower: bool | None = None) -> Tokenize
         )
     entry = _entry(tokenizer, config, source, size, path)
     return TokenizerAssets(json_text=text, source=source, vocab=vocab, do_lower_case=do_lower,
-                           entry=entry, vocab_txt=vocab_txt)  # fmt: skip
+                           entry=entry, vocab_txt=vocab_txt,
+                           model_max_length=_max_length(config))  # fmt: skip
+
+
+def _max_length(config: dict[str, Any]) -> int | None:
+    """Return tokenizer_config.json's model_max_length, None when it states none (absent, not a
+    positive integer, or transformers' placeholder for "no limit", 1e30)."""
+    value = config.get("model_max_length")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not 1 <= value < 10**9 or value != int(value):
+        return None
+    return int(value)
 
 
 def _by_id(tokenizer: Any, *, with_added: bool) -> list[str]:

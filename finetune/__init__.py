@@ -1,3 +1,3 @@
-"""Fine-tune a BERT checkpoint on labelled texts; write a Hugging Face checkpoint export reads."""
+"""Fine-tune a BERT-family checkpoint on labelled texts; write an HF checkpoint export reads."""
 
 from __future__ import annotations

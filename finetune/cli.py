@@ -3,10 +3,10 @@
 Argument parsing and printing only (finetune/run.py fine-tunes, finetune/exits.py distils
 early-exit students). ``--task`` picks the head and its file format: classify (default),
 pair-classify, multi-label, tag. Progress lines and the Keras progress bar go to stdout; the last
-line names the written checkpoint and its dev/test figures. Refusals (bad rows, a one-class training
-set, dev labels train lacks, a non-BERT checkpoint, an existing ``--out``) print one
-``error: ...`` line to stderr and exit with status 2; an interrupted fine-tuning run exits with
-130 and continues with ``--resume``.
+line names the written checkpoint and its dev/test figures. Refusals (bad rows, a one-class
+training set, dev labels train lacks, a checkpoint of an unsupported architecture, an existing
+``--out``) print one ``error: ...`` line to stderr and exit with status 2; an interrupted
+fine-tuning run exits with 130 and continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,12 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--checkpoint", required=True, type=Path, help="HF BERT dir (or Google BERT checkpoint)")
+    add(
+        "--checkpoint",
+        required=True,
+        type=Path,
+        help="HF dir of a supported architecture (or a Google BERT checkpoint)",
+    )
     add("--task", choices=list(TASKS), default="classify",
         help="classify: text<TAB>label TSV; pair-classify: text_a<TAB>text_b<TAB>label TSV; "
         "multi-label: text<TAB>labels TSV; tag: entity-span JSONL (see finetune/README.md)",
@@ -109,7 +114,9 @@ def distill_main(argv: Sequence[str]) -> int:
 
         result = distill_exits(args.checkpoint, args.texts, args.dev, args.out, config=config,
                                say=_sayer())  # fmt: skip
-    except FormatError as exc:  # FinetuneError, ExportError (not BERT), the publish rule's errors
+    except (
+        FormatError
+    ) as exc:  # FinetuneError, ExportError (unsupported), the publish rule's errors
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     print(f"\nexits on {args.dev} ({result.report['dev']['texts']} texts):\n{result.table()}\n")
@@ -140,7 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             task=TaskOptions(task=args.task, num_labels=args.num_labels,
                              label_delimiter=args.label_delimiter),
         )  # fmt: skip
-    except FormatError as exc:  # FinetuneError, ExportError (not BERT), the publish rule's errors
+    except (
+        FormatError
+    ) as exc:  # FinetuneError, ExportError (unsupported), the publish rule's errors
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:

@@ -133,10 +133,10 @@ def encode(
     with one pooling caches one."""
     import tensorflow as tf
 
-    from export.model import BertModule, pool
+    from export.model import EncoderModule, pool
     from finetune.pipeline import checkpoint_tokenizer, sorted_batches, token_ids
 
-    module = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls")
+    module = EncoderModule(ckpt.config, ckpt.weights, task="classify", pooling="cls")
 
     def forward(ids: tf.Tensor, mask: tf.Tensor, types: tf.Tensor) -> Any:
         hidden = module.layer_outputs(ids, mask, types)

@@ -1,4 +1,4 @@
-"""The model fine-tuning trains: export's ``BertModule`` with trainable variables and a fresh head.
+"""The model fine-tuning trains: export's ``EncoderModule``, trainable, with a fresh head.
 
 One model definition: the module export builds SavedModels from (export/model.py), built with
 ``trainable=True`` and the compute dtype of the Keras mixed-precision policy.
@@ -60,13 +60,13 @@ def head_weights(
 def build_model(
     ckpt: Checkpoint, weights: dict[str, np.ndarray], compute_dtype: str, task: str = "classify"
 ) -> Any:
-    """Return a trainable ``BertModule`` with a ``classify`` (pooled) or ``tag`` (per-token)
+    """Return a trainable ``EncoderModule`` with a ``classify`` (pooled) or ``tag`` (per-token)
     head: float32 variables, matmuls in ``compute_dtype``."""
     import tensorflow as tf
 
-    from export.model import BertModule
+    from export.model import EncoderModule
 
-    return BertModule(
+    return EncoderModule(
         ckpt.config, weights, task=task, pooling="cls", trainable=True,
         compute_dtype=tf.as_dtype(compute_dtype),
     )  # fmt: skip

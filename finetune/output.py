@@ -1,10 +1,11 @@
 """The fine-tuned checkpoint on disk: Hugging Face layout, written to a temp dir and renamed.
 
 ``<out>/config.json`` (with ``id2label``/``label2id``, so ``export build --task classify`` needs no
-labels flag), ``model.safetensors`` (``BertForSequenceClassification`` names, torch layouts),
-``vocab.txt``, ``tokenizer_config.json`` and ``metrics.json``. The directory appears complete or
-not at all: it is filled under ``<parent>/.tmp-<name>-<random>``, fsynced and renamed (the same
-rule export publishes versions by, modelformat/publish.py).
+labels flag), ``model.safetensors`` (the architecture's own HF names, torch layouts), the
+source's tokenizer files (``tokenizer.json``...; ``vocab.txt`` for a vocab.txt-only source) and
+``metrics.json``. The directory appears complete or not at all: it is filled under
+``<parent>/.tmp-<name>-<random>``, fsynced and renamed (the same rule export publishes versions
+by, modelformat/publish.py).
 """
 
 from __future__ import annotations

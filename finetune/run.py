@@ -1,4 +1,4 @@
-"""``finetune``: a BERT checkpoint and labelled files in, a fine-tuned HF checkpoint out.
+"""``finetune``: a BERT-family checkpoint and labelled files in, a fine-tuned HF checkpoint out.
 
 The task (finetune/tasks.py) decides the file format, the head, the loss and the figures:
 single-text classification by default, sentence pairs, multi-label or token tagging.

@@ -65,7 +65,7 @@ class Task:
     """Single-text, single-label classification (softmax, cross-entropy): the default."""
 
     name = "classify"
-    model_task = "classify"  # export's BertModule head: "classify" (pooled) or "tag" (per token)
+    model_task = "classify"  # export's EncoderModule head: "classify" (pooled) or "tag" (per token)
     selection = "accuracy"  # the dev figure that picks the best epoch
     label_pad = 0
 

@@ -122,7 +122,7 @@ def make_optimizer(config: TrainConfig, total_steps: int, precision: TrainingPre
 
 
 class Trainer:
-    """Trains a ``BertModule`` on tokenized splits; state lives under ``state_dir``.
+    """Trains a ``EncoderModule`` on tokenized splits; state lives under ``state_dir``.
 
     ``task`` (a finetune/tasks.py ``Task``; single-label classification is ``Task(TaskOptions())``)
     gives the loss, the targets and the dev figure that picks the best epoch.

@@ -143,8 +143,10 @@ class ServerProcess:
         raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.tail()}")
 
     def tail(self, n: int = 60) -> str:
-        """Return the last ``n`` lines of the log."""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        """Return the last ``n`` lines of the log (split at newlines only: a JSON log line may
+        hold U+2028 and the like, which orjson writes unescaped and str.splitlines splits at)."""
+        lines = self.log_path.read_text(errors="replace").rstrip("\n").split("\n")
+        return "\n".join(lines[-n:])
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the process group and, for SIGKILL, reap it."""

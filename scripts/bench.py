@@ -35,7 +35,22 @@ MODULES = [
     "heads_bench",
     "observability_bench",
     "architectures_bench",
+    "gateway_cost_bench",
 ]
+
+
+def groups() -> list[str]:
+    """Return what ``--only`` may name: ``MODULES`` (what a plain run runs), then every other
+    ``benchmarks/*_bench.py`` (run only when named: speed_curve_bench trains two teachers), then
+    each ``*_bench`` module's short name (``gateway_cost`` for gateway_cost_bench)."""
+    found = sorted(path.stem for path in (REPO / "benchmarks").glob("*_bench.py"))
+    names = [*MODULES, *(name for name in found if name not in MODULES)]
+    return [*names, *(n.removesuffix("_bench") for n in names if n.endswith("_bench"))]
+
+
+def module_name(name: str) -> str:
+    """Return the module of a group named on --only: ``gateway_cost`` is gateway_cost_bench."""
+    return name if name in MODULES or f"{name}_bench" not in MODULES else f"{name}_bench"
 
 
 def machine(cpu: CpuInfo) -> str:
@@ -56,7 +71,14 @@ def render(rows: list[Row], cpu: CpuInfo) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base-path", default="models", type=Path)
-    parser.add_argument("--only", nargs="*", help="benchmark modules to run (default: all)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        choices=groups(),
+        metavar="NAME",
+        help=f"benchmark modules to run (default: {', '.join(MODULES)}); also: "
+        f"{', '.join(groups()[len(MODULES) :])}",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
     parser.add_argument(
@@ -74,11 +96,12 @@ def main() -> int:
             work_dir=Path(tmp),
             repeats=args.repeats,
             quick=args.quick,
+            runs_dir=args.runs_dir,
         )
         for name in args.only or MODULES:
             print(f"== {name}", flush=True)
             try:
-                module = importlib.import_module(f"benchmarks.{name}")
+                module = importlib.import_module(f"benchmarks.{module_name(name)}")
                 rows += module.run(ctx)
             except Exception as exc:  # one broken benchmark must not hide the others
                 traceback.print_exc()

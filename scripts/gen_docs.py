@@ -57,9 +57,11 @@ SETTING_MEANINGS: dict[str, str] = {
     "from it",
     "GATEWAY_DEFAULT_MODEL": "optional: a model `/readyz` requires AVAILABLE on every probe (the "
     "serving config's models are required until the worker is first ready)",
-    "GATEWAY_TIMEOUT_S": "whole-request deadline; past it the answer is 504",
+    "GATEWAY_TIMEOUT_S": "whole-request deadline; past it the answer is 504 (tokenization, "
+    "windowing and `:tag` post-processing check it too)",
     "GATEWAY_MAX_TOKEN_IDS": "the longest token-id list `:detokenize` and `/v1/embeddings` take "
-    "(checked on the raw JSON before any id is; longer: 422)",
+    "(checked on the raw JSON before any id is, integral floats such as `5.0` counted as ids; "
+    "longer: 422)",
     "GATEWAY_PUBLIC_LABELS": "comma-separated labels every key may name (default `stable`); a "
     "version newer than the newest one they name is unvetted: only keys whose `versions` list it "
     "reach it ([security](../guides/security.md))",
@@ -83,6 +85,11 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_MAX_BODY_BYTES": "larger bodies get 413",
     "GATEWAY_MAX_TEXTS": "more texts get 413",
     "GATEWAY_MAX_TEXT_CHARS": "longer texts get 422",
+    "GATEWAY_MAX_REQUEST_TOKENS": "tokens one request may send upstream once tokenized (every "
+    "row's, specials and the overlaps of `long_text` windows counted; TEI's `max_batch_tokens`); "
+    "checked right after tokenization, before any row is built: 413 naming the numbers",
+    "GATEWAY_MAX_REQUEST_ROWS": "upstream rows one request may cause (texts, pairs, the windows "
+    "of `long_text` chunk and `:tag`; TEI's `max_client_batch_size`): 413 past it, as above",
     "GATEWAY_BUCKETING": "pad length-sorted chunks to 16/32/64/… buckets (`0`: pad to the longest)",
     "GATEWAY_GRPC_RETRIES": "retries (with jitter) on UNAVAILABLE only",
     "GATEWAY_RETRY_AFTER_S": "the `Retry-After` of a 503",
@@ -191,8 +198,10 @@ def _default(value: Any) -> str:
 
 
 def gunicorn_variables() -> list[str]:
-    """Return the GATEWAY_* variables docker/gunicorn.conf.py reads, in file order."""
-    found = re.findall(r"environ(?:\.get\()?\[?\(?\"(GATEWAY_[A-Z_]+)\"", GUNICORN_CONF.read_text())
+    """Return the GATEWAY_* variables docker/gunicorn.conf.py reads, in file order: every quoted
+    GATEWAY_* name, however it is read (``os.environ.get("…")``, ``os.environ["…"]``, a helper
+    such as ``_seconds("…", default)``)."""
+    found = re.findall(r"[\"'](GATEWAY_[A-Z0-9_]+)[\"']", GUNICORN_CONF.read_text())
     return list(dict.fromkeys(found))
 
 
@@ -362,12 +371,21 @@ def all_helps() -> dict[str, str]:
         return {command: text for (command, _), text in zip(commands, outputs, strict=True)}
 
 
+# cli.md's second part: what rehearses or measures the stack, and this generator; whoever runs the
+# gateway needs none of them
+PROJECT_TOOLS = re.compile(
+    r"_drill\.py$|scripts/(?:bench|loadtest|profile_gateway|gen_docs)\.py$|-m ops\.(?:load|drills)$"
+)
+CLI_PARTS = ("Commands a user runs", "Drills, benchmarks and the project's own tools")
+
+
 def cli_body(helps: dict[str, str]) -> str:
-    """Return every command's --help, one section each."""
-    parts = []
+    """Return every command's --help, one section each: the user's commands first."""
+    parts: dict[str, list[str]] = {title: [] for title in CLI_PARTS}
     for command, _ in cli_entry_points():
-        parts.append(f"### `{command}`\n\n```text\n{helps[command]}```\n")
-    return "\n".join(parts)
+        title = CLI_PARTS[1] if PROJECT_TOOLS.search(command) else CLI_PARTS[0]
+        parts[title].append(f"### `{command}`\n\n```text\n{helps[command]}```\n")
+    return "\n".join(f"## {title}\n\n" + "\n".join(body) for title, body in parts.items())
 
 
 def generated_pages(helps: dict[str, str] | None = None) -> dict[Path, str]:

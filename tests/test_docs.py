@@ -19,8 +19,10 @@ import subprocess
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+import yaml
 
 from backend.settings import ENV_NAMES
 from ops.procs import REPO
@@ -64,9 +66,28 @@ def test_the_readme_fits_on_a_few_screens() -> None:
 # --- complete against the code ------------------------------------------------------------------
 
 
+def gunicorn_conf_names() -> list[str]:
+    """Return every GATEWAY_* name docker/gunicorn.conf.py spells as a string (read through
+    os.environ or a helper of its own, such as ``_seconds``), found from its syntax tree: not the
+    generator's own search, so a name the generator misses fails the test below."""
+    tree = ast.parse((REPO / "docker" / "gunicorn.conf.py").read_text(encoding="utf-8"))
+    return [
+        node.value for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and re.fullmatch(r"GATEWAY_[A-Z0-9_]+", node.value)
+    ]  # fmt: skip
+
+
+def test_the_gunicorn_settings_read_through_helpers_are_found() -> None:
+    """The three read through ``_seconds("…")`` were missing from the reference (issue 41)."""
+    found = set(gunicorn_conf_names())
+    assert {"GATEWAY_KEEPALIVE_S", "GATEWAY_HEADER_TIMEOUT_S", "GATEWAY_BODY_TIMEOUT_S"} <= found
+    assert found - set(ENV_NAMES) <= set(gen_docs().gunicorn_variables())
+
+
 def test_every_setting_is_in_the_configuration_reference() -> None:
     text = page(REFERENCE / "configuration.md")
-    names = [*ENV_NAMES, *gen_docs().gunicorn_variables()]
+    names = [*ENV_NAMES, *gunicorn_conf_names()]
     missing = [name for name in names if f"| `{name}` |" not in text]
     assert not missing, f"settings missing from docs/reference/configuration.md: {missing}"
 
@@ -330,3 +351,161 @@ def test_every_issue_the_repository_cites_is_in_the_changelog() -> None:
     numbers = {int(n) for n in re.findall(r"\d+", cited)}
     assert numbers, "no issue citations found"
     assert not sorted(numbers - listed), f"issues cited but not in CHANGELOG.md: {numbers - listed}"
+
+
+# --- what the documents name exists --------------------------------------------------------------
+
+# Pages whose prose names repository paths: the docs, the README and the packages' READMEs (the
+# CHANGELOG names files as they were when a release shipped).
+NAMING_PAGES = [REPO / "README.md", *sorted(DOCS.rglob("*.md")), *sorted(REPO.glob("*/README.md"))]
+PATH_TOKEN = re.compile(r"(?<![\w./~$:@-])((?:[\w.-]+/)+[\w.*-]*[\w*])")
+FILE_SUFFIX = re.compile(r"\.(?:md|py|txt|yaml|yml|json|toml|sh|config|proto|tsv|jsonl|png|csv)$")
+# paths that are not the repository's: inside a model version or a checkpoint, or written by a run
+NOT_REPOSITORY_PATHS = re.compile(
+    r"^(?:assets|assets\.extra|variables|1_Pooling|2_Dense|my-checkpoint|ckpt|run)/"
+    r"|^serving_config/routing\.yaml$"  # the first rollout step writes it (docs/guides/rollouts.md)
+)
+
+
+def top_level_directories() -> set[str]:
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    return {name.split("/", 1)[0] for name in tracked if "/" in name}
+
+
+def ignored(path: str) -> bool:
+    """Whether git ignores ``path``: what a run writes (.stack/, results/*.json, run/)."""
+    return (
+        subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, check=False).returncode == 0
+    )
+
+
+def named_paths(path: Path, tops: set[str]) -> set[str]:
+    """Return the repository paths ``path`` names: under a top-level directory, or a file name."""
+    found = set()
+    for token in PATH_TOKEN.findall(page(path)):
+        token = token.rstrip(".")
+        if token.split("/", 1)[0] not in tops and not FILE_SUFFIX.search(token):
+            continue
+        if not re.search(r"[<>{}]|\.\.\.|…", token):  # a pattern, not a path
+            found.add(token)
+    return found
+
+
+@pytest.mark.parametrize("path", NAMING_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_repository_path_a_page_names_exists(path: Path) -> None:
+    tops = top_level_directories()
+    missing = []
+    for name in sorted(named_paths(path, tops)):
+        places = [REPO / name, path.parent / name, DOCS / name]
+        if "*" in name and any(REPO.glob(name)):
+            continue
+        if any(place.exists() for place in places) or NOT_REPOSITORY_PATHS.search(name):
+            continue
+        if not ignored(name):
+            missing.append(name)
+    assert not missing, f"{path.relative_to(REPO)} names paths that do not exist: {missing}"
+
+
+def test_a_dead_path_is_found(tmp_path: Path) -> None:
+    """The check above bites: a page naming a test file that was removed is caught."""
+    fake = tmp_path / "page.md"
+    fake.write_text("Run tests/deploy/test_monitoring.py and see batching/README.md.\n")
+    names = named_paths(fake, top_level_directories())
+    assert {"tests/deploy/test_monitoring.py", "batching/README.md"} <= names
+    assert not (REPO / "tests/deploy/test_monitoring.py").exists()
+
+
+@cache
+def bench_groups() -> list[str]:
+    """Return what scripts/bench.py's --only takes."""
+    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    groups: list[str] = module.groups()
+    return groups
+
+
+def test_every_bench_group_a_page_names_is_one_bench_runs() -> None:
+    """`scripts/bench.py --only X` in a page (results' pages too) names a group bench.py has."""
+    pages = [*NAMING_PAGES, *sorted((REPO / "results").glob("*.md"))]
+    wrong = []
+    for path in pages:
+        for names in re.findall(r"bench\.py --only ((?:[a-z][\w]* ?)+)", page(path)):
+            wrong += [
+                f"{path.relative_to(REPO)}: {name}"
+                for name in names.split()
+                if name not in bench_groups()
+            ]
+    assert "e2e" in bench_groups() and "e2e_bench" not in bench_groups()
+    assert not wrong, f"--only names bench.py does not have: {wrong}"
+
+
+# --- every error status the gateway answers is in the HTTP reference -----------------------------
+
+
+def gateway_statuses() -> set[int]:
+    """Return every status backend/errors.py and backend/httpworker.py can answer with."""
+    found: set[int] = set()
+    tree = ast.parse((REPO / "backend" / "errors.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "status_code"
+            and isinstance(node.value, ast.Constant)
+        ):
+            found.add(int(node.value.value))
+        if isinstance(node, ast.Dict):  # _HTTP_ERRORS: werkzeug's statuses it maps
+            found |= {k.value for k in node.keys if isinstance(k, ast.Constant)
+                      and isinstance(k.value, int)}  # fmt: skip
+    worker = (REPO / "backend" / "httpworker.py").read_text(encoding="utf-8")
+    found |= {int(s) for s in re.findall(r"HTTP/1\.1 (\d{3}) ", worker)}
+    return found
+
+
+def gunicorn_statuses() -> set[int]:
+    """Return the statuses gunicorn's own request-parsing errors answer with."""
+    spec = importlib.util.find_spec("gunicorn.workers.base")
+    assert spec and spec.origin
+    source = Path(spec.origin).read_text(encoding="utf-8")
+    return {400} | {int(s) for s in re.findall(r"status_int = (\d{3})", source)}
+
+
+def test_every_error_status_is_in_the_http_reference() -> None:
+    text = page(REFERENCE / "http-api.md")
+    ours = gateway_statuses()
+    assert {401, 403, 405, 408, 413, 415, 422, 429, 503, 504} <= ours
+    missing = sorted(status for status in ours if f"\n| {status} | `" not in text)
+    assert not missing, f"gateway statuses without a row in http-api.md's errors table: {missing}"
+    gunicorn = text.split("gunicorn answers a request it can't parse", 1)[1].split("\n\n", 1)[0]
+    theirs = sorted(s for s in gunicorn_statuses() - {500} if not re.search(rf"\b{s}\b", gunicorn))
+    assert not theirs, f"gunicorn's statuses missing from http-api.md: {theirs}"
+
+
+# --- every alert has a runbook -------------------------------------------------------------------
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    rules_file = REPO / "deploy" / "k8s" / "base" / "monitoring" / "alerts.yaml"
+    groups = yaml.safe_load(rules_file.read_text(encoding="utf-8"))["groups"]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def test_every_alert_has_a_runbook_section_in_troubleshooting() -> None:
+    rules = alert_rules()
+    assert len(rules) >= 7
+    troubleshooting = DOCS / "operations" / "troubleshooting.md"
+    wrong = []
+    for rule in rules:
+        url = rule.get("annotations", {}).get("runbook_url", "")
+        file, _, anchor = url.partition("#")
+        if REPO / file != troubleshooting or anchor not in slugs(page(troubleshooting)):
+            wrong.append(f"{rule['alert']}: {url or 'no runbook_url'}")
+            continue
+        section = page(troubleshooting).split(f"### {rule['alert']}\n", 1)[-1].split("\n##", 1)[0]
+        if "**Look at**" not in section or "**Do**" not in section:
+            wrong.append(f"{rule['alert']}: its section says neither what to look at nor do")
+    assert not wrong, f"alerts without a runbook: {wrong}"

@@ -4,8 +4,10 @@ Each ```bash block in the README or a page under docs/ that holds a `curl ... lo
 line is followed by a ```json block with the answer it showed; this test runs the same command
 (on free ports) and requires the answer to match: same keys, same labels and versions, and lists
 shortened with "..." in the page compared on their shown prefix (strings ending in "..."
-likewise). Each ```python block that talks to `localhost:8000` runs against the same stack and
-must finish cleanly.
+likewise). Each ```python block that talks to `localhost:8000` runs against the same stack, must
+finish cleanly and print what its comments show: a line ``print(x)  # shown`` (or a bare
+expression ``x  # shown``, printed as a console would show it) must print ``shown``, compared as
+the curl answers are (a note after two spaces or "; " in the comment is not part of it).
 
 Numbers are compared relative to their magnitude, because version 2 of each demo model is
 exported with ``--precision auto``: BF16 on a CPU with native bf16, FP32 elsewhere, so the same
@@ -18,6 +20,7 @@ relative L2 error must stay within ``VECTOR_RTOL`` (BF16 vs FP32 embeddings diff
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -63,6 +66,54 @@ def python_examples() -> list[tuple[str, str]]:
         for m in PYTHON_RE.finditer(page.read_text(encoding="utf-8"))
         if "localhost:8000" in m["code"]
     ]
+
+
+# a top-level line with a comment: the statement, and what the comment shows after "# "
+SHOWN_RE = re.compile(r"^(?P<stmt>[^\s#].*?)\s+#\s(?P<shown>.*)$")
+
+
+def shown_outputs(code: str) -> tuple[str, list[str]]:
+    """Return ``code`` with each commented bare expression printed, and the outputs its comments
+    show, in order (a comment on an assignment or an import shows nothing)."""
+    lines, shown = [], []
+    for line in code.splitlines():
+        m = SHOWN_RE.match(line)
+        if m and _is_expression(m["stmt"]):
+            stmt = m["stmt"] if m["stmt"].startswith("print(") else f"print({m['stmt']})"
+            lines.append(stmt)
+            shown.append(re.split(r"  |; ", m["shown"], maxsplit=1)[0])
+        else:
+            lines.append(line)
+    return "\n".join(lines), shown
+
+
+def _is_expression(stmt: str) -> bool:
+    try:
+        ast.parse(stmt, mode="eval")
+    except SyntaxError:
+        return False
+    return True
+
+
+def _literal(text: str) -> Any:
+    """Return ``text`` as a Python literal (tuples as lists, like JSON), or the text itself."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return json.loads(json.dumps(value))
+
+
+def same_output(shown: str, printed: str, where: str) -> None:
+    """Assert that a printed line is what a comment shows: as a literal (numbers within the
+    README's tolerance), else word by word."""
+    if not isinstance(_literal(shown), str):
+        matches(_literal(shown), _literal(printed), where)
+        return
+    words, got = shown.split(), printed.split()
+    assert len(got) == len(words), f"{where}: printed {printed!r}, the page shows {shown!r}"
+    for i, (word, actual) in enumerate(zip(words, got, strict=True)):
+        matches(_literal(word), _literal(actual), f"{where} word {i}")
 
 
 def is_number(value: Any) -> bool:
@@ -153,11 +204,16 @@ def test_readme_example_gives_the_answer_it_shows(
 def test_python_example_runs_against_the_stack(
     stack: run_stack.Ports, page: str, code: str
 ) -> None:
-    program = code.replace("localhost:8000", f"127.0.0.1:{stack.gateway}")
+    program, shown = shown_outputs(code.replace("localhost:8000", f"127.0.0.1:{stack.gateway}"))
+    assert shown, f"{page}: a Python example that shows no output (a `# ...` after a print)"
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, f"{page}: {done.stderr[-2000:]}"
+    printed = done.stdout.splitlines()
+    assert len(printed) == len(shown), f"{page}: printed {printed}, the page shows {shown}"
+    for i, (want, got) in enumerate(zip(shown, printed, strict=True)):
+        same_output(want, got, f"{page} output line {i + 1}")
 
 
 def test_the_readme_and_docs_show_python_clients() -> None:
@@ -176,6 +232,26 @@ def test_the_readme_and_docs_show_python_clients() -> None:
 )
 def test_matcher_accepts_precision_differences(shown: Any, actual: Any) -> None:
     matches(shown, actual)
+
+
+def test_a_python_example_shows_what_its_comments_say_it_prints() -> None:
+    code = (
+        'import os  # imported\nx = [1.0, 2]  # an assignment\nprint(x, "a")  # [1.0, 2] a\n'
+        "len(x)  # 2; a note\n    print(3)  # in a block: 3\n"
+    )
+    program, shown = shown_outputs(code)
+    assert shown == ["[1.0, 2] a", "2"]
+    assert program.splitlines()[3] == "print(len(x))"
+    same_output("[(0, 0.7633), (2, 0.7499)]", "[(0, 0.7634), (2, 0.75)]", "$")
+    same_output("minilm@2 384", "minilm@2 384", "$")
+    for shown_line, printed in (
+        ("minilm@2 384", "minilm@1 384"),
+        ("minilm@2 384", "minilm@2"),
+        ("[(0, 0.7633)]", "[(2, 0.7633)]"),
+        ("technical", "billing"),
+    ):
+        with pytest.raises(AssertionError):
+            same_output(shown_line, printed, "$")
 
 
 @pytest.mark.parametrize(

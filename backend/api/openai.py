@@ -34,7 +34,7 @@ from backend.errors import (
     UnprocessableInput,
 )
 from backend.reloading import ReloadingFile
-from backend.schemas import EmbeddingsRequest, check_texts
+from backend.schemas import EmbeddingsRequest, OneInput, check_texts
 from backend.service import typed_embeddings
 from backend.settings import Settings
 from modelformat import layout, serverconfig
@@ -121,16 +121,26 @@ def embeddings() -> Response:
 
 
 def _input_texts(body: dict[str, Any]) -> Any:
+    """Return the body's texts (anything but token ids: counted, then checked as texts)."""
     value = body.get("input")
     return [value] if isinstance(value, str) else value
 
 
 def _input_ids(body: dict[str, Any]) -> Any:
-    """Return the body's token-id inputs as lists (one list of ints is one input)."""
+    """Return the body's token-id inputs as lists (one list of numbers is one input), or None
+    when it is not token ids. Its first item decides, whatever the others are: a number (int or
+    integral float: both are ids to the schema) or a list of them; the check then names the
+    first item that does not fit, instead of pydantic erring on each item against each kind
+    of input."""
     value = body.get("input")
-    if isinstance(value, list) and value and all(isinstance(x, int) for x in value):
-        return [value]
-    return value
+    if not isinstance(value, list) or not value:
+        return None
+    first = value[0]
+    if isinstance(first, list):
+        return value
+    if isinstance(first, int | float) and not isinstance(first, bool):
+        return OneInput([value])
+    return None
 
 
 def _encode(vector: np.ndarray, encoding: str) -> Any:

@@ -11,6 +11,7 @@ DRILLS = {
     "rolling": ("ops.drills.rolling", "rolling update, a slow replica, a hung one, rollback"),
     "rollout": ("ops.drills.rollout", "a good version rolled out and a bad one back, real tickets"),
     "hostile": ("ops.drills.hostile", "hostile clients beside well-behaved ones; restarts"),
+    "costly": ("ops.drills.costly", "each costly request alone: status, time, worker peak RSS"),
 }
 
 if __name__ == "__main__":

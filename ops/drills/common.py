@@ -214,12 +214,13 @@ class StatusMonitor:
         return gaps
 
     def available_during(self, version: int, start: float, end: float, slack_s: float) -> bool:
-        """Return True if ``version`` was seen AVAILABLE within [start - slack, end + slack]."""
-        return any(
-            version in versions
-            for t, versions in self.seen
-            if start - slack_s <= t <= end + slack_s
-        )
+        """Return True if ``version`` was seen AVAILABLE within [start - slack, end + slack] or
+        by the sightings just before and just after it: a monitor slowed by a loaded machine
+        polls less often than ``every_s``, and its pace, not a wall clock, bounds what it saw."""
+        before = [v for t, v in self.seen if t < start - slack_s][-1:]
+        inside = [v for t, v in self.seen if start - slack_s <= t <= end + slack_s]
+        after = [v for t, v in self.seen if t > end + slack_s][:1]
+        return any(version in versions for versions in (*before, *inside, *after))
 
 
 def timeline(answers: Iterable[Answer], t0: float, events: dict[int, list[str]]) -> str:

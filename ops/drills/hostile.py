@@ -20,6 +20,10 @@ capacity (pooled keep-alive sessions, as SDKs hold them) for ``--duration`` s ea
      ``--attack-rate`` per second;
    - ``ids``: ``:detokenize`` and ``/v1/embeddings`` with ``--ids`` token ids in one list,
      ``--attack-rate`` per second;
+   - ``costly``: the bodies of ``ops.drills.costly`` in turn (a megabyte of wrong-typed items,
+     integral float ids past the limit, 52 texts of 20,000 characters in chunk mode),
+     ``--attack-rate`` per second (with ``--verb embed`` and an embedding model, chunk mode is
+     served by the model; on a classifier it is a 422 before tokenization);
 2. rolling restarts under the same paced keep-alive load: the gateway gets SIGHUP twice (new
    workers, the old ones stopped gracefully); then a second gateway with
    ``GATEWAY_MAX_REQUESTS=--max-requests`` restarts its workers as they reach it.
@@ -55,11 +59,11 @@ import requests
 
 from modelformat import serverconfig
 from ops import modelconfig, stack
-from ops.drills import common
+from ops.drills import common, costly
 from ops.drills.common import Answer, copy_newest
 from ops.procs import REPO, ServerProcess, child_env
 
-ATTACKS = ("stalled", "idle", "names", "ids")
+ATTACKS = ("stalled", "idle", "names", "ids", "costly")
 P99_FACTOR = 1.5  # a well-behaved client's p99 under attack, at most this times the quiet one
 # the workers' RSS after every attack, at most this much above theirs after the quiet phase:
 # a tenth, or 16 MiB per worker where that is more (allocator noise on a small worker)
@@ -135,6 +139,7 @@ def attack_requests(kind: str, url: str, model: str, seconds: float, rate: float
     session = requests.Session()
     filler = ["a hostile client pads its body"] * 200  # ~6 KB of texts per request
     id_list = [1] * ids
+    costly_bodies = [costly.encoded(probe, model) for probe in costly.probes()]
     end, n = time.monotonic() + seconds, 0
     due = time.monotonic()
     while time.monotonic() < end:
@@ -142,7 +147,10 @@ def attack_requests(kind: str, url: str, model: str, seconds: float, rate: float
         due += 1 / rate
         fresh = f"drill-{os.getpid()}-{n}-{random.getrandbits(40):x}"
         call: tuple[str, str, Any]
-        if kind == "names":
+        if kind == "costly":
+            path, raw = costly_bodies[n % len(costly_bodies)]
+            call = ("POST", path, raw)
+        elif kind == "names":
             step = n % 3
             if step == 0:
                 call = ("POST", f"/v1/models/{fresh}:classify", {"texts": filler})
@@ -162,7 +170,11 @@ def attack_requests(kind: str, url: str, model: str, seconds: float, rate: float
         n += 1
         method, path, body = call
         try:
-            data = orjson.dumps(body) if body is not None else None
+            data = (
+                body
+                if isinstance(body, bytes)
+                else (orjson.dumps(body) if body is not None else None)
+            )
             resp = session.request(method, url + path, data=data, timeout=30,
                                    headers={"Content-Type": "application/json"})  # fmt: skip
             seen[f"{method} {path.split(':')[-1] if ':' in path else path.split('/')[2]} "

@@ -291,7 +291,7 @@ def test_access_log_lines_are_json(gateway: Gateway) -> None:
     deadline = time.monotonic() + 10
     while not mine and time.monotonic() < deadline:  # gunicorn logs after sending the response
         time.sleep(0.1)
-        lines = gateway.process.tail(400).splitlines()
+        lines = gateway.process.tail(400).split("\n")
         records = [json.loads(line) for line in lines if line.startswith("{")]
         mine = [r for r in records if r.get("request_id") == "abc-123"]
 

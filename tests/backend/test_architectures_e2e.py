@@ -1,8 +1,14 @@
-"""The architectures' parity matrix through a real model server and gunicorn gateway (issue 33).
+"""The parity matrix through a real model server and gunicorn gateway: every tokenizer kind ×
+every head (issue 33; one architecture per kind since issue 42).
 
-Every architecture of tests/export/test_architectures.py, saved by transformers with a tokenizer
-of its own kind (tokenizer.json + tokenizer_config.json, no vocab.txt), is exported as
-``python -m export build`` does, once per head the product serves:
+What the gateway does with a model (tokenize, pair templates and their cuts, token types, the
+head's activation, :tokenize offsets) depends on its tokenizer's kind and its head, not on its
+architecture: every architecture's numbers are checked in process, head by head and at every
+precision, by tests/export/test_architectures.py. So this matrix serves one architecture per
+tokenizer kind the product serves (export/tiny_tokenizers.py's KINDS: WordPiece, byte-level
+BPE, SentencePiece Unigram with and without [CLS]-style templates, SentencePiece BPE), saved by
+transformers with a tokenizer of that kind (tokenizer.json + tokenizer_config.json, no
+vocab.txt), exported as ``python -m export build`` does, once per head the product serves:
 
 - ``single``: a single-label classifier, version 1 in fp32, versions 2 and 3 the same checkpoint
   in bf16 and fp16 (``--precision``, through the build's conversion gate at
@@ -43,6 +49,7 @@ import pytest
 import requests
 
 from export.gates import Tolerance
+from export.tiny_tokenizers import KINDS
 from ops.procs import REPO, child_env
 from tests.backend.heads_reference import (
     TAG_TEXTS,
@@ -55,10 +62,11 @@ from tests.export.test_architectures import (
     ARCHITECTURES,
     GATE_TOLERANCE,
     LOW_PRECISIONS,
+    TOKENIZERS,
     save_checkpoint,
 )
 
-# ~100 exports and their loads on 2 shared cores: the first test's setup takes minutes
+# ~45 exports and their loads on 2 shared cores: the first test's setup takes minutes
 pytestmark = pytest.mark.timeout(1500)
 
 # max_seq_len: TEXTS fit 32 tokens whole in every tokenizer kind (30 at most), TAG_TEXTS 48 (38);
@@ -81,8 +89,12 @@ THRESHOLDS = {"LABEL_0": 0.35, "LABEL_1": 0.6, "LABEL_2": 0.5}  # the multi-labe
 # and another signature's kernels (a bucket, serving_default; native bf16 or emulated), move
 # these random weights' probabilities about as far again: ALBERT's bf16 reached 0.056 here.
 SERVED_TOLERANCE = Tolerance(max_prob_diff=2 * GATE_TOLERANCE.max_prob_diff)
-# the architectures and what this matrix checks of each, for docs/reference/supported-models.md
-GATEWAY = tuple(ARCHITECTURES)
+# an architecture per tokenizer kind → that kind: each the architecture's own kind (TOKENIZERS),
+# but SentencePiece BPE, which no architecture's tiny checkpoint has of its own: it goes on
+# DeBERTa-v2 (a template with token types on a model that has them); and what this matrix checks
+# of each, for docs/reference/supported-models.md
+GATEWAY = {"bert": "wordpiece", "roberta": "bpe", "xlm-roberta": "unigram",
+           "albert": "unigram-cls", "deberta-v2": "sp-bpe"}  # fmt: skip
 CHECKED = (*HEADS, *LOW_PRECISIONS, "tokenize")
 
 TEXTS = [
@@ -109,6 +121,7 @@ _EXPORT = """
 import json, sys
 from export.build import build
 from export.gates import Tolerance
+from export.tiny_tokenizers import KINDS
 from export.hardware import CpuInfo
 jobs, cpu, tolerance, out = json.loads(sys.argv[1])
 cpu = CpuInfo(cpu["model"], frozenset(cpu["flags"]), cpu["cores"])
@@ -138,7 +151,7 @@ def _checkpoints(root: Path) -> dict[tuple[str, str], Path]:
     out: dict[tuple[str, str], Path] = {}
     for arch in GATEWAY:
         for kind in ("single", "multi", "regression", "embed", "tag"):
-            out[arch, kind] = save_checkpoint(arch, kind, root)
+            out[arch, kind] = save_checkpoint(arch, kind, root, GATEWAY[arch])
         config_file = out[arch, "multi"] / "config.json"
         config = json.loads(config_file.read_text())
         config_file.write_text(json.dumps({**config, "thresholds": THRESHOLDS}, indent=2))
@@ -175,7 +188,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     arguments = [jobs, CPU, tolerance, {"base": str(base), "results": str(results)}]
     # The model server starts with no models and re-reads its config file every second; each
     # model is added to the file once the export has published its first version (as a model is
-    # added to a running stack), so the server's start and its ~100 loads overlap the exports
+    # added to a running stack), so the server's start and its ~45 loads overlap the exports
     config = root / "models.config"
     config.write_text(model_config(base, {}, []), encoding="utf-8")
     server = ModelServer(config, logs, ["--model_config_file_poll_wait_seconds=1"])
@@ -311,6 +324,13 @@ def _cut(path: Path, pairs: list[list[str]]) -> list[bool]:
 
 
 # -- the matrix: fp32 -------------------------------------------------------------------------
+
+
+def test_the_matrix_serves_every_tokenizer_kind_once() -> None:
+    assert sorted(GATEWAY.values()) == sorted(KINDS)
+    assert set(GATEWAY) <= set(ARCHITECTURES)
+    # the kinds an architecture has of its own are served on that architecture
+    assert all(TOKENIZERS[a] == k for a, k in GATEWAY.items() if k in TOKENIZERS.values())
 
 
 @pytest.mark.parametrize("arch", GATEWAY)

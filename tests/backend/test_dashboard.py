@@ -16,13 +16,15 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import requests
 import yaml
 
+from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, free_port
+from ops.rollout.metrics import GatewayMetrics, PrometheusMetrics, figures
 from tests.backend.conftest import EMBED, INTENT
 from tests.backend.stack import Gateway, ModelServer, gateway_env
 from tests.debian import needs
@@ -86,6 +88,13 @@ class Prometheus:
         self.process.stop()
 
 
+class Monitored(NamedTuple):
+    prometheus: Prometheus
+    started: float  # the load's start and end (time.time())
+    ended: float
+    gateway: Gateway  # the gateway Prometheus scraped (v1 serves INTENT, v2 shadows it)
+
+
 def _load(gateway: Gateway, seconds: float) -> None:
     """Send classify (default: v1 serves, v2 shadows; and v2), embed and probe requests."""
     stop = time.monotonic() + seconds
@@ -112,9 +121,9 @@ def _load(gateway: Gateway, seconds: float) -> None:
 @pytest.fixture(scope="module")
 def monitored(
     model_base: Path, config_file: Path, log_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Prometheus, float, float]]:
+) -> Iterator[Monitored]:
     """Yield Prometheus after a short load on a gateway and a batching model server, with the
-    load's start and end times."""
+    load's start and end times and the gateway it scraped."""
     work = tmp_path_factory.mktemp("prometheus")
     config = REPO / "serving_config"
     server = ModelServer(config_file, log_dir, extra_flags=(
@@ -141,7 +150,7 @@ def monitored(
         _load(gateway, LOAD_S)
         ended = time.time()
         time.sleep(3)  # the last scrapes
-        yield prometheus, started, ended
+        yield Monitored(prometheus, started, ended, gateway)
     finally:
         for process in (prometheus, gateway, server):
             if process is not None:
@@ -153,7 +162,7 @@ def _targets() -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p["targets"]]
 
 
-def test_every_dashboard_query_returns_data(monitored: tuple[Prometheus, float, float]) -> None:
+def test_every_dashboard_query_returns_data(monitored: Monitored) -> None:
     prometheus = monitored[0]
     empty = []
     for title, expr in _targets():
@@ -167,7 +176,7 @@ def test_every_dashboard_query_returns_data(monitored: tuple[Prometheus, float, 
 
 
 def test_the_autoscalers_adapter_queries_return_data_per_target(
-    monitored: tuple[Prometheus, float, float],
+    monitored: Monitored,
 ) -> None:
     prometheus = monitored[0]
     adapter = yaml.safe_load((MONITORING / "prometheus-adapter.yaml").read_text())
@@ -183,7 +192,7 @@ def test_the_autoscalers_adapter_queries_return_data_per_target(
 
 
 def test_the_alert_rules_load_and_none_fires_on_a_healthy_stack(
-    monitored: tuple[Prometheus, float, float],
+    monitored: Monitored,
 ) -> None:
     prometheus = monitored[0]
     groups = requests.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
@@ -193,7 +202,7 @@ def test_the_alert_rules_load_and_none_fires_on_a_healthy_stack(
     assert not [rule["name"] for rule in rules if rule["state"] == "firing"]
 
 
-def _figures(monitored: tuple[Prometheus, float, float]) -> None:
+def _figures(monitored: Monitored) -> None:
     """Render every panel from query_range answers into $OBSERVABILITY_FIGURES/dashboard.png."""
     where = os.environ.get("OBSERVABILITY_FIGURES")
     if not where:
@@ -203,7 +212,7 @@ def _figures(monitored: tuple[Prometheus, float, float]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    prometheus, started, ended = monitored
+    prometheus, started, ended, _ = monitored
     dashboard = json.loads((MONITORING / "gateway-dashboard.json").read_text())
     panels = dashboard["panels"]
     rows = (len(panels) + 1) // 2
@@ -229,3 +238,29 @@ def _figures(monitored: tuple[Prometheus, float, float]) -> None:
     Path(where).mkdir(parents=True, exist_ok=True)
     figure.savefig(Path(where) / "dashboard.png", dpi=80)
     plt.close(figure)
+
+
+def test_the_rollouts_prometheus_source_reads_what_the_gateway_counts(
+    monitored: Monitored,
+) -> None:
+    """ops.rollout's Prometheus source (real PromQL on the real Prometheus that scraped the
+    gateway) and its gateway source (the gateway's own /metrics page) read the same figures of
+    the load: the default traffic v1 served, the shadow comparisons v2 made, their agreement and
+    the latency buckets (the load is over and scraped: the counters stand still)."""
+    prometheus, _, _, gateway = monitored
+    direct = GatewayMetrics([gateway.url]).snapshot(INTENT)
+    scraped = PrometheusMetrics(prometheus.url).snapshot(INTENT)
+    read = figures(direct, INTENT, 1, 2), figures(scraped, INTENT, 1, 2)
+    assert read[0].stable.requests > 0 and read[0].shadow.compared > 0, read[0]
+    assert read[1] == read[0]
+    # series by series, the gateway label summed away as Prometheus sums its instances
+    summed: dict[object, float] = {}
+    for (name, labels), value in direct.items():
+        key = (name, tuple(pair for pair in labels if pair[0] != "gateway"))
+        summed[key] = summed.get(key, 0.0) + value
+    assert scraped == summed
+
+
+def test_the_rollouts_prometheus_source_reports_a_refused_query(monitored: Monitored) -> None:
+    with pytest.raises(OpsError, match="bad_data"):
+        PrometheusMetrics(monitored.prometheus.url).query("sum by (version (")

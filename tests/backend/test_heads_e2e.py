@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from backend.tagging import STRATEGIES
+from tests.backend.golden import Case, check, recording
 from tests.backend.heads_reference import (
     LONG,
     TAG_TEXTS,
@@ -434,3 +435,29 @@ def test_a_query_that_fills_max_seq_len_is_a_clear_422(stack: dict[str, Any]) ->
 
     assert response.status_code == 422
     assert "query alone fills max_seq_len" in response.json()["error"]["message"]
+
+
+# -- golden answers (tests/backend/golden.py; the other routes: test_golden.py) ----------------
+
+GOLDEN = [
+    Case("heads-pairs", f"/v1/models/{PAIR}:classify",
+         {"pairs": PAIRS, "top_k": 2, "return_scores": True, "return_logits": True}),
+    Case("heads-cross", f"/v1/models/{CROSS}:classify", {"pairs": PAIRS, "return_logits": True}),
+    Case("heads-multi-label", f"/v1/models/{MULTI}:classify",
+         {"texts": TEXTS, "return_scores": True, "return_logits": True}),
+    Case("heads-single", f"/v1/models/{SINGLE}:classify", {"texts": TEXTS, "top_k": 3}),
+    Case("heads-rerank-cross", f"/v1/models/{CROSS}:rerank",
+         {"query": "where is my order", "documents": [b for _, b in PAIRS],
+          "return_documents": True}),
+    Case("heads-rerank-pairs", "/v2/rerank",
+         {"model": PAIR, "query": "refund", "documents": TEXTS, "top_n": 3}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "transport"),
+    [(case, transport) for case in GOLDEN for transport in TRANSPORTS],
+    ids=[f"{case.name}-{transport}" for case in GOLDEN for transport in TRANSPORTS],
+)
+def test_answers_match_the_golden_files(stack: dict[str, Any], case: Case, transport: str) -> None:
+    check(stack["gateways"][transport].url, case, record=recording() and transport == "grpc")

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -74,6 +75,15 @@ def _probe_waits(port: int, seconds: float) -> list[float]:
         waits.append(time.monotonic() - started)
         time.sleep(0.02)
     return waits
+
+
+def _never_held(waits: list[float]) -> None:
+    """Assert that the probes were not held behind the hostile connections: the typical probe
+    (the median) answers in a tenth of the 1 s the bugs cost each (a thread held to the timeout,
+    a 2 s wait for a FIN), however a loaded machine delays a few; no probe waits past 3 s."""
+    slowest = sorted(waits)[-5:]
+    assert statistics.median(waits) < 0.1 * LIMIT_S, (statistics.median(waits), slowest)
+    assert max(waits) < 3 * LIMIT_S, slowest
 
 
 @contextlib.contextmanager
@@ -143,8 +153,7 @@ def test_quiet_pooled_connections_never_stall_new_requests(strict: Gateway) -> N
     with _connections(strict.port, THREADS + 2, HEALTH) as idle:
         for sock in idle:
             assert _read_response(sock).startswith(b"HTTP/1.1 200")
-        waits = _probe_waits(strict.port, 3.0)
-        assert max(waits) < 0.5, sorted(waits)[-5:]
+        _never_held(_probe_waits(strict.port, 3.0))
         for sock in idle:  # closed by the server after its keep-alive, at once, no 408
             assert sock.recv(65536) == b""
 
@@ -155,7 +164,7 @@ def test_answers_that_close_never_stall_new_requests(strict: Gateway) -> None:
     with _connections(strict.port, 6, request) as stubborn:
         for sock in stubborn:
             assert _read_response(sock).startswith(b"HTTP/1.1 200")
-        assert max(_probe_waits(strict.port, 1.5)) < 0.5
+        _never_held(_probe_waits(strict.port, 1.5))
         for sock in stubborn:
             assert sock.recv(65536) == b""
 
@@ -176,8 +185,7 @@ HALVES = [
 def test_half_requests_hold_no_thread_and_are_answered_408(strict: Gateway, half: bytes) -> None:
     started = time.monotonic()
     with _connections(strict.port, HOSTILE, half) as stalled:
-        waits = _probe_waits(strict.port, 0.5)
-        assert max(waits) < 0.5, sorted(waits)[-5:]
+        _never_held(_probe_waits(strict.port, 0.5))
         for sock in stalled:
             answer = _read_response(sock)
             assert answer.startswith(b"HTTP/1.1 408"), answer
@@ -193,7 +201,7 @@ def test_connections_that_send_nothing_hold_no_thread_and_are_closed_silently(
     strict: Gateway,
 ) -> None:
     with _connections(strict.port, HOSTILE, b"") as silent:
-        assert max(_probe_waits(strict.port, 0.5)) < 0.5
+        _never_held(_probe_waits(strict.port, 0.5))
         for sock in silent:
             assert sock.recv(65536) == b""  # after keepalive, no answer to a request never made
 

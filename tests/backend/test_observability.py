@@ -28,7 +28,7 @@ def _access_lines(gateway: Gateway, request_id: str) -> list[dict[str, Any]]:
     """Return the gateway's access-log records of the request with ``X-Request-Id``."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # gunicorn logs after sending the response
-        lines = gateway.process.tail(400).splitlines()
+        lines = gateway.process.tail(400).split("\n")
         records = [json.loads(line) for line in lines if line.startswith("{")]
         mine = [r for r in records if r.get("request_id") == request_id]
         if mine:

@@ -134,11 +134,12 @@ def test_two_hung_replicas_cost_status_one_short_deadline(
             for _ in range(2):
                 started = time.monotonic()
                 assert newest_available(client.model_status(INTENT, timeout_s=10)) == 2
-                assert time.monotonic() - started < 1.5  # the 1 s status deadline, not 2 × 2 s
+                # the 1 s status deadline (2.5x for a loaded machine), not 2 × 2 s in turn
+                assert time.monotonic() - started < 2.5
             for _ in range(6):  # calls skip the hung replicas
                 started = time.monotonic()
                 client.predict(INTENT, INPUTS, version=2, timeout_s=10)
-                assert time.monotonic() - started < 1.5
+                assert time.monotonic() - started < 2.5  # not the hung replicas' 10 s
         finally:
             client.close()
 

@@ -224,6 +224,6 @@ def test_a_version_not_found_asks_the_replicas_only_within_the_calls_deadline() 
         started = time.monotonic()
         with pytest.raises(VersionNotFound):
             replicas.call(INTENT, 5, missing, started + 0.4)
-        assert time.monotonic() - started < 0.8
+        assert time.monotonic() - started < 1.2  # 3x the call's 0.4 s; not the 3 s status deadline
     finally:
         replicas.close()

@@ -3,6 +3,7 @@ never waits for them."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter
 from pathlib import Path
@@ -210,7 +211,7 @@ def test_a_shadow_target_that_hangs_costs_the_client_nothing_and_counts_errors(
     with hung_port() as port:
         app, gateway = _shadowing_app(
             modelserver, model_base, config_file, tmp_path, 0,
-            shadow_tfs_grpc_target=f"127.0.0.1:{port}", shadow_timeout_s=1, status_deadline_s=0.5,
+            shadow_tfs_grpc_target=f"127.0.0.1:{port}", shadow_timeout_s=2, status_deadline_s=0.5,
         )  # fmt: skip
         outcome = {o: metrics.child(metrics.SHADOW_REQUESTS, INTENT, "1", "2", o)
                    for o in ("error", "dropped", "compared")}  # fmt: skip
@@ -222,7 +223,9 @@ def test_a_shadow_target_that_hangs_costs_the_client_nothing_and_counts_errors(
         finally:
             gateway.close()
     delta = {o: c._value.get() - before[o] for o, c in outcome.items()}
-    assert max(times) < 0.5  # far below the shadow's 1 s deadline on the hung target
+    # the shadow's 2 s deadline on the hung target is not the client's: the typical request
+    # answers in a tenth of it, none waits half of it (a loaded machine delays, never by 2 s)
+    assert statistics.median(times) < 0.2 and max(times) < 1.0, times
     assert delta["compared"] == 0
     assert delta["error"] >= 1 and delta["error"] + delta["dropped"] == 4
 

@@ -283,3 +283,83 @@ def test_a_failed_upstream_marks_the_request_span_failed(
     (root,) = [s for s in in_process_tracing.spans if s.trace_id == trace]
     assert root.status == 2 and root.attributes["error.type"] == "upstream_unavailable"
     assert root.attributes["http.response.status_code"] == 503
+
+
+# -- a client can't turn tracing against the gateway (issue 41 item 4) --------------------------
+
+
+def test_only_the_w3c_trace_context_goes_upstream_unless_configured(
+    in_process_tracing: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's ``baggage`` is not forwarded into TF Serving's gRPC metadata by default (the
+    SDK's default propagators would); OTEL_PROPAGATORS names more when an operator wants them."""
+    caller = {"traceparent": TRACEPARENT, "baggage": "tenant=evil,x=" + "y" * 100}
+
+    def sent_upstream() -> dict[str, str]:
+        handle = tracing.begin_request(caller, "POST /test", {})
+        try:
+            return dict(tracing.grpc_metadata() or ())
+        finally:
+            tracing.end_request(handle, 200, {})
+
+    metadata = sent_upstream()
+    assert metadata["traceparent"].split("-")[1] == CALLER_TRACE
+    assert "baggage" not in metadata
+    tracing.shutdown()
+    monkeypatch.setenv("OTEL_PROPAGATORS", "tracecontext,baggage")
+    tracing.setup()
+    assert sent_upstream()["baggage"].startswith("tenant=evil")
+
+
+def test_a_request_refused_by_authentication_starts_no_span(
+    in_process_tracing: Receiver, model_base: Path, tmp_path: Path
+) -> None:
+    from backend.app import create_app
+    from ops import apikeys
+
+    keys = tmp_path / "keys.json"
+    key = apikeys.add(keys, "tracer", None, None, None)
+    app = create_app({
+        "upstream": "grpc", "tfs_grpc_target": "127.0.0.1:1", "model_base_path": str(model_base),
+        "grpc_retries": 0, "tracing": True, "api_keys_file": str(keys),
+    })  # fmt: skip
+    refused, allowed = "3" * 32, "4" * 32
+    client = app.test_client()
+    for trace, headers in ((refused, {}), (allowed, {"Authorization": f"Bearer {key}"})):
+        client.post(f"/v1/models/{INTENT}:classify", json={"texts": ["hi"]},
+                    headers={"traceparent": f"00-{trace}-{CALLER_SPAN}-01", **headers})  # fmt: skip
+    tracing.shutdown()  # flush
+    traces = {span.trace_id for span in in_process_tracing.spans}
+    assert allowed in traces and refused not in traces
+
+
+def test_every_line_the_traced_gateway_writes_is_its_json(
+    modelserver: ModelServer, model_base: Path, config_file: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:  # fmt: skip
+    """A library's warning quoting a client's header (OpenTelemetry's baggage propagator, asked
+    for here) is a JSON line of the gateway's log, never raw text on stderr."""
+    import json
+
+    logs = tmp_path_factory.mktemp("json-lines")
+    with otlp_receiver() as (_, endpoint):
+        env = {
+            **gateway_env(modelserver, "grpc", model_base, config_file), **otel_env(endpoint),
+            "OTEL_PROPAGATORS": "tracecontext,baggage",
+        }  # fmt: skip
+        gateway = Gateway(env, logs, workers=1)
+        try:
+            reply = requests.post(
+                f"{gateway.url}/v1/models/{INTENT}:classify", json={"texts": ["hi"]},
+                headers={"traceparent": TRACEPARENT, "baggage": "}{ fake: log line"},
+                timeout=30,
+            )  # fmt: skip
+            assert reply.status_code == 200
+            time.sleep(0.5)
+        finally:
+            gateway.stop()
+    lines = [line for line in gateway.process.log_path.read_text().splitlines() if line]
+    raw = [line for line in lines if not line.startswith("{")]
+    assert not raw, raw
+    records = [json.loads(line) for line in lines]
+    assert any("fake: log line" in r.get("message", "") for r in records), lines[-5:]

@@ -79,13 +79,31 @@ def test_the_committed_summary_is_what_the_run_files_give() -> None:
     assert runs.SUMMARY.read_text(encoding="utf-8") == runs.render_summary(runs.RUNS_DIR)
 
 
+# scripts/bench.py's main with one more group whose run raises at once (--only takes only real
+# groups, so the broken one is added to MODULES before main parses the arguments).
+BROKEN_GROUP = """
+import importlib.util, sys, types
+spec = importlib.util.spec_from_file_location("bench", "scripts/bench.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+broken = types.ModuleType("benchmarks.broken_bench")
+def run(ctx):
+    raise RuntimeError("broken at once")
+broken.run = run
+sys.modules["benchmarks.broken_bench"] = broken
+bench.MODULES.append("broken_bench")
+sys.argv = ["scripts/bench.py", *sys.argv[1:]]
+sys.exit(bench.main())
+"""
+
+
 def test_bench_writes_a_run_file_and_the_summary_where_it_is_told(tmp_path: Path) -> None:
     """scripts/bench.py end to end on a module that fails at once: its row still lands in a new
     run file under --runs-dir, the summary is regenerated, and results/ is left alone."""
     before = sorted(runs.RUNS_DIR.iterdir()), runs.SUMMARY.read_text(encoding="utf-8")
     summary = tmp_path / "summary.md"
     done = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--only", "no_such_bench", "--runs-dir",
+        [sys.executable, "-c", BROKEN_GROUP, "--only", "broken_bench", "--runs-dir",
          str(tmp_path / "runs"), "--summary", str(summary)],
         cwd=runs.REPO, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
@@ -93,3 +111,45 @@ def test_bench_writes_a_run_file_and_the_summary_where_it_is_told(tmp_path: Path
     assert "FAILED" in run_file.read_text() and "- cpu_class: " in run_file.read_text()
     assert run_file.name in summary.read_text() and "run file:" in done.stdout
     assert (sorted(runs.RUNS_DIR.iterdir()), runs.SUMMARY.read_text(encoding="utf-8")) == before
+
+
+def _value(path: Path, figure: str) -> str:
+    return next(f.value for f in runs.read_run(path) if f.figure == figure)
+
+
+def test_a_figure_over_10_percent_worse_than_the_last_run_of_its_class_is_marked(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, dt.datetime(2026, 11, 25, 9, 0, tzinfo=dt.UTC), "AVX2", "2.00 ms")
+    write(tmp_path, dt.datetime(2026, 11, 25, 9, 30, tzinfo=dt.UTC), "AVX-512 + bf16", "1.00 ms")
+    path = write(tmp_path, dt.datetime(2026, 11, 26, 9, 0, tzinfo=dt.UTC), "AVX2", "2.30 ms")
+
+    text = path.read_text()
+    # the AVX2 run, not the newer AVX-512 one (half the time): 15 % worse
+    assert _value(path, "gateway overhead p50") == (
+        "2.30 ms ▲ 15 % worse than 2026-11-25-0900-avx2-bench.md"
+    )
+    assert _value(path, "bucketing vs padding") == "36 texts/s"  # the same: not marked
+    assert "2 figure(s); 1 more than 10 % worse" in text
+    assert "- gateway overhead p50: 2.30 ms, was 2.00 ms (2026-11-25-0900-avx2-bench.md)" in text
+
+
+@pytest.mark.parametrize(
+    ("value", "previous", "aim", "marked"),
+    [
+        ("2.19 ms", "2.00 ms", "", False),  # 9.5 %: within
+        ("2.21 ms", "2.00 ms", "", True),
+        ("1.50 ms", "2.00 ms", "", False),  # better
+        ("88 texts/s", "100 texts/s", "", True),  # throughput: lower is worse
+        ("120 texts/s", "100 texts/s", "", False),
+        ("1.10×", "1.30×", "≥ 1.25×", True),  # the aim says which way is better
+        ("1.50×", "1.30×", "≤ 1.5×", True),
+        ("queue 0.1, upstream 3", "queue 0.1, upstream 2", "", False),  # no unit: not compared
+    ],
+)
+def test_which_way_is_worse_comes_from_the_aim_or_the_unit(
+    value: str, previous: str, aim: str, marked: bool
+) -> None:
+    by = runs.worse_by(value, previous, runs.better(value, aim))
+
+    assert (by is not None and by > runs.WORSE_BY) == marked

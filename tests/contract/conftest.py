@@ -19,7 +19,6 @@ import grpc
 import pytest
 import requests
 
-from modelserver.half_plus_two import export_half_plus_two
 from ops.procs import ServerProcess, child_env, free_port, port_open, python_cmd
 
 TFS_BIN = os.environ.get("TFS_BIN", "")
@@ -141,31 +140,6 @@ def write_config(path: Path, models: list[dict[str, Any]]) -> Path:
         )
     path.write_text("model_config_list {\n" + "\n".join(blocks) + "\n}\n")
     return path
-
-
-@pytest.fixture(scope="session")
-def contract_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Return a scratch directory for the contract suite."""
-    return tmp_path_factory.mktemp("contract")
-
-
-@pytest.fixture(scope="session")
-def hp2_base(contract_root: Path) -> Path:
-    """Return the base path of half_plus_two with versions 1 (y=0.5x+2) and 2 (y=0.5x+3)."""
-    base = contract_root / "models" / "half_plus_two"
-    export_half_plus_two(base, version=1, offset=2.0)
-    export_half_plus_two(base, version=2, offset=3.0)
-    return base
-
-
-@pytest.fixture(scope="session")
-def tiny_base(contract_root: Path) -> Path:
-    """Return the base path of a tiny BERT embedding model (version 1)."""
-    from export.tiny import export_tiny_model
-
-    base = contract_root / "models"
-    export_tiny_model(base, "tiny", task="embed", version=1, warmup=True)
-    return base / "tiny"
 
 
 @pytest.fixture(scope="session")

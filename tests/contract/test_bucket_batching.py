@@ -103,7 +103,9 @@ def test_bucket_signature_over_rest_gives_the_same_rows(
     )
 
 
-@pytest.mark.skipif(bool(TFS_BIN), reason="metric names of the batching layer are ours")
+@pytest.mark.skipif(
+    bool(TFS_BIN), reason="TFS_BIN: the binary names its batching metrics otherwise"
+)
 def test_bucket_signature_calls_were_merged_into_batches(bucket_server: Server) -> None:
     text = requests.get(bucket_server.url + "/metrics", timeout=10).text
     batches = [
@@ -135,26 +137,3 @@ def test_mixed_lengths_on_serving_default_get_tf_servings_padding_off_error(
     errors = [r for r in results if r[0] != "OK"]
     assert errors, "16 simultaneous mixed-length calls never shared a batch"
     assert all(code == "INVALID_ARGUMENT" and PADDING_OFF in msg for code, msg in errors)
-
-
-@pytest.mark.skipif(bool(TFS_BIN), reason="replays through modelserver's own loader")
-def test_warmup_replay_runs_each_record_on_its_named_signature(
-    tiny_base: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from modelserver.servable import LoadedVersion
-    from modelserver.warmup import run_warmup
-
-    servable = LoadedVersion(tiny_base / "1")
-    seen: list[tuple[str, int]] = []
-    real_run = servable.run
-
-    def spy(plan: Any) -> dict[str, np.ndarray]:
-        seen.append((plan.signature_name, plan.inputs["input_ids"].shape[1]))
-        return real_run(plan)
-
-    monkeypatch.setattr(servable, "run", spy)
-    count = run_warmup(servable)
-
-    assert count == len(seen)
-    bucketed = {(sig, seq) for sig, seq in seen if sig != "serving_default"}
-    assert bucketed == {("seq_16", 16), ("seq_32", 32), ("seq_64", 64)}

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pytest
 import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
 from ops.procs import ServerProcess, child_env, free_port, port_open
 from tests.contract.conftest import (
-    TFS_BIN,
     Server,
     copy_version,
-    cpu_seconds,
     server_cmd,
     start_server,
-    wait_until_spinning,
     write_config,
 )
 
@@ -185,31 +179,6 @@ def test_config_file_polling_applies_changes_and_keeps_the_old_config_on_errors(
         server.stop()
 
 
-@pytest.mark.skipif(bool(TFS_BIN), reason="the binary's poller waits for a missing model forever")
-def test_config_polling_applies_an_edit_while_a_missing_model_is_still_awaited(
-    tmp_path: Path, hp2_base: Path
-) -> None:
-    config = tmp_path / "models.config"
-    a = {"name": "a", "base_path": str(hp2_base)}
-    ghost = {"name": "ghost", "base_path": str(tmp_path / "nowhere")}
-    b = {"name": "b", "base_path": str(hp2_base)}
-    write_config(config, [a])
-    server = start_server(
-        tmp_path, [f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1"]
-    )
-    try:
-        write_config(config, [a, ghost])
-        server.proc.wait_until(
-            lambda: "for servable ghost" in server.proc.log_path.read_text(errors="replace"), 30
-        )
-        write_config(config, [a, b])  # the fix for the typo, while the first edit still waits
-
-        # Well inside the 300 s the reload of the first edit may wait for its model.
-        server.proc.wait_until(lambda: version_available(server, "b", 2), 60)
-    finally:
-        server.stop()
-
-
 def test_flags_take_both_forms(tmp_path: Path, hp2_base: Path) -> None:
     rest_port = free_port()
     flags = [
@@ -235,22 +204,3 @@ def test_flags_take_both_forms(tmp_path: Path, hp2_base: Path) -> None:
         assert reply.headers["Access-Control-Allow-Origin"] == "*"
     finally:
         proc.stop()
-
-
-@pytest.mark.skipif(bool(TFS_BIN), reason="draining on SIGTERM is modelserver behaviour")
-def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path, hp2_base: Path) -> None:
-    server = start_server(tmp_path, [f"--model_base_path={hp2_base}", "--model_name=m"])
-    body = {"signature_name": "slow", "inputs": {"x": [[1.0]], "seconds": [1.5]}}
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            before = cpu_seconds(server)
-            in_flight = pool.submit(
-                requests.post, server.url + "/v1/models/m:predict", json=body, timeout=30
-            )
-            wait_until_spinning(server, before)
-            server.proc.proc.send_signal(signal.SIGTERM)
-            reply = in_flight.result()
-        assert reply.json() == {"outputs": [[3.5]]}
-        assert server.proc.proc.wait(timeout=10) == 0
-    finally:
-        server.stop()

@@ -406,7 +406,8 @@ def test_gateway_env_is_composes_but_for_the_upstream_addresses(
         del env[name], theirs[name]
     # k8s is closed by default (keys, /metrics on its own port); compose is a local stack
     del env["GATEWAY_API_KEYS_FILE"], env["GATEWAY_METRICS_BIND"]
-    del env["GATEWAY_RATE_LIMIT_REDIS_URL"]  # compose runs one gateway: per-pod limits hold
+    # GATEWAY_RATE_LIMIT_REDIS_URL is the container's (its password from a Secret): compose runs
+    # one gateway, whose per-pod limits hold
     env.pop("GATEWAY_SHADOW_TFS_GRPC", None)  # the shadow's own model servers, if any
     del env["GATEWAY_WORKERS"]  # compose lets gunicorn count the host's CPUs
     assert env == {k: str(v) for k, v in theirs.items()}
@@ -869,8 +870,13 @@ def test_clients_reach_the_gateway_and_monitoring_reaches_only_metrics(objs: lis
             for rule in policy["ingress"] for peer in rule["from"] if "namespaceSelector" in peer
         ]  # fmt: skip
         assert monitoring == "monitoring"  # the overlay names it (the base: a placeholder)
-        assert allowed(objs, monitoring, {}, server, tfs["http"])
-        assert not allowed(objs, monitoring, {}, server, tfs["grpc"])
+        # the REST port serves :predict unauthenticated: Prometheus's pods only (issue 41)
+        prometheus = {"app.kubernetes.io/name": "prometheus"}
+        assert allowed(objs, monitoring, prometheus, server, tfs["http"])
+        assert not allowed(objs, monitoring, prometheus, server, tfs["grpc"])
+        for other in ({}, {"app.kubernetes.io/name": "grafana"}):
+            assert not allowed(objs, monitoring, other, server, tfs["http"]), other
+        assert not allowed(objs, "default", prometheus, server, tfs["http"])
     for job in ("push-model", "rollout", "models-seed"):
         for number in port_numbers(objs, job).values() or [8000]:
             assert not allowed(objs, "default", {}, job, number)
@@ -880,10 +886,23 @@ def test_rate_limits_go_to_a_redis_only_the_gateways_reach(objs: list[Obj]) -> N
     """The HPA runs several gateway pods: one bucket per key in Redis, not one per pod."""
     from urllib.parse import urlparse
 
-    url = urlparse(gateway_env(objs)["GATEWAY_RATE_LIMIT_REDIS_URL"])
+    env = {e["name"]: e for e in container(find(objs, "Deployment", "gateway"), "gateway")["env"]}
+    assert "GATEWAY_RATE_LIMIT_REDIS_URL" not in gateway_env(objs)  # not in a ConfigMap
+    url = urlparse(env["GATEWAY_RATE_LIMIT_REDIS_URL"]["value"])
     service = find(objs, "Service", "gateway-redis")
     (port,) = service["spec"]["ports"]
     assert (url.scheme, url.hostname, url.port) == ("redis", "gateway-redis", port["port"])
+    # as Redis's user "gateway", with the password Redis itself is given: one Secret's
+    assert (url.username, url.password) == ("gateway", "$(REDIS_PASSWORD)")
+    redis_container = container(find(objs, "Deployment", "gateway-redis"), "redis")
+    theirs = {e["name"]: e for e in redis_container["env"]}
+    for side in (env, theirs):
+        ref = side["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert ref["key"] == "password" and ref["name"].startswith("gateway-redis")
+        assert find(objs, "Secret", ref["name"])
+    acl = redis_container["args"]
+    assert acl[acl.index("default") - 1 : acl.index("default") + 2] == ["--user", "default", "off"]
+    assert ">$(REDIS_PASSWORD)" in acl and "-@all" in acl
     assert matches({"matchLabels": service["spec"]["selector"]}, pod_labels(objs)["gateway-redis"])
     number = port_numbers(objs, "gateway-redis")[port["targetPort"]]
     sources = {name: (NAMESPACE, lab) for name, lab in pod_labels(objs).items()}

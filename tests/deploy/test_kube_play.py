@@ -172,8 +172,23 @@ def gateway_env_for_kube_play(config_map: Obj, ports: Ports) -> Obj:
     data["GATEWAY_TFS_REST"] = f"http://127.0.0.1:{ports.rest}"
     data["GATEWAY_BIND"] = f"127.0.0.1:{ports.http}"
     data["GATEWAY_METRICS_BIND"] = f"127.0.0.1:{ports.metrics}"
-    data["GATEWAY_RATE_LIMIT_REDIS_URL"] = f"redis://127.0.0.1:{ports.redis}/0"
     return config_map
+
+
+REDIS_PASSWORD = "0123456789abcdef"  # the runbook's step 3 writes a random one
+
+
+def gateway_for_kube_play(deployment: Obj, ports: Ports) -> Obj:
+    """The gateway's Redis: this host's redis-server, the password a value (no Secret)."""
+    env = {e["name"]: e for e in containers(deployment)[0]["env"]}
+    env["REDIS_PASSWORD"] = {"name": "REDIS_PASSWORD", "value": REDIS_PASSWORD}
+    url = env["GATEWAY_RATE_LIMIT_REDIS_URL"]["value"]
+    assert url == "redis://gateway:$(REDIS_PASSWORD)@gateway-redis:6379/0", url
+    env["GATEWAY_RATE_LIMIT_REDIS_URL"]["value"] = (
+        f"redis://gateway:{REDIS_PASSWORD}@127.0.0.1:{ports.redis}/0"
+    )
+    containers(deployment)[0]["env"] = list(env.values())
+    return deployment
 
 
 def play(objs: list[Obj], path: Path) -> None:
@@ -250,7 +265,21 @@ def kube_stack(
     podman("volume", "create", "--opt", "type=none", "--opt", "o=bind",
            "--opt", f"device={models}", claim)  # fmt: skip
     redis = ServerProcess(
-        ["redis-server", "--port", str(ports.redis), "--bind", "127.0.0.1", "--save", ""],
+        [
+            "redis-server",
+            "--port",
+            str(ports.redis),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--user",
+            "gateway",
+            "on",
+            f">{REDIS_PASSWORD}",
+            "~*",
+            "+@all",
+        ],
         work / "redis.log",
     )
     files: list[Path] = []
@@ -274,7 +303,8 @@ def kube_stack(
             named(objs, "ConfigMap", "tf-serving-config"),
             gateway_env_for_kube_play(named(objs, "ConfigMap", "gateway-env"), ports),
             tf_serving,
-            use_volume(host_network(rename(named(objs, "Deployment", "gateway"), suffix)),
+            use_volume(host_network(rename(gateway_for_kube_play(
+                named(objs, "Deployment", "gateway"), ports), suffix)),
                 claim, keys_dir),
         ]  # fmt: skip
         files.append(work / "stack.yaml")

@@ -24,7 +24,7 @@ from tests.deploy.test_k8s import K8S, KUBECTL, REPO, container, find, push_mode
 
 GUIDE = REPO / "docs" / "guides" / "kubernetes.md"
 # What a runbook command may start with: a tool a team has, or a file of this repository.
-TOOLS = {"kubectl", "podman", "docker", "curl", "python", "deploy/k8s/run-job.sh"}
+TOOLS = {"kubectl", "podman", "docker", "curl", "python", "head", "deploy/k8s/run-job.sh"}
 
 Obj = dict[str, Any]
 

@@ -82,32 +82,34 @@ LENGTHS = (12, 7, 4)  # a padded batch: the first row fills the length
 _TRAINED: dict[str, Any] = {}
 
 
-def _tokenizer(arch: str) -> Any:
-    """Return the tiny trained tokenizer of ``arch``'s kind (trained once per kind)."""
+def _tokenizer(arch: str, kind: str | None = None) -> Any:
+    """Return the tiny trained tokenizer of ``kind`` (by default ``arch``'s own; trained once per
+    kind)."""
     from export.tiny_tokenizers import build_tokenizer
 
-    kind = TOKENIZERS[arch]
+    kind = kind or TOKENIZERS[arch]
     if kind not in _TRAINED:
         _TRAINED[kind] = build_tokenizer(kind)
     return _TRAINED[kind]
 
 
-def _config(arch: str, head: str) -> Any:
-    rows = _tokenizer(arch).get_vocab_size(with_added_tokens=True)
+def _config(arch: str, head: str, kind: str | None = None) -> Any:
+    rows = _tokenizer(arch, kind).get_vocab_size(with_added_tokens=True)
     values = {**SIZE, "vocab_size": rows, **ARCHITECTURES[arch], **HEADS[head][1]}
     model_type = values.pop("model_type")
     return transformers.AutoConfig.for_model(model_type, **values)
 
 
-def save_checkpoint(arch: str, head: str, where: Path) -> Path:
-    """Save a tiny random model of ``arch`` with ``head`` as transformers does; return its dir."""
+def save_checkpoint(arch: str, head: str, where: Path, kind: str | None = None) -> Path:
+    """Save a tiny random model of ``arch`` with ``head`` as transformers does, with a tokenizer
+    of ``kind`` (by default the architecture's own, TOKENIZERS); return its dir."""
     cls, _ = HEADS[head]
     torch.manual_seed(sorted(ARCHITECTURES).index(arch) * 10 + sorted(HEADS).index(head))
-    model = cls.from_config(_config(arch, head)).eval()
+    model = cls.from_config(_config(arch, head, kind)).eval()
     path = where / f"{arch}-{head}"
     model.save_pretrained(path)
     # what save_pretrained writes beside a fast tokenizer: tokenizer.json + its config, no vocab.txt
-    write_tokenizer(path, TOKENIZERS[arch], trained=_tokenizer(arch))
+    write_tokenizer(path, kind or TOKENIZERS[arch], trained=_tokenizer(arch, kind))
     return path
 
 
@@ -160,12 +162,12 @@ def _ours(path: Path, head: str, feeds: dict[str, np.ndarray], pooling: str = "m
     """Return export's serving outputs for the checkpoint at ``path`` (fp32, in-process)."""
     from export.checkpoint import read_checkpoint
     from export.heads import resolve_head
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     ckpt = read_checkpoint(path)
     task = {"tag": "tag", "embed": "embed"}.get(head, "classify")
     activation = resolve_head(task, ckpt.head_config, ckpt.labels).activation
-    module = BertModule(ckpt.config, ckpt.weights, task=task, pooling=pooling,
+    module = EncoderModule(ckpt.config, ckpt.weights, task=task, pooling=pooling,
                         activation=activation)  # fmt: skip
     return run(module.serve, feeds)
 
@@ -259,12 +261,12 @@ def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
 def _module(path: Path, head: str, **kwargs: Any) -> Any:
     from export.checkpoint import read_checkpoint
     from export.heads import resolve_head
-    from export.model import BertModule
+    from export.model import EncoderModule
 
     ckpt = read_checkpoint(path)
     task = {"tag": "tag", "embed": "embed"}.get(head, "classify")
     activation = resolve_head(task, ckpt.head_config, ckpt.labels).activation
-    return BertModule(ckpt.config, kwargs.pop("weights", ckpt.weights), task=task,
+    return EncoderModule(ckpt.config, kwargs.pop("weights", ckpt.weights), task=task,
                       activation=activation, **kwargs)  # fmt: skip
 
 
@@ -407,6 +409,38 @@ def test_a_torch_pickle_only_checkpoint_is_refused_with_what_to_do(tmp_path: Pat
         read_checkpoint(tmp_path)
 
 
+def test_a_slow_tokenizer_only_checkpoint_is_told_how_to_make_tokenizer_json(
+    checkpoints: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    """RoBERTa saved with its slow tokenizer (vocab.json + merges.txt, no tokenizer.json): the
+    error says how to make tokenizer.json, and what it says, run as said, makes it readable."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tokenizers import Tokenizer
+
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    path = tmp_path / "slow"
+    shutil.copytree(checkpoints("roberta", "single"), path)
+    fast = Tokenizer.from_file(str(path / "tokenizer.json"))
+    fast.model.save(str(path))  # vocab.json + merges.txt, the slow RobertaTokenizer's files
+    (path / "tokenizer.json").unlink()
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "RobertaTokenizer"  # as a slow tokenizer's save names itself
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ExportError, match=r"vocab\.json, merges\.txt.*no tokenizer\.json"
+    ) as caught:
+        read_checkpoint(path)
+    command = str(caught.value).split("python -c ", 1)[1].split(", then", 1)[0]
+    subprocess.run([sys.executable, "-c", json.loads(command)], check=True, timeout=120)
+    assert read_checkpoint(path).tokenizer is not None
+    assert (path / "tokenizer.json").is_file()
+
+
 def test_an_unknown_model_type_names_every_supported_one(tmp_path: Path) -> None:
     from export.checkpoint import read_checkpoint
     from export.errors import ExportError
@@ -430,10 +464,10 @@ def test_export_reads_and_builds_every_architecture_without_torch(
     code = (
         "import sys\n"
         "from export.checkpoint import read_checkpoint\n"
-        "from export.model import BertModule\n"
+        "from export.model import EncoderModule\n"
         "for path in sys.argv[1:]:\n"
         "    ckpt = read_checkpoint(path)\n"
-        "    BertModule(ckpt.config, ckpt.weights, task='classify')\n"
+        "    EncoderModule(ckpt.config, ckpt.weights, task='classify')\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code, *paths], cwd=REPO, env=child_env(),

@@ -18,7 +18,7 @@ from export.build import build
 from export.checkpoint import read_checkpoint
 from export.errors import ExportError
 from export.gates import Tolerance, exit_violations
-from export.model import BertModule, normalized_entropy, pool, run
+from export.model import EncoderModule, normalized_entropy, pool, run
 from export.tiny import write_hf_checkpoint
 from export.warmup import read_warmup_records, token_batch
 from tests.export.conftest import tf_serving_bundle
@@ -56,7 +56,7 @@ def _speeds(value: float | np.ndarray) -> np.ndarray:
 def _expected(exits_ckpt: Path, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """FastBERT's rule row by row, from every layer's hidden states (no compaction involved)."""
     ckpt = read_checkpoint(exits_ckpt)
-    module = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
+    module = EncoderModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
                         early_exit=ckpt.exits)  # fmt: skip
     ints = {k: tf.constant(v) for k, v in feeds.items() if k != "speed"}
     states = module.layer_outputs(**ints)
@@ -113,8 +113,8 @@ def test_speed_one_leaves_after_the_first_layer(exits_version: Any) -> None:
 def test_compaction_and_the_masked_baseline_give_the_same_answers(exits_ckpt: Path) -> None:
     ckpt = read_checkpoint(exits_ckpt)
 
-    def module(compaction: bool) -> BertModule:
-        return BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
+    def module(compaction: bool) -> EncoderModule:
+        return EncoderModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
                           early_exit=ckpt.exits, compaction=compaction)  # fmt: skip
 
     compact, masked = module(True), module(False)
@@ -246,7 +246,7 @@ def test_a_converted_student_that_exits_elsewhere_is_refused(
         reference, _, labels, scale = original(ckpt, *args, **kwargs)
         weights = dict(ckpt.weights)
         weights["exit_0/classifier/kernel"] = weights["exit_0/classifier/kernel"] * 50.0
-        target = BertModule(ckpt.config, weights, task="classify", precision="fp16",
+        target = EncoderModule(ckpt.config, weights, task="classify", precision="fp16",
                             pooling="cls", early_exit=ckpt.exits)  # fmt: skip
         return reference, target, labels, scale
 
@@ -288,7 +288,7 @@ def test_a_calibrated_graph_exits_where_the_rule_says_at_the_mapped_threshold(
     from export.calibration import threshold_at
 
     ckpt = read_checkpoint(calibrated_ckpt)
-    module = BertModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
+    module = EncoderModule(ckpt.config, ckpt.weights, task="classify", pooling="cls",
                         early_exit=ckpt.exits)  # fmt: skip
     speeds = np.linspace(0.0, 1.0, ROWS, dtype=np.float32)
     feeds = {**_batch(), "speed": speeds}

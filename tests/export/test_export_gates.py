@@ -136,7 +136,7 @@ def test_a_broken_conversion_is_refused_by_its_heads_rule(
     checkpoints: dict[str, Path], name: str
 ) -> None:
     from export.heads import resolve_head
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     ckpt = read_checkpoint(checkpoints[name])
     task = HEADS[name].get("task", "classify")
@@ -147,7 +147,7 @@ def test_a_broken_conversion_is_refused_by_its_heads_rule(
     feeds = token_batch(8, 32, ckpt.config.vocab_size, 2, 3, seed=1234)
 
     def module(weights: dict[str, np.ndarray], precision: str) -> Any:
-        return BertModule(ckpt.config, weights, task=task, precision=precision,
+        return EncoderModule(ckpt.config, weights, task=task, precision=precision,
                           activation=head.activation)  # fmt: skip
 
     def gate(weights: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -186,12 +186,12 @@ def test_build_refuses_a_broken_tag_conversion_and_publishes_nothing(
 
     def broken_modules(ckpt: Any, *args: Any, **kwargs: Any) -> Any:
         reference, _, labels, scale = original(ckpt, *args, **kwargs)
-        from export.model import BertModule
+        from export.model import EncoderModule
 
         weights = dict(ckpt.weights)
         weights["layer_1/output/kernel"] = np.random.default_rng(0).normal(
             0, 1, weights["layer_1/output/kernel"].shape).astype(np.float32)  # fmt: skip
-        target = BertModule(ckpt.config, weights, task="tag", precision="bf16")
+        target = EncoderModule(ckpt.config, weights, task="tag", precision="bf16")
         return reference, target, labels, scale
 
     monkeypatch.setattr(export.build, "_build_modules", broken_modules)

@@ -250,15 +250,60 @@ def test_cli_takes_task_tag_problem_type_and_text_pair(
         "regression", "none", False)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["tag", "multi_label", "regression_pair"])
-def test_verify_compares_versions_by_their_heads_rule(
-    exported: dict[str, tuple[Path, Any]], name: str
+# each head's rule in verify's figures (export/gates.py's gate_metric)
+RULES = {"tag": "decisive_entity_agreement", "multi_label": "decisive_decision_agreement",
+         "regression_pair": "max_score_diff"}  # fmt: skip
+
+
+def _flipped(ckpt: Path, where: Path) -> Path:
+    """Return a copy of ``ckpt`` whose classifier answers the opposite (weights and bias negated):
+    a version that really differs, where every decision and entity moves."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(ckpt, where)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    for name in ("classifier.weight", "classifier.bias"):
+        tensors[name] = -tensors[name]
+    save_file(tensors, str(where / "model.safetensors"))
+    return where
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_verify_passes_a_version_that_answers_the_same_by_its_heads_rule(
+    exported: dict[str, tuple[Path, Any]], name: str, tmp_path: Path
 ) -> None:
+    import shutil
+
+    from export.gates import gate_metric
     from export.inspection import verify_version
 
-    path = exported[name][1].path
-    figures = verify_version(path, against=path)
-    assert figures["all_finite"] is True and figures["within_tolerance"] is True
-    key = {"tag": "decisive_entity_agreement", "multi_label": "decisive_decision_agreement",
-           "regression_pair": "max_score_diff"}[name]  # fmt: skip
-    assert key in figures
+    version = exported[name][1].path
+    same = tmp_path / name / "2"  # another version of the same export
+    shutil.copytree(version, same)
+    figures = verify_version(same, against=version)
+    assert gate_metric(figures) == RULES[name], figures
+    assert figures["all_finite"] is True and figures["within_tolerance"] is True, figures
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_verify_flags_a_version_that_really_differs_by_its_heads_rule(
+    exported: dict[str, tuple[Path, Any]], name: str, tmp_path: Path
+) -> None:
+    from export.gates import Tolerance, gate_metric
+    from export.inspection import verify_version
+
+    ckpt, result = exported[name]
+    task = HEADS[name].get("task", "classify")
+    other = build(_flipped(ckpt, tmp_path / "flipped"), name, tmp_path / "models", task=task,
+                  max_seq_len=64, warmup=False)  # fmt: skip
+    figures = verify_version(other.path, against=result.path)
+    assert gate_metric(figures) == RULES[name], figures
+    assert figures["all_finite"] is True and figures["within_tolerance"] is False, figures
+    bound = Tolerance()
+    assert {
+        "tag": figures.get("max_token_prob_diff", 0) > bound.max_token_prob_diff,
+        "multi_label": figures[RULES[name]] < 1.0,
+        "regression_pair": figures[RULES[name]] > bound.max_score_diff,
+    }[name], figures

@@ -110,15 +110,15 @@ def test_rows_closer_than_the_decisive_gap_may_flip() -> None:
 
 
 def test_a_broken_bf16_conversion_is_refused(hf_classify: Path) -> None:
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     ckpt = read_checkpoint(hf_classify)
     broken = dict(ckpt.weights)
     name = "layer_1/output/kernel"  # the last layer's FFN output, scrambled
     broken[name] = np.random.default_rng(0).normal(0, 1, broken[name].shape).astype(np.float32)
     feeds = token_batch(8, 32, ckpt.config.vocab_size, 2, 3, seed=1234)
-    reference = run(BertModule(ckpt.config, ckpt.weights, task="classify").serve, feeds)
-    got = run(BertModule(ckpt.config, broken, task="classify", precision="bf16").serve, feeds)
+    reference = run(EncoderModule(ckpt.config, ckpt.weights, task="classify").serve, feeds)
+    got = run(EncoderModule(ckpt.config, broken, task="classify", precision="bf16").serve, feeds)
     assert not within(measure(reference, got), Tolerance())
 
 

@@ -32,10 +32,10 @@ def _feeds(texts: list[str]) -> dict[str, np.ndarray]:
 
 def _our_logits(path: Path, texts: list[str]) -> np.ndarray:
     from export.checkpoint import read_checkpoint
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     ckpt = read_checkpoint(path)
-    module = BertModule(ckpt.config, ckpt.weights, task="classify")
+    module = EncoderModule(ckpt.config, ckpt.weights, task="classify")
     return run(module.serve, _feeds(texts))["logits"]
 
 

@@ -91,7 +91,7 @@ def test_a_fine_tuned_checkpoint_of_another_architecture_loads_in_transformers_a
     model_type: str, tuned: Callable[[str], Path]
 ) -> None:
     from export.checkpoint import read_checkpoint
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     out = tuned(model_type)
 
@@ -106,7 +106,7 @@ def test_a_fine_tuned_checkpoint_of_another_architecture_loads_in_transformers_a
     with torch.no_grad():
         expected = model.eval()(**{k: torch.tensor(feeds[k], dtype=torch.long) for k in names})
     ckpt = read_checkpoint(out)
-    got = run(BertModule(ckpt.config, ckpt.weights, task="classify").serve, feeds)["logits"]
+    got = run(EncoderModule(ckpt.config, ckpt.weights, task="classify").serve, feeds)["logits"]
     np.testing.assert_allclose(got, expected.logits.numpy(), atol=1e-4)
     assert ckpt.labels == ["neg", "pos"]
 

@@ -85,10 +85,10 @@ def multi_label(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> Fi
 
 def _ours(path: Path, feeds: dict[str, np.ndarray], task: str = "classify") -> np.ndarray:
     from export.checkpoint import read_checkpoint
-    from export.model import BertModule
+    from export.model import EncoderModule
 
     ckpt = read_checkpoint(path)
-    module = BertModule(ckpt.config, ckpt.weights, task=task, pooling="cls")
+    module = EncoderModule(ckpt.config, ckpt.weights, task=task, pooling="cls")
     return module.logits(*(feeds[k] for k in ("input_ids", "attention_mask",
                                               "token_type_ids"))).numpy()  # fmt: skip
 

@@ -49,10 +49,10 @@ def _feeds(max_seq_len: int = 64) -> dict[str, np.ndarray]:
 
 def _our_logits(path: Path) -> np.ndarray:
     from export.checkpoint import read_checkpoint
-    from export.model import BertModule, run
+    from export.model import EncoderModule, run
 
     ckpt = read_checkpoint(path)
-    return run(BertModule(ckpt.config, ckpt.weights, task="classify").serve, _feeds())["logits"]
+    return run(EncoderModule(ckpt.config, ckpt.weights, task="classify").serve, _feeds())["logits"]
 
 
 def test_transformers_loads_the_same_logits(trained) -> None:  # type: ignore[no-untyped-def]

@@ -66,7 +66,7 @@ def test_a_cross_encoder_fine_tuned_from_roberta_loads_in_transformers_alike(
     import transformers
 
     from export.checkpoint import read_checkpoint
-    from export.model import BertModule
+    from export.model import EncoderModule
     from finetune.run import finetune
     from finetune.training import TrainConfig
 
@@ -90,7 +90,7 @@ def test_a_cross_encoder_fine_tuned_from_roberta_loads_in_transformers_alike(
         ).logits.numpy()
     ckpt = read_checkpoint(result.out)
     ours = (
-        BertModule(ckpt.config, ckpt.weights, task="classify")
+        EncoderModule(ckpt.config, ckpt.weights, task="classify")
         .logits(
             batch["input_ids"].astype(np.int32),
             batch["attention_mask"].astype(np.int32),

@@ -185,7 +185,7 @@ def test_a_tagger_fine_tuned_from_a_bpe_checkpoint_loads_in_transformers_alike(
     import transformers
 
     from export.checkpoint import read_checkpoint
-    from export.model import BertModule
+    from export.model import EncoderModule
     from finetune.run import finetune
     from finetune.training import TrainConfig
     from tests.finetune.test_finetune_heads import ONE_EPOCH, entity_rows, write_entities
@@ -214,7 +214,7 @@ def test_a_tagger_fine_tuned_from_a_bpe_checkpoint_loads_in_transformers_alike(
             attention_mask=torch.from_numpy(batch["attention_mask"]),
         ).logits
     ckpt = read_checkpoint(result.out)
-    module = BertModule(ckpt.config, ckpt.weights, task="tag")
+    module = EncoderModule(ckpt.config, ckpt.weights, task="tag")
     types = np.zeros_like(batch["input_ids"])
     ours = module.logits(
         batch["input_ids"].astype(np.int32),

@@ -33,7 +33,7 @@ def test_hostile_drill_fails_no_well_behaved_request(tiny_exports: Path, tmp_pat
                   if "p99" not in name and "RSS" not in name}  # fmt: skip
     failed = [name for name, ok in functional.items() if not ok]
     assert not failed, f"{failed}\n{output[-5000:]}"
-    assert len(functional) == 12, functional  # 9 phases, 408s, 2 restarts
+    assert len(functional) == 14, functional  # 11 phases, 408s, 2 restarts
     assert set(result["attackers"]) == set(hostile_drill.ATTACKS)
     assert result["attackers"]["idle"].get("200", 0) > 0  # the idle ones made a request first
     assert code in (0, 1)  # 1 only for a latency or memory check, reported above

@@ -3,6 +3,7 @@ one answers slowly, a push and a rollback run, and no client request fails (issu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,19 @@ def test_the_probe_timeout_default_is_the_gateways_readiness_probe() -> None:
 
 
 @pytest.mark.slow
-def test_rolling_drill_has_no_failed_request(tiny_exports: Path, tmp_path: Path) -> None:
+def test_rolling_drill_has_no_failed_request(
+    tiny_exports: Path, tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    # /readyz is probed with 3x the readiness probe's timeout: that every probe answers 200 is
+    # asserted, how fast is this machine's figure (readyz_max_s, reported; `make drills` and the
+    # drill's report keep the probe's own timeout)
+    probe_timeout_s = 3 * rolling_drill.PROBE_TIMEOUT_S
     code, result, output = run_drill(
         "rolling_drill.py", tmp_path / "rolling.json", "--spawn", str(tiny_exports),
         "--model", MODEL, "--clients", "6", "--gap", "2", "--hang", "6", "--slow-for", "5",
-        "--slow-delay", "2",
+        "--slow-delay", "2", "--probe-timeout", str(probe_timeout_s),
     )  # fmt: skip
+    record_property("readyz_max_s", result["readyz_max_s"])
     failed = [name for name, ok in result["checks"].items() if not ok]
     assert not failed, f"{failed}\n{output[-5000:]}"
     assert code == 0

@@ -1,23 +1,22 @@
-"""ops.rollout: steps, decisions from scripted metrics, both metric sources, state and --revert.
+"""ops.rollout: steps, decisions from scripted metrics, the gateway metric source, state, --revert.
 
 The metrics come from ``FakeGateway``: a real HTTP server whose ``/metrics`` page (written with
 prometheus_client, the names of issue 24's contract) grows on every read by a batch of requests
 split the way the routing file says now, each version answering as scripted (errors, latency,
 agreement as a shadow). The label move is injected here (a recorder); the real one through
-push_model against a model server is in test_rollout_resume.py. No TensorFlow.
+push_model against a model server is in test_rollout_resume.py; the Prometheus source against a
+real Prometheus scraping a real gateway is in tests/backend/test_dashboard.py. No TensorFlow.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -39,13 +38,11 @@ from ops.rollout.decisions import (
 from ops.rollout.metrics import (
     Figures,
     GatewayMetrics,
-    PrometheusMetrics,
     ShadowFigures,
     VersionFigures,
     figures,
     histogram_quantile,
     increase,
-    parse_metrics_text,
 )
 
 MODEL = "tiny"
@@ -58,7 +55,7 @@ CONFIG = (
 
 
 # ---------------------------------------------------------------------------------------------
-# a scripted gateway and a Prometheus that answers like one
+# a scripted gateway
 
 
 @dataclass
@@ -170,76 +167,6 @@ class FakeGateway:
                 body = gateway.page()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        return Handler
-
-
-class FakePrometheus:
-    """Answers ``/api/v1/query`` for ``sum by (...) (name{model="..."})`` like Prometheus.
-
-    The series are those of ``pages`` (one callable per scraped gateway, each call a scrape).
-    """
-
-    QUERY = re.compile(r'^sum by \(([^)]*)\) \((\w+)\{model="([^"]*)"\}\)$')
-
-    def __init__(self, pages: list[Callable[[], bytes]]):
-        self.pages = pages
-        self.queries: list[str] = []
-        self.scraped: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def scrape(self) -> None:
-        """Read every gateway once (Prometheus's scrape); queries answer from the last one."""
-        self.scraped = {}
-        for i, page in enumerate(self.pages):
-            for key, value in parse_metrics_text(page().decode(), MODEL, gateway=str(i)).items():
-                self.scraped[key] = value
-
-    def answer(self, query: str) -> dict[str, Any]:
-        self.queries.append(query)
-        match = self.QUERY.match(query)
-        if match is None:
-            return {"status": "error", "errorType": "bad_data", "error": f"parse error: {query}"}
-        by = [label.strip() for label in match.group(1).split(",")]
-        sums: dict[tuple[str, ...], float] = {}
-        for (name, labels), value in self.scraped.items():
-            found = dict(labels)
-            if name != match.group(2) or found.get("model") != match.group(3):
-                continue
-            key = tuple(found.get(label, "") for label in by)
-            sums[key] = sums.get(key, 0.0) + value
-        result = [
-            {"metric": dict(zip(by, key, strict=True)), "value": [1.0, repr(value)]}
-            for key, value in sums.items()
-        ]
-        return {"status": "success", "data": {"resultType": "vector", "result": result}}
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        prometheus = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                url = urlparse(self.path)
-                query = parse_qs(url.query).get("query", [""])[0]
-                answer = prometheus.answer(query)
-                body = json.dumps(answer).encode()
-                self.send_response(200 if answer["status"] == "success" else 400)
-                self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -406,40 +333,6 @@ def test_gateway_metrics_sum_every_gateway(serving: Path) -> None:
 def test_gateway_metrics_name_an_unreachable_gateway() -> None:
     with pytest.raises(OpsError, match=r"cannot read http://127\.0\.0\.1:9/metrics"):
         GatewayMetrics(["http://127.0.0.1:9"], timeout_s=1).snapshot(MODEL)
-
-
-def test_prometheus_source_reads_the_same_figures_as_the_gateways(serving: Path) -> None:
-    (serving / "routing.yaml").write_text(
-        "tiny: {weights: {1: 100}, shadow: {version: 2, share: 0.5}}\n"
-    )
-    gateways = [FakeGateway(serving / "routing.yaml", batch=100) for _ in range(2)]
-    gateways[1].versions[2] = Behaviour(agreement=0.8)
-    prometheus = FakePrometheus([g.page for g in gateways])
-    try:
-        source = PrometheusMetrics(prometheus.url)
-        prometheus.scrape()
-        before = source.snapshot(MODEL)
-        prometheus.scrape()
-        figs = figures(increase(before, source.snapshot(MODEL)), MODEL, 1, 2)
-    finally:
-        prometheus.close()
-        for g in gateways:
-            g.close()
-    assert figs.stable.requests == 200
-    assert figs.shadow.compared == 100
-    assert figs.shadow.measure() == ("top1", pytest.approx(0.9), 100)
-    query = 'sum by (version, status) (gateway_version_requests_total{model="tiny"})'
-    assert query in prometheus.queries
-
-
-def test_prometheus_source_reports_a_refused_query() -> None:
-    prometheus = FakePrometheus([])
-    prometheus.QUERY = re.compile("^never$")
-    try:
-        with pytest.raises(OpsError, match="bad_data"):
-            PrometheusMetrics(prometheus.url).snapshot(MODEL)
-    finally:
-        prometheus.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""The Kubernetes base's Redis (deploy/k8s/base/redis.yaml) run for real with its own arguments
+(issue 41 item 5): it lets in only the user "gateway", with the Secret's password, whose ACL allows
+what the rate limiter runs and nothing else; and the token-bucket script clamps a bucket at both
+ends, whatever its hash holds."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from backend.ratelimit import PREFIX, RedisStore, _bucket_id
+from ops.procs import REPO, ServerProcess, free_port
+from tests.backend.test_ratelimit_redis import redis_server_binary
+
+MANIFEST = REPO / "deploy" / "k8s" / "base" / "redis.yaml"
+
+
+def manifest_args(password: str, port: int, data: Path) -> list[str]:
+    """Return redis.yaml's redis-server command line, as Kubernetes expands it, on ``port``."""
+    (deployment, _service) = list(yaml.safe_load_all(MANIFEST.read_text(encoding="utf-8")))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("$(REDIS_PASSWORD)", password) for a in container["args"]]
+    assert args[0] == "redis-server"
+    return [*args, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, str]]:
+    """Yield the port and the gateway user's password of redis.yaml's Redis."""
+    redis_server_binary()
+    data = tmp_path_factory.mktemp("redis-acl")
+    password, port = secrets.token_hex(16), free_port()
+    process = ServerProcess(manifest_args(password, port, data), data / "redis.log")
+
+    def ready() -> bool:
+        try:
+            return bool(redis.Redis(port=port, username="gateway", password=password).ping())
+        except redis.RedisError:
+            return False
+
+    process.wait_until(ready, 30)
+    yield port, password
+    process.stop()
+
+
+def test_only_the_gateway_user_with_the_password_gets_in(server: tuple[int, str]) -> None:
+    port, password = server
+    with pytest.raises(redis.AuthenticationError):  # the default user is off: NOAUTH
+        redis.Redis(port=port).ping()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=port, username="gateway", password="guess").ping()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=port, username="default", password=password).ping()
+
+
+def test_the_rate_limiter_works_as_the_gateway_user(server: tuple[int, str]) -> None:
+    port, password = server
+    store = RedisStore(f"redis://gateway:{password}@127.0.0.1:{port}/0", fallback=None)  # type: ignore[arg-type]
+    waits = [store.take("team-acl", 1.0, 3.0) for _ in range(4)]
+    assert waits[:3] == [0.0, 0.0, 0.0] and waits[3] > 0.5
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("SET", "x", "1"), ("SET", PREFIX + "x", "1"), ("FLUSHALL",), ("CONFIG", "GET", "*"),
+        ("KEYS", "*"), ("EVAL", "return 1", "0"), ("ACL", "LIST"), ("SHUTDOWN",),
+        ("HGETALL", "other:key"), ("CLIENT", "LIST"),
+    ],
+)  # fmt: skip
+def test_the_gateway_user_may_run_nothing_else(server: tuple[int, str], command: tuple) -> None:
+    port, password = server
+    client = redis.Redis(port=port, username="gateway", password=password)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        client.execute_command(*command)
+
+
+def test_a_script_it_loads_may_call_only_what_the_acl_allows(server: tuple[int, str]) -> None:
+    port, password = server
+    client = redis.Redis(port=port, username="gateway", password=password)
+    sha = client.script_load("return redis.call('FLUSHALL')")
+    with pytest.raises(redis.exceptions.ResponseError, match="can't run this command"):
+        client.evalsha(sha, 0)
+
+
+@pytest.mark.parametrize(("stored", "most_wait_s"), [(-1000.0, 1.0), (1e12, 0.0)])
+def test_the_bucket_is_clamped_at_both_ends(
+    server: tuple[int, str], stored: float, most_wait_s: float
+) -> None:
+    """A bucket whose hash holds a negative or a huge count (written by anything but the script,
+    or left by a larger burst) holds 0 to burst tokens: one token's wait at most, burst at most."""
+    port, password = server
+    client = redis.Redis(port=port, username="gateway", password=password)
+    name = f"clamped-{stored}"
+    client.hset(PREFIX + _bucket_id(name), mapping={"tokens": str(stored), "ts": str(time.time())})
+    store = RedisStore(f"redis://gateway:{password}@127.0.0.1:{port}/0", fallback=None)  # type: ignore[arg-type]
+    rate, burst = 1.0, 2.0
+    waits = [store.take(name, rate, burst) for _ in range(3)]
+    assert waits[0] <= most_wait_s + 0.01, waits
+    assert sum(1 for w in waits if w == 0.0) <= burst, waits
