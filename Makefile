@@ -14,7 +14,7 @@ MODELS ?= models
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help sysdeps setup setup-run protos protos-run models run stop test lint bench docs clean loadtest drills profile finetune-demo finetune-heads infinity-env
+.PHONY: help sysdeps setup setup-run protos protos-run models run stop test lint bench docs clean images loadtest drills profile finetune-demo finetune-heads infinity-env
 
 help: ## list the targets and what each does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -52,6 +52,9 @@ models: setup-run ## export the demo models into models/ (v1 FP32, v2 --precisio
 
 run: models ## install the run set, build the demo models, start model server + gateway on :8000 and ask it
 	$(PY) scripts/run_stack.py --base-path $(MODELS)
+
+images: setup-run ## build the gateway and ops images with podman (root, Debian: a debootstrap base, no registry)
+	$(PY) scripts/build_images.py
 
 stop: ## stop what `make run` started
 	$(PY) scripts/run_stack.py --stop

