@@ -364,6 +364,7 @@ FILE_SUFFIX = re.compile(r"\.(?:md|py|txt|yaml|yml|json|toml|sh|config|proto|tsv
 NOT_REPOSITORY_PATHS = re.compile(
     r"^(?:assets|assets\.extra|variables|1_Pooling|2_Dense|my-checkpoint|ckpt|run)/"
     r"|^serving_config/routing\.yaml$"  # the first rollout step writes it (docs/guides/rollouts.md)
+    r"|^deploy/k8s/overlays/mine(?:/|$)"  # the overlay the k8s runbook's step 2 has you write
 )
 
 
