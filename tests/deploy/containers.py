@@ -17,6 +17,7 @@ from pathlib import Path
 
 import requests
 
+from backend.clients.grpc_client import CHANNEL_OPTIONS
 from ops.images import podman, podman_env
 from tests.debian import needs
 
@@ -24,6 +25,8 @@ from tests.debian import needs
 needs_podman = needs("podman", "podman")
 
 GATEWAY_UID = 10001  # docker/backend.Dockerfile's and docker/ops.Dockerfile's user
+# the gateway's gRPC channels retry a refused connection at most this far apart
+RECONNECT_BACKOFF_S = dict(CHANNEL_OPTIONS)["grpc.max_reconnect_backoff_ms"] / 1000
 
 
 def unique(prefix: str) -> str:
@@ -75,6 +78,10 @@ def wait_ready(url: str, timeout_s: float, alive: str | None = None) -> float:
     while time.monotonic() - started_at < timeout_s:
         try:
             if requests.get(url, timeout=2).status_code == 200:
+                # /readyz reached one gateway worker; another worker's channel that tried before
+                # the model server listened reconnects within the channels' reconnect backoff and
+                # answers 503 until then (the gateway's own retries wait 0.15 s)
+                time.sleep(RECONNECT_BACKOFF_S + 0.5)
                 return time.monotonic() - started_at
         except requests.RequestException:
             pass
