@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import requests
 
-from modelformat import layout
+from modelformat import layout, serverconfig
 from ops import modelconfig
 from ops.modelconfig import OpsError
 from ops.server import ModelServer
@@ -285,6 +285,19 @@ def copy_newest(
     source = src / str(versions[-1])
     shutil.copytree(source, base / model / str(version))
     return source, version
+
+
+def newest_config(spawn: Path, model: str, work: Path) -> Path:
+    """Copy the newest exported version of ``model`` under ``work/models`` and write
+    ``work/models.config`` serving it (no labels); return the config's path."""
+    base = work / "models"
+    copy_newest(spawn, model, base)
+    config_path = work / "models.config"
+    serverconfig.write_atomic(config_path, modelconfig.full_config(
+        f'model_config_list {{ config {{ name: "{model}" '
+        f'base_path: "{base / model}" model_platform: "tensorflow" }} }}'
+    ))  # fmt: skip
+    return config_path
 
 
 def pinned_config(model: str, base: Path, version: int) -> str:

@@ -29,10 +29,8 @@ import orjson
 import psutil
 import requests
 
-from modelformat import serverconfig
-from ops import modelconfig, stack
+from ops import stack
 from ops.drills import common
-from ops.drills.common import copy_newest
 from ops.procs import REPO
 
 CPU_BOUND_S = 0.5  # the worker's CPU per probe; they took 1.3 to 14 s before issue 41
@@ -175,13 +173,8 @@ def worker_of(gateway: Any) -> int:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    config_path = common.newest_config(args.spawn, args.model, work)
     base = work / "models"
-    copy_newest(args.spawn, args.model, base)
-    config_path = work / "models.config"
-    serverconfig.write_atomic(config_path, modelconfig.full_config(
-        f'model_config_list {{ config {{ name: "{args.model}" '
-        f'base_path: "{base / args.model}" model_platform: "tensorflow" }} }}'
-    ))  # fmt: skip
     server, grpc_port, rest_port = stack.start_modelserver(config_path, work, batching=False)
     try:
         gateway, url = stack.start_gateway(

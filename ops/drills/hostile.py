@@ -57,10 +57,9 @@ import orjson
 import psutil
 import requests
 
-from modelformat import serverconfig
-from ops import modelconfig, stack
+from ops import stack
 from ops.drills import common, costly
-from ops.drills.common import Answer, copy_newest
+from ops.drills.common import Answer
 from ops.procs import REPO, ServerProcess, child_env
 
 ATTACKS = ("stalled", "idle", "names", "ids", "costly")
@@ -260,13 +259,8 @@ def restart_phase(
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    config_path = common.newest_config(args.spawn, args.model, work)
     base = work / "models"
-    copy_newest(args.spawn, args.model, base)
-    config_path = work / "models.config"
-    serverconfig.write_atomic(config_path, modelconfig.full_config(
-        f'model_config_list {{ config {{ name: "{args.model}" '
-        f'base_path: "{base / args.model}" model_platform: "tensorflow" }} }}'
-    ))  # fmt: skip
     server, grpc_port, rest_port = stack.start_modelserver(config_path, work, batching=False)
     settings = {
         "GATEWAY_WORKERS": str(args.workers),
