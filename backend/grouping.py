@@ -82,7 +82,7 @@ class UpstreamGroups:
         """Return (outputs for ``inputs``' rows, served version); ``send(batch, timeout_s)``
         makes one upstream call. Raises what the shared call raised, or UpstreamTimeout.
         A request that queues counts in ``gateway_requests_waiting{model}`` and its wait is
-        its ``queue`` stage (backend/timing.py)."""
+        its ``queue`` (part of its ``call`` stage: backend/timing.py)."""
         me = _Member(inputs, int(next(iter(inputs.values())).shape[0]), deadline)
         if me.rows >= self.max_rows:  # a full batch has no room to share: it goes at once
             metrics.UPSTREAM_GROUP_REQUESTS.observe(1)

@@ -50,8 +50,9 @@ REQUEST_SECONDS = Histogram(
 )
 STAGE_SECONDS = Histogram(
     "gateway_stage_duration_seconds",
-    "Latency of one stage of a request: queue (waiting for a shared upstream call), tokenize, "
-    "upstream (the queue wait included), postprocess.",
+    "Latency of one stage of an inference request, in the order they run: validate, resolve, "
+    "tokenize, plan, call (the model server's calls), reassemble, postprocess, answer; and "
+    "queue (the part of call spent waiting for a call shared with concurrent requests).",
     ["stage"],
     buckets=LATENCY_BUCKETS,
 )
@@ -186,7 +187,7 @@ SHADOW_SCORE_DELTA = Histogram(
 )
 SHADOW_SECONDS = Histogram(
     "gateway_shadow_seconds",
-    "Latency of the shadow call (resolve, tokenize, upstream), off the client's path.",
+    "Latency of the shadow call (resolve through reassemble), off the client's path.",
     ["model", "served_version", "shadow_version"],
     buckets=LATENCY_BUCKETS,
 )

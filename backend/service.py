@@ -10,23 +10,17 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from backend import auth, budget, metrics, routing, timing, tracing
-from backend.bucketing import Chunk, pad_batch, plan_chunks, reassemble
+from backend.bucketing import plan_chunks, reassemble
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
-from backend.early_exit import (
-    EXIT_OUTPUT,
-    SPEED_INPUT,
-    chunk_speeds,
-    ignored_note,
-    text_speeds,
-)
+from backend.early_exit import EXIT_OUTPUT, ignored_note, text_speeds
 from backend.embeddings import prompt_for, quantize, with_prompt
 from backend.errors import (
     ModelAssetsError,
@@ -41,6 +35,7 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.grouping import UpstreamGroups
+from backend.plan import Call, Encoder, Plan, chunk_inputs
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
 from backend.readiness import Readiness
 from backend.routing import RoutingTable, routing_file_for
@@ -58,17 +53,6 @@ from backend.versions import (
     check_model_name,
 )
 from modelformat.routing import ModelRoute
-
-
-@dataclass(frozen=True)
-class Inference:
-    """Outputs of one request in caller order, with the version and assets that produced them."""
-
-    assets: ModelAssets
-    outputs: Outputs
-    truncated: list[bool]
-    token_counts: list[int]  # tokens each input went in with ([CLS] and [SEP] included)
-    deadline: float = float("inf")  # the request's (time.monotonic()): post-processing checks it
 
 
 class Gateway:
@@ -149,11 +133,11 @@ class Gateway:
         if pairs is not None:
             inputs = [a for a, _ in pairs]
             encode = _paired([(a, b) for a, b in pairs], request.truncation_direction)
-        done = self._infer(
+        done = self._infer(Plan(
             model, inputs, request.version, request.label, request.truncate,
-            task="classify", check=check, speed=request.speed, encode=encode,
+            tasks=("classify",), check=check, speed=request.speed, encode=encode,
             what="pairs" if pairs is not None else "texts",
-        )  # fmt: skip
+        ))  # fmt: skip
         labels = done.assets.labels
         early_exit = done.assets.early_exit
         with timing.stage("postprocess"):
@@ -171,7 +155,7 @@ class Gateway:
         return answer
 
     @staticmethod
-    def _add_exit_layers(done: Inference, predictions: list[dict[str, Any]]) -> None:
+    def _add_exit_layers(done: Plan, predictions: list[dict[str, Any]]) -> None:
         """Give each prediction its ``exit_layer`` and count it in ``gateway_exit_layer``."""
         layers = done.outputs.get(EXIT_OUTPUT)
         if layers is None:
@@ -219,10 +203,10 @@ class Gateway:
         normalize: bool | None = None,
         token_ids: Sequence[Sequence[int]] | None = None,
         direction: str | None = None,
-        encode: Callable[[ModelAssets], list[Encoded]] | None = None,
+        encode: Encoder | None = None,
         prompt_name: str | None = None,
         input_type: str | None = None,
-    ) -> tuple[Inference, np.ndarray]:
+    ) -> tuple[Plan, np.ndarray]:
         """Return the inference and its embeddings, float32 ``[texts, dim]``: the one path every
         embedding route takes (:embed, /v1/embeddings, rerank). ``token_ids`` (instead of texts)
         are the tokens of each input without special tokens, which the gateway adds. The
@@ -238,7 +222,7 @@ class Gateway:
                 prompted = with_prompt(texts, _prompt(assets, prompt_name, input_type))
                 return assets.tokenizer.encode(prompted, direction=direction)
 
-        done = self._infer(model, texts, version, label, truncate, task="embed", encode=encode)
+        done = self._infer(Plan(model, texts, version, label, truncate, encode=encode))
         with timing.stage("postprocess"):
             embeddings = done.outputs.get("embedding")
             if embeddings is None:
@@ -301,10 +285,10 @@ class Gateway:
                 windows.append(assets.tokenizer.tag_windows(text, stride, truncate=cut))
             return [window.encoded for text_windows in windows for window in text_windows]
 
-        done = self._infer(
-            model, request.texts, request.version, request.label, True, task="tag",
+        done = self._infer(Plan(
+            model, request.texts, request.version, request.label, tasks=("tag",),
             encode=encode, per_token=True,
-        )  # fmt: skip
+        ))  # fmt: skip
         with timing.stage("postprocess"):
             values = done.outputs.get("logits")
             probabilities = values is None
@@ -344,7 +328,7 @@ class Gateway:
         version: int | None,
         label: str | None,
         direction: str | None = None,
-    ) -> tuple[Inference, np.ndarray]:
+    ) -> tuple[Plan, np.ndarray]:
         """Return the inference and each document's relevance score (float32, documents'
         order): an embedding model's (1 + cosine) / 2 with the query, or a cross-encoder's
         score of each (query, document) pair, all pairs in one inference."""
@@ -374,10 +358,10 @@ class Gateway:
                     f"{model!r}: nothing of a document would fit; shorten it"
                 ) from exc
 
-        done = self._infer(
-            model, [query, *documents], version, label, True, task=("embed", "classify"),
+        done = self._infer(Plan(
+            model, [query, *documents], version, label, tasks=("embed", "classify"),
             check=check, encode=encode,
-        )  # fmt: skip
+        ))  # fmt: skip
         with timing.stage("postprocess"):
             if done.assets.task == "classify":
                 scores = head_scores(done.outputs, done.assets.head.activation)
@@ -441,47 +425,169 @@ class Gateway:
         except (NotFound, UpstreamError):
             return []
 
-    # -- the pipeline -----------------------------------------------------------------------
+    # -- the pipeline: the named stages a Plan crosses (backend/plan.py) -------------------
 
-    def _infer(
-        self,
-        model: str,
-        texts: Sequence[str],
-        version: int | None,
-        label: str | None,
-        truncate: bool,
-        *,
-        task: str | tuple[str, ...],
-        check: Callable[[ModelAssets], None] | None = None,
-        speed: float | Sequence[float] | None = None,
-        encode: Callable[[ModelAssets], list[Encoded]] | None = None,
-        per_token: bool = False,
-        what: str = "texts",
-    ) -> Inference:
-        """Return the model's outputs for ``texts`` from one resolved version (``encode``, when
-        given, turns the inputs into token ids instead of the version's tokenizer; ``task``:
-        the tasks the caller takes; ``per_token``: outputs are [batch, seq, ...]; ``what``
-        names the inputs in errors)."""
-        deadline = time.monotonic() + self._timeout()
-        tasks = (task,) if isinstance(task, str) else task
-        args = (model, texts, truncate, tasks, check, speed, deadline, encode, per_token, what)
-        self._check_reach(model, version, label)
+    def _infer(self, plan: Plan) -> Plan:
+        """Run ``plan`` through resolve, tokenize, plan, call and reassemble, in order, on the
+        version its route picks (retrying once on a version unloaded since it was resolved);
+        the route post-processes what it returns."""
+        plan.deadline = time.monotonic() + self._timeout()
+        model = plan.model
+        self._check_reach(model, plan.version, plan.label)
         # Default traffic (no version, no label) follows the routing file's weights and shadow.
-        route = self.routing.route(model) if version is None and label is None else None
+        route = self.routing.route(model) if plan.version is None and plan.label is None else None
         if route is not None and route.weights:
             chosen = self.routing.choose(model, route)
             try:
-                done = self._infer_once(chosen, None, *args)
+                self._stages(plan, chosen, None)
             except NotFound:
                 # The weights name a version that is not (or no longer) served here: the
                 # request goes to the vetted version (the first public label the model has),
                 # never to the newest AVAILABLE one (in a pinned rollout: the unvetted version).
-                done = self._infer_default(None, self._fallback_label(model), args)
+                self._stages_default(plan, None, self._fallback_label(model))
         else:
-            done = self._infer_default(version, label, args)
+            self._stages_default(plan, plan.version, plan.label)
         if route is not None:
-            self._plan_shadow(route, done, texts, args)
-        return done
+            self._plan_shadow(route, plan)
+        return plan
+
+    def _stages_default(self, plan: Plan, version: int | None, label: str | None) -> None:
+        try:
+            self._stages(plan, version, label)
+        except VersionNotFound:
+            if version is not None:
+                raise  # the caller named it: their 404
+            # The label or newest version we resolved was unloaded since we cached it (a
+            # rollback moves the label and drops the old version in one config change): read
+            # labels and states afresh and try once more.
+            self.labels.refresh()
+            self.statuses.invalidate(plan.model)
+            self._stages(plan, None, label)
+
+    def _stages(self, plan: Plan, version: int | None, label: str | None) -> None:
+        """The stages from resolve to reassemble, each timed under its name (backend/timing.py)."""
+        with timing.stage("resolve"):
+            self._resolve(plan, version, label)
+        # the tokenizer spends from the request's budget as it goes (backend/budget.py)
+        with timing.stage("tokenize"), budget.scope(self.settings, plan.deadline):
+            encode = plan.encode
+            plan.encoded = (
+                encode(plan.assets) if encode is not None
+                else plan.assets.tokenizer.encode(plan.texts)
+            )  # fmt: skip
+        with timing.stage("plan"):
+            self._plan(plan)
+        with timing.stage("call"):
+            plan.results = self._call(plan)
+        with timing.stage("reassemble"):
+            chunks = [c.chunk for c in plan.calls]
+            plan.outputs = reassemble(
+                chunks, plan.results, len(plan.encoded), per_token=plan.per_token
+            )
+
+    def _resolve(self, plan: Plan, version: int | None, label: str | None) -> None:
+        """Stage ``resolve``: the version that serves and its assets; 404/409/422 for a version
+        or task the request can't have."""
+        model = plan.model
+        served = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
+        try:
+            assets = self.assets.get(model, served)
+        except NotFound as exc:
+            if version is not None or label is not None:
+                raise  # the caller named a version that does not exist
+            # The model server serves it, but our copy of the model tree lacks it: a deployment
+            # error (GATEWAY_MODEL_BASE_PATH not the model server's volume), not the caller's.
+            raise ModelAssetsError(
+                f"model {model!r} version {served} is AVAILABLE on the model server but not "
+                f"under GATEWAY_MODEL_BASE_PATH={self.settings.model_base_path}"
+            ) from exc
+        # Only now is it a version the model tree has (the client's ``version`` is any number
+        # until its assets load): the request's metrics may name it from here on.
+        routing.resolved_version.set((model, served))
+        if assets.task not in plan.tasks:
+            wanted = " or ".join(repr(t) for t in plan.tasks)
+            raise TaskMismatch(
+                f"model {model!r} is {assets.head.describe()} (task {assets.task!r}), not {wanted}"
+            )
+        if plan.check is not None:
+            plan.check(assets)
+        plan.served, plan.assets = served, assets
+
+    def _plan(self, plan: Plan) -> None:
+        """Stage ``plan``: each input's speed, the chunks and their tensors; 413 for a text over
+        max_seq_len that may not be cut."""
+        assets, encoded = plan.assets, plan.encoded
+        plan.speeds = None
+        if assets.early_exit is not None:
+            try:
+                plan.speeds = text_speeds(
+                    plan.speed, self.settings.default_speed, assets.early_exit, len(encoded)
+                )
+            except ValueError as exc:
+                raise UnprocessableInput(f"field 'speed': {exc}") from None
+        if not plan.truncate:
+            first = next((i for i, e in enumerate(encoded) if e.truncated), None)
+            if first is not None:
+                raise TextTooLong(
+                    f"{plan.what}[{first}] needs {encoded[first].full_length} tokens, over "
+                    f"max_seq_len {assets.max_seq_len} of model {plan.model!r}; send "
+                    "truncate=true to cut it"
+                )
+        lengths = [e.ids.shape[0] for e in encoded]
+        tokens = sum(lengths)
+        metrics.TEXTS_PER_REQUEST.observe(len(encoded))
+        metrics.TOKENS_PER_REQUEST.observe(tokens)
+        timing.count(tokens, sum(map(len, plan.texts)))
+        bucketing = self.settings.bucketing
+        chunks = plan_chunks(
+            lengths, self.settings.max_batch_size, assets.max_seq_len, bucketing=bucketing,
+            bucket_lens=sorted(assets.bucket_signatures) or None,
+        )  # fmt: skip
+        # A bucket-padded chunk goes to its length's fixed-length signature: TF Serving batches
+        # per signature, so each queue then holds one shape and never pads (padding is off).
+        by_length = assets.bucket_signatures if bucketing else {}
+        pad_id = assets.tokenizer.pad_id
+        plan.calls = [
+            Call(chunk, chunk_inputs(chunk, encoded, pad_id, plan.speeds),
+                 by_length.get(chunk.seq_len))
+            for chunk in chunks
+        ]  # fmt: skip
+
+    def _call(self, plan: Plan) -> list[Outputs]:
+        """Stage ``call``: each call's outputs (the plan's order), at most N calls in flight."""
+        if len(plan.calls) == 1 and self.client.enforces_deadline:
+            return [self._call_one(plan, plan.calls[0])]  # the common case: no thread hop
+        return self._run_parallel(lambda call: self._call_one(plan, call), plan.calls,
+                                  plan.deadline)  # fmt: skip
+
+    def _call_one(self, plan: Plan, call: Call) -> Outputs:
+        """One chunk's outputs from the model server (alone, or in a call shared with
+        concurrent requests of its kind: backend/grouping.py)."""
+        model, version, signature = plan.model, plan.served, call.signature
+        remaining = plan.deadline - time.monotonic()
+        if remaining <= 0:
+            raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S")
+
+        def send(inputs: Any, timeout_s: float) -> tuple[Outputs, int]:
+            rows = int(next(iter(inputs.values())).shape[0])
+            with tracing.upstream_call(model, version, signature, rows, self.client.transport):
+                return self._upstream_call(
+                    lambda: self.client.predict(
+                        model, inputs, version=version, timeout_s=timeout_s,
+                        signature_name=signature,
+                    )
+                )  # fmt: skip
+
+        inputs = call.inputs
+        if self.groups is None:
+            outputs, served = send(inputs, remaining)
+        else:
+            kind = (model, version, signature, call.chunk.seq_len, tuple(sorted(inputs)))
+            outputs, served = self.groups.call(kind, inputs, send, plan.deadline, model=model)
+        if served not in (version, -1):
+            # Never return answers from a version other than the one we tokenized for.
+            raise UpstreamError(f"asked for version {version}, the model server used {served}")
+        return outputs
 
     def _check_reach(self, model: str, version: int | None, label: str | None) -> None:
         """403 when the request's API key may not name ``version``/``label`` (backend/auth.py);
@@ -499,34 +605,20 @@ class Gateway:
         labels = self.labels.labels(model)
         return next((name for name in self.settings.public_label_names if name in labels), None)
 
-    def _infer_default(self, version: int | None, label: str | None, args: tuple) -> Inference:
-        try:
-            return self._infer_once(version, label, *args)
-        except VersionNotFound:
-            if version is not None:
-                raise  # the caller named it: their 404
-            # The label or newest version we resolved was unloaded since we cached it (a
-            # rollback moves the label and drops the old version in one config change): read
-            # labels and states afresh and try once more.
-            self.labels.refresh()
-            self.statuses.invalidate(args[0])
-            return self._infer_once(None, label, *args)
-
-    def _plan_shadow(self, route: ModelRoute, done: Inference, texts: Sequence[str],
-                     args: tuple) -> None:  # fmt: skip
-        """Leave a shadow job for the app to queue once the client's answer is built."""
-        served = done.assets.version
+    def _plan_shadow(self, route: ModelRoute, done: Plan) -> None:
+        """Leave a shadow job for the app to queue once the client's answer is built: the same
+        request as a fresh plan on the shadow version (on its own model server, if set)."""
+        served = done.served
         shadow = self.routing.shadow_for(route, served)
         if shadow is None:
             return
-        model, _, truncate, tasks, _, speed, _, encode, per_token, what = args
+        model = done.model
 
         def run() -> tuple[Sequence[str], dict[str, np.ndarray]]:
-            deadline = time.monotonic() + self.settings.shadow_timeout_s
-            again = self.shadow_upstream()._infer_once(
-                shadow, None, model, texts, truncate, tasks, None, speed, deadline, encode,
-                per_token, what,
-            )  # fmt: skip
+            again = replace(done, version=shadow, label=None, check=None)
+            upstream = self.shadow_upstream()
+            again.deadline = time.monotonic() + self.settings.shadow_timeout_s
+            upstream._stages(again, shadow, None)
             return again.assets.labels, again.outputs
 
         routing.pending_shadow.set(ShadowJob(
@@ -537,146 +629,20 @@ class Gateway:
             }),
         ))  # fmt: skip
 
-    def _infer_once(
-        self,
-        version: int | None,
-        label: str | None,
-        model: str,
-        texts: Sequence[str],
-        truncate: bool,
-        tasks: tuple[str, ...],
-        check: Callable[[ModelAssets], None] | None,
-        speed: float | Sequence[float] | None,
-        deadline: float,
-        encode: Callable[[ModelAssets], list[Encoded]] | None = None,
-        per_token: bool = False,
-        what: str = "texts",
-    ) -> Inference:
-        resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
-        try:
-            assets = self.assets.get(model, resolved)
-        except NotFound as exc:
-            if version is not None or label is not None:
-                raise  # the caller named a version that does not exist
-            # The model server serves it, but our copy of the model tree lacks it: a deployment
-            # error (GATEWAY_MODEL_BASE_PATH not the model server's volume), not the caller's.
-            raise ModelAssetsError(
-                f"model {model!r} version {resolved} is AVAILABLE on the model server but not "
-                f"under GATEWAY_MODEL_BASE_PATH={self.settings.model_base_path}"
-            ) from exc
-        # Only now is it a version the model tree has (the client's ``version`` is any number
-        # until its assets load): the request's metrics may name it from here on.
-        routing.resolved_version.set((model, resolved))
-        if assets.task not in tasks:
-            wanted = " or ".join(repr(t) for t in tasks)
-            raise TaskMismatch(
-                f"model {model!r} is {assets.head.describe()} (task {assets.task!r}), not {wanted}"
-            )
-        if check is not None:
-            check(assets)
-        # the tokenizer spends from the request's budget as it goes (backend/budget.py)
-        with timing.stage("tokenize"), budget.scope(self.settings, deadline):
-            encoded = encode(assets) if encode is not None else assets.tokenizer.encode(texts)
-        speeds = None
-        if assets.early_exit is not None:
-            try:
-                speeds = text_speeds(
-                    speed, self.settings.default_speed, assets.early_exit, len(encoded)
-                )
-            except ValueError as exc:
-                raise UnprocessableInput(f"field 'speed': {exc}") from None
-        cut = [e.truncated for e in encoded]
-        if not truncate and any(cut):
-            first = cut.index(True)
-            raise TextTooLong(
-                f"{what}[{first}] needs {encoded[first].full_length} tokens, over max_seq_len "
-                f"{assets.max_seq_len} of model {model!r}; send truncate=true to cut it"
-            )
-        lengths = [e.ids.shape[0] for e in encoded]
-        metrics.TEXTS_PER_REQUEST.observe(len(encoded))
-        metrics.TOKENS_PER_REQUEST.observe(sum(lengths))
-        timing.count(sum(lengths), sum(map(len, texts)))
-        chunks = plan_chunks(
-            lengths,
-            self.settings.max_batch_size,
-            assets.max_seq_len,
-            bucketing=self.settings.bucketing,
-            bucket_lens=sorted(assets.bucket_signatures) or None,
-        )
-        with timing.stage("upstream"):
-            results = self._run_chunks(model, resolved, chunks, encoded, assets, deadline, speeds)
-        outputs = reassemble(chunks, results, len(encoded), per_token=per_token)
-        return Inference(assets=assets, outputs=outputs, truncated=cut, token_counts=lengths,
-                         deadline=deadline)  # fmt: skip
-
-    def _run_chunks(
-        self,
-        model: str,
-        version: int,
-        chunks: Sequence[Chunk],
-        encoded: Sequence[Encoded],
-        assets: ModelAssets,
-        deadline: float,
-        speeds: np.ndarray | None = None,
+    def _run_parallel(
+        self, send: Callable[[Call], Outputs], calls: Sequence[Call], deadline: float
     ) -> list[Outputs]:
-        """Return each chunk's outputs (same order as ``chunks``), at most N chunks in flight.
-
-        ``speeds`` (one per text, early-exit models only) go with each chunk as its ``speed``
-        input, in the chunk's row order.
-        """
-        pad_id = assets.tokenizer.pad_id
-        # A bucket-padded chunk goes to its length's fixed-length signature: TF Serving batches
-        # per signature, so each queue then holds one shape and never pads (padding is off).
-        by_length = assets.bucket_signatures if self.settings.bucketing else {}
-
-        def call(chunk: Chunk) -> Outputs:
-            rows = [encoded[i] for i in chunk.indices]
-            paired = any(e.type_ids is not None for e in rows)
-            types = [e.type_ids for e in rows] if paired else None
-            batch = pad_batch([e.ids for e in rows], chunk.seq_len, pad_id, types)
-            if speeds is not None:
-                batch[SPEED_INPUT] = chunk_speeds(speeds, chunk.indices)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S")
-            signature = by_length.get(chunk.seq_len)
-
-            def send(inputs: Any, timeout_s: float) -> tuple[Outputs, int]:
-                rows = int(next(iter(inputs.values())).shape[0])
-                with tracing.upstream_call(model, version, signature, rows, self.client.transport):
-                    return self._upstream_call(
-                        lambda: self.client.predict(
-                            model, inputs, version=version, timeout_s=timeout_s,
-                            signature_name=signature,
-                        )
-                    )  # fmt: skip
-
-            if self.groups is None:
-                outputs, served = send(batch, remaining)
-            else:  # concurrent requests of this kind share calls (backend/grouping.py)
-                kind = (model, version, signature, chunk.seq_len, tuple(sorted(batch)))
-                outputs, served = self.groups.call(kind, batch, send, deadline, model=model)
-            if served not in (version, -1):
-                # Never return answers from a version other than the one we tokenized for.
-                raise UpstreamError(f"asked for version {version}, the model server used {served}")
-            return outputs
-
-        if len(chunks) == 1 and self.client.enforces_deadline:
-            return [call(chunks[0])]  # the common case: no thread hop
-        return self._run_parallel(call, chunks, deadline)
-
-    def _run_parallel(self, call: Any, chunks: Sequence[Chunk], deadline: float) -> list[Outputs]:
-        results: list[Outputs | None] = [None] * len(chunks)
+        results: list[Outputs | None] = [None] * len(calls)
         pending: dict[Future[Outputs], int] = {}
-        queue = list(enumerate(chunks))
+        queue = list(enumerate(calls))
         limit = self.settings.max_concurrent_chunks
         try:
             while queue or pending:
                 while queue and len(pending) < limit:
-                    index, chunk = queue.pop(0)
+                    index, call = queue.pop(0)
                     # in the request's context: its clock and span follow the chunk's call
                     context = contextvars.copy_context()
-                    pending[self._pool.submit(context.run, call, chunk)] = index
+                    pending[self._pool.submit(context.run, send, call)] = index
                 remaining = deadline - time.monotonic()
                 done, _ = wait(pending, timeout=max(0.0, remaining), return_when=FIRST_COMPLETED)
                 if not done:
@@ -709,7 +675,7 @@ class Gateway:
         return self.settings.request_timeout_s
 
     @staticmethod
-    def _model_ref(done: Inference) -> dict[str, Any]:
+    def _model_ref(done: Plan) -> dict[str, Any]:
         return {"name": done.assets.model, "version": done.assets.version}
 
 
@@ -730,9 +696,7 @@ def typed_embeddings(vectors: np.ndarray, types: Sequence[str]) -> dict[str, np.
         raise UnprocessableInput(str(exc)) from None
 
 
-def _directed(
-    texts: Sequence[str], direction: str | None
-) -> Callable[[ModelAssets], list[Encoded]] | None:
+def _directed(texts: Sequence[str], direction: str | None) -> Encoder | None:
     """Return an encoder that cuts on ``direction``'s side, or None for the tokenizer's own
     side (model.json's truncation_side: right unless the checkpoint said left)."""
     if direction is None:
@@ -740,9 +704,7 @@ def _directed(
     return lambda assets: assets.tokenizer.encode(texts, direction=direction)
 
 
-def _paired(
-    pairs: Sequence[tuple[str, str]], direction: str | None
-) -> Callable[[ModelAssets], list[Encoded]]:
+def _paired(pairs: Sequence[tuple[str, str]], direction: str | None) -> Encoder:
     """Return an encoder of sentence pairs; 422 for a pair whose first segment fills the model."""
 
     def encode(assets: ModelAssets) -> list[Encoded]:

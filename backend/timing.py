@@ -1,21 +1,27 @@
 """One clock per request: its stages feed the metrics, the timing headers and the spans alike.
 
 A request's ``Clock`` (a context variable, set when the request starts) collects how long each
-stage took: ``queue`` (waiting for a shared upstream call, backend/grouping.py), ``tokenize``,
-``upstream`` (the model server's calls, the queue wait included) and ``postprocess``. The same
-measured seconds go to ``gateway_stage_duration_seconds``, to the span of the stage (when tracing
-is on, backend/tracing.py) and to the answer's headers, so the three never disagree.
+stage of an inference took, the stages every inference request crosses in this order
+(backend/plan.py says what each does): ``validate`` (the body parsed and checked), ``resolve``
+(the key's reach, the version and its assets), ``tokenize``, ``plan`` (chunks and their
+tensors), ``call`` (the model server's calls), ``reassemble``, ``postprocess`` and ``answer``
+(the answer in its API's shape, serialized). ``queue`` is the part of ``call`` spent waiting for
+a call shared with concurrent requests (backend/grouping.py). The same measured seconds go to
+``gateway_stage_duration_seconds``, to the span of the stage (when tracing is on,
+backend/tracing.py) and to the answer's headers, so the three never disagree. What runs before
+``validate`` (authentication, rate limits) and after ``answer`` counts in ``total`` only.
 
 Headers on every inference answer (GATEWAY_TIMING_HEADERS, on by default), in the names of
 Hugging Face's text-embeddings-inference (whole milliseconds, as TEI sends them):
 
-- ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time`` (upstream minus queue),
-- ``x-compute-time`` (tokenize + queue + inference + post-process: the inference's own work),
+- ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time`` (call minus queue),
+- ``x-compute-time`` (tokenize through post-process: the inference's own work),
 - ``x-total-time`` (the request in the gateway, from its first hook to its headers),
 - ``x-compute-tokens`` (tokens sent, specials included, before padding), ``x-compute-characters``;
 
-and the same stages in W3C ``Server-Timing`` with fractional milliseconds
-(``queue;dur=0.012, tokenize;dur=0.231, ...``), which browsers' developer tools show.
+and the eight stages in W3C ``Server-Timing`` with fractional milliseconds, in order, then
+``total`` (``validate;dur=0.041, resolve;dur=0.012, tokenize;dur=0.231, ...``), which browsers'
+developer tools show.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from typing import Any
 
 from backend import metrics, tracing
 
-STAGES = ("queue", "tokenize", "upstream", "postprocess")
+STAGES = ("validate", "resolve", "tokenize", "plan", "call", "reassemble", "postprocess", "answer")
+# the inference's own work (x-compute-time): what the model server was asked for, and its answer
+COMPUTE = ("tokenize", "plan", "call", "reassemble", "postprocess")
 
 
 @dataclass
@@ -50,8 +58,8 @@ class Clock:
         total = (time.perf_counter() if now is None else now) - self.started
         get = self.stages.get
         queue, tokenize = get("queue", 0.0), get("tokenize", 0.0)
-        inference = max(0.0, get("upstream", 0.0) - queue)
-        compute = tokenize + queue + inference + get("postprocess", 0.0)
+        inference = max(0.0, get("call", 0.0) - queue)
+        compute = sum(get(name, 0.0) for name in COMPUTE)
         timing = ", ".join(
             f"{name};dur={get(name, 0.0) * 1000:.3f}" for name in STAGES
         )  # fmt: skip

@@ -7,11 +7,13 @@ SDK's own standard variables (``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``/``_
 imported, the app registers no tracing hook and every function here returns at its first line.
 
 A traced request is one SERVER span joined to the caller's W3C ``traceparent``, with a child span
-per stage (``gateway.tokenize``, ``gateway.upstream``, ``gateway.queue``, ``gateway.postprocess``:
-backend/timing.py times them) and a CLIENT span per model-server call (``tfserving.predict``:
-model, version, signature, rows of the (possibly grouped) call, replica). The call carries the
-trace on (gRPC metadata / HTTP headers, ``traceparent``): the W3C trace context only, unless
-OTEL_PROPAGATORS names more (a client's ``baggage`` is not forwarded by default). The caller's
+per stage (``gateway.validate``, ``gateway.resolve``, ``gateway.tokenize``, ``gateway.plan``,
+``gateway.call`` with ``gateway.queue`` inside it, ``gateway.reassemble``, ``gateway.postprocess``,
+``gateway.answer``: backend/timing.py times them) and a CLIENT span per model-server call
+(``tfserving.predict``: model, version, signature, rows of the (possibly grouped) call,
+replica). The call carries the trace on (gRPC metadata / HTTP headers, ``traceparent``): the W3C
+trace context only, unless OTEL_PROPAGATORS names more (a client's ``baggage`` is not forwarded
+by default). The caller's
 context is read once the request is authenticated: a refused request starts no span. A shadow
 call is a trace of its own, linked to the request it repeats. Errors are recorded on the span
 they left.

@@ -400,7 +400,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
 
 
 # Stages that wait on the model server: wall time, not the worker's work; left out of the bars.
-WAITING = ("queue", "upstream", "call")
+WAITING = ("queue", "call")
 
 
 def _plot_stages(ax: Any, result: dict[str, Any], gateway: list[Target]) -> None:

@@ -12,6 +12,7 @@ import uuid
 
 from flask import Blueprint, Response
 
+from backend import timing
 from backend.api import body_as, current_gateway, json_response, named_model, note_served
 from backend.api.rerank import cohere_error
 from backend.errors import ERROR_SHAPES
@@ -25,8 +26,9 @@ ERROR_SHAPES[bp.name] = cohere_error
 @bp.post("/v2/embed")
 def embed_v2() -> Response:
     """Embed texts (Cohere v2 request and answer: embeddings by type)."""
-    body = body_as(CohereEmbedRequest, "texts", lambda raw: raw.get("texts"))
-    name, version, label = named_model(body.model)
+    with timing.stage("validate"):
+        body = body_as(CohereEmbedRequest, "texts", lambda raw: raw.get("texts"))
+        name, version, label = named_model(body.model)
     direction = {"START": "left", "END": "right"}.get(body.truncate)
     done, vectors = current_gateway().embeddings(
         name, body.texts, version, label, body.truncate != "NONE", normalize=True,
@@ -34,9 +36,10 @@ def embed_v2() -> Response:
     )  # fmt: skip
     note_served(name, done.assets.version)
     types = body.embedding_types or ["float"]
-    return json_response({
-        "id": str(uuid.uuid4()), "embeddings": typed_embeddings(vectors, types),
-        "texts": body.texts, "response_type": "embeddings_by_type",
-        "meta": {"api_version": {"version": "2"},
-                 "billed_units": {"input_tokens": int(sum(done.token_counts))}},
-    })  # fmt: skip
+    with timing.stage("answer"):
+        return json_response({
+            "id": str(uuid.uuid4()), "embeddings": typed_embeddings(vectors, types),
+            "texts": body.texts, "response_type": "embeddings_by_type",
+            "meta": {"api_version": {"version": "2"},
+                     "billed_units": {"input_tokens": int(sum(done.token_counts))}},
+        })  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from backend import timing
 from backend.api import (
     body_as,
     current_gateway,
@@ -12,7 +13,7 @@ from backend.api import (
     note_served,
     request_body,
 )
-from backend.api.rerank import query_and_documents, rank
+from backend.api.rerank import checked_body, rank
 from backend.errors import UnprocessableInput
 from backend.schemas import (
     ClassifyRequest,
@@ -30,28 +31,34 @@ bp = Blueprint("models", __name__)
 @bp.post("/v1/models/<model>:classify")
 def classify(model: str) -> Response:
     """Classify texts with a classification model: label, score and top-k per text."""
-    body = parse_request(ClassifyRequest, request_body(), current_settings())
+    with timing.stage("validate"):
+        body = parse_request(ClassifyRequest, request_body(), current_settings())
     answer = current_gateway().classify(model, body)
     note_served(model, answer["model"]["version"])
-    return json_response(answer)
+    with timing.stage("answer"):
+        return json_response(answer)
 
 
 @bp.post("/v1/models/<model>:embed")
 def embed(model: str) -> Response:
     """Embed texts with an embedding model (L2-normalized unless normalize=false)."""
-    body = parse_request(EmbedRequest, request_body(), current_settings())
+    with timing.stage("validate"):
+        body = parse_request(EmbedRequest, request_body(), current_settings())
     answer = current_gateway().embed(model, body)
     note_served(model, answer["model"]["version"])
-    return json_response(answer)
+    with timing.stage("answer"):
+        return json_response(answer)
 
 
 @bp.post("/v1/models/<model>:tag")
 def tag(model: str) -> Response:
     """Tag texts with a token-classification model: entities with character offsets."""
-    body = parse_request(TagRequest, request_body(), current_settings())
+    with timing.stage("validate"):
+        body = parse_request(TagRequest, request_body(), current_settings())
     answer = current_gateway().tag(model, body)
     note_served(model, answer["model"]["version"])
-    return json_response(answer)
+    with timing.stage("answer"):
+        return json_response(answer)
 
 
 @bp.get("/v1/models/<name:model>")
@@ -63,11 +70,13 @@ def model_status(model: str) -> Response:
 @bp.post("/v1/models/<model>:rerank")
 def rerank(model: str) -> Response:
     """Rank documents against a query: an embedding model (cosine) or a cross-encoder."""
-    body = body_as(ModelRerankRequest, "documents", query_and_documents)
+    with timing.stage("validate"):
+        body = checked_body(ModelRerankRequest)
     served, results, tokens = rank(model, body, body.version, body.label)
-    return json_response(
-        {"model": {"name": model, "version": served}, "results": results, "tokens": tokens}
-    )
+    with timing.stage("answer"):
+        return json_response(
+            {"model": {"name": model, "version": served}, "results": results, "tokens": tokens}
+        )
 
 
 @bp.post("/v1/models/<model>:tokenize")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from flask import Blueprint, Response, current_app, g
 
-from backend import metrics
+from backend import metrics, timing
 from backend.api import (
     body_as,
     current_gateway,
@@ -66,6 +66,38 @@ ERROR_SHAPES[bp.name] = openai_error
 @bp.post("/v1/embeddings")
 def embeddings() -> Response:
     """Create embeddings (OpenAI's API): the same work as :embed, OpenAI's request and answer."""
+    with timing.stage("validate"):
+        req, name, version, label, texts, token_ids = _embeddings_request()
+    gateway = current_gateway()
+    try:
+        done, vectors = gateway.embeddings(
+            name, texts, version, label, normalize=True, token_ids=token_ids,
+            direction=req.truncation_direction, prompt_name=req.prompt_name,
+            input_type=req.input_type,
+        )  # fmt: skip
+    except ValueError as exc:  # a token id outside the vocabulary
+        raise UnprocessableInput(str(exc)) from None
+    note_served(name, done.assets.version)
+    with timing.stage("answer"):
+        if req.dimensions is not None:
+            vectors = _shortened(vectors, req.dimensions)
+        tokens = int(sum(done.token_counts))
+        typed = typed_embeddings(vectors, [req.embedding_type])[req.embedding_type]
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encode(vector, req.encoding_format)}
+            for i, vector in enumerate(typed)
+        ]
+        return json_response({
+            "object": "list", "data": data, "model": f"{name}@{done.assets.version}",
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        })  # fmt: skip
+
+
+def _embeddings_request() -> tuple[
+    EmbeddingsRequest, str, int | None, str | None, list[str], list[list[int]] | None
+]:
+    """Return the validated body, its model (name, version, label) and its texts or token ids
+    (413/422 past the limits every route shares)."""
     settings = current_settings()
     req = body_as(EmbeddingsRequest, "input", _input_texts, _input_ids)
     name, version, label = named_model(req.model)
@@ -89,35 +121,20 @@ def embeddings() -> Response:
             raise UnprocessableInput("field 'input' has an empty list of token ids")
     else:
         check_texts(texts, settings, field="input")
-    gateway = current_gateway()
-    try:
-        done, vectors = gateway.embeddings(
-            name, texts, version, label, normalize=True, token_ids=token_ids,
-            direction=req.truncation_direction, prompt_name=req.prompt_name,
-            input_type=req.input_type,
-        )  # fmt: skip
-    except ValueError as exc:  # a token id outside the vocabulary
-        raise UnprocessableInput(str(exc)) from None
-    if req.dimensions is not None:
-        dim = vectors.shape[1]
-        if req.dimensions > dim:  # a fact of this model, not of the request's shape: 422
-            raise UnprocessableInput(
-                f"field 'dimensions': {req.dimensions} is over the model's {dim} dimensions"
-            )
-        vectors = vectors[:, : req.dimensions]
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        vectors = np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
-    note_served(name, done.assets.version)
-    tokens = int(sum(done.token_counts))
-    typed = typed_embeddings(vectors, [req.embedding_type])[req.embedding_type]
-    data = [
-        {"object": "embedding", "index": i, "embedding": _encode(vector, req.encoding_format)}
-        for i, vector in enumerate(typed)
-    ]
-    return json_response({
-        "object": "list", "data": data, "model": f"{name}@{done.assets.version}",
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    })  # fmt: skip
+    return req, name, version, label, texts, token_ids
+
+
+def _shortened(vectors: np.ndarray, dimensions: int) -> np.ndarray:
+    """Return ``vectors`` cut to their first ``dimensions`` and made unit vectors again
+    (OpenAI's ``dimensions``); 422 over the model's own."""
+    dim = vectors.shape[1]
+    if dimensions > dim:  # a fact of this model, not of the request's shape: 422
+        raise UnprocessableInput(
+            f"field 'dimensions': {dimensions} is over the model's {dim} dimensions"
+        )
+    vectors = vectors[:, :dimensions]
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
 def _input_texts(body: dict[str, Any]) -> Any:

@@ -17,11 +17,12 @@ Any other model is a 422 naming what it is.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flask import Blueprint, Response
 
+from backend import timing
 from backend.api import (
     body_as,
     current_gateway,
@@ -38,6 +39,7 @@ from backend.schemas import (
 )
 
 bp = Blueprint("rerank", __name__)
+RerankT = TypeVar("RerankT", bound=RerankFields)
 
 
 def cohere_error(error: GatewayError) -> dict[str, Any]:
@@ -51,24 +53,34 @@ ERROR_SHAPES[bp.name] = cohere_error
 def rank(
     model: str, body: RerankFields, version: int | None, label: str | None
 ) -> tuple[int, list[dict[str, Any]], int]:
-    """Return (version, results best first, tokens) for a rerank request."""
+    """Return (version, results best first, tokens) for a rerank request whose body passed
+    ``validate`` (stage ``answer`` orders the results)."""
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    settings = current_settings()
-    check_texts([body.query], settings, field="query")  # its length (the schema says it too)
-    if len(texts) + 1 > settings.max_texts_per_request:
-        check_texts([body.query, *texts], settings, field="documents")  # the 413
     done, scores = current_gateway().rerank(
         model, body.query, texts, version, label, direction=body.truncation_direction
     )
-    order = np.argsort(-scores, kind="stable")[: body.top_n]
-    results = []
-    for index in order.tolist():
-        item: dict[str, Any] = {"index": index, "relevance_score": float(scores[index])}
-        if body.return_documents:
-            item["document"] = {"text": texts[index]}
-        results.append(item)
     note_served(model, done.assets.version)
+    with timing.stage("answer"):
+        order = np.argsort(-scores, kind="stable")[: body.top_n]
+        results = []
+        for index in order.tolist():
+            item: dict[str, Any] = {"index": index, "relevance_score": float(scores[index])}
+            if body.return_documents:
+                item["document"] = {"text": texts[index]}
+            results.append(item)
     return done.assets.version, results, int(sum(done.token_counts))
+
+
+def checked_body(kind: type[RerankT]) -> RerankT:
+    """Return a rerank request's body as ``kind``, its query and documents checked against the
+    limits every route shares (the view's ``validate`` stage)."""
+    body = body_as(kind, "documents", query_and_documents)
+    settings = current_settings()
+    check_texts([body.query], settings, field="query")  # its length (the schema says it too)
+    if len(body.documents) + 1 > settings.max_texts_per_request:
+        texts = [d if isinstance(d, str) else d.text for d in body.documents]
+        check_texts([body.query, *texts], settings, field="documents")  # the 413
+    return body
 
 
 def query_and_documents(body: dict[str, Any]) -> Any:
@@ -81,14 +93,16 @@ def query_and_documents(body: dict[str, Any]) -> Any:
 
 
 def _standard(api_version: str) -> Response:
-    body = body_as(RerankRequest, "documents", query_and_documents)
-    name, version, label = named_model(body.model)
+    with timing.stage("validate"):
+        body = checked_body(RerankRequest)
+        name, version, label = named_model(body.model)
     served, results, tokens = rank(name, body, version, label)
-    return json_response({
-        "id": str(uuid.uuid4()), "results": results, "model": f"{name}@{served}",
-        "usage": {"total_tokens": tokens},
-        "meta": {"api_version": {"version": api_version}, "billed_units": {"search_units": 1}},
-    })  # fmt: skip
+    with timing.stage("answer"):
+        return json_response({
+            "id": str(uuid.uuid4()), "results": results, "model": f"{name}@{served}",
+            "usage": {"total_tokens": tokens},
+            "meta": {"api_version": {"version": api_version}, "billed_units": {"search_units": 1}},
+        })  # fmt: skip
 
 
 @bp.post("/v1/rerank")

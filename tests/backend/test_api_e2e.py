@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import requests
 
+from backend import timing
 from backend.schemas import ClassifyResponse, EmbedResponse, ModelStatusResponse
 from backend.tokenization import BertTokenizer
 from tests.backend.conftest import EMBED, EXITS, INTENT
@@ -170,7 +171,7 @@ def test_metrics_count_requests_by_route_model_version_and_status(gateway: Gatew
         and 'status="200"' in line
     )
     assert float(line.rsplit(" ", 1)[1]) >= 4
-    for stage in ("tokenize", "upstream", "postprocess"):
+    for stage in timing.STAGES:
         assert f'gateway_stage_duration_seconds_count{{stage="{stage}"}}' in text
     assert "gateway_texts_per_request_bucket" in text
     assert "gateway_tokens_per_request_bucket" in text

@@ -64,11 +64,34 @@ def test_every_inference_answer_carries_tei_timing_headers_and_server_timing(
     assert int(headers["x-compute-characters"]) == sum(len(t) for t in body["texts"])
     assert int(headers["x-compute-tokens"]) >= 2 * len(body["texts"])  # [CLS] ... [SEP] each
     stages = _server_timing(headers["Server-Timing"])
-    assert set(stages) == {"queue", "tokenize", "upstream", "postprocess", "total"}
-    assert stages["upstream"] > 0 and stages["tokenize"] > 0
+    assert list(stages) == [*timing.STAGES, "total"]
+    assert all(stages[name] > 0 for name in timing.STAGES), stages  # each one measured
     assert sum(v for k, v in stages.items() if k != "total") <= stages["total"] <= elapsed_ms
     assert int(headers["x-total-time"]) == int(stages["total"])
-    assert int(headers["x-inference-time"]) == int(stages["upstream"] - stages["queue"])
+    # a lone request's call goes at once: no queue, the whole call is inference
+    assert headers["x-queue-time"] == "0"
+    assert int(headers["x-inference-time"]) == int(stages["call"])
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", {"model": EMBED, "input": ["hello world", "my card"]}),
+        ("/v2/embed", {"model": EMBED, "texts": ["hello"], "input_type": "search_query",
+                       "embedding_types": ["float"]}),
+        (f"/v1/models/{EMBED}:rerank", {"query": "card", "documents": ["my card", "hello"]}),
+        ("/v1/rerank", {"model": EMBED, "query": "card", "documents": ["my card", "hello"]}),
+    ],
+)  # fmt: skip
+def test_every_inference_route_times_each_of_the_eight_stages(
+    gateway: Gateway, path: str, body: dict[str, Any]
+) -> None:
+    response = requests.post(f"{gateway.url}{path}", json=body, timeout=30)
+
+    assert response.status_code == 200, response.text
+    stages = _server_timing(response.headers["Server-Timing"])
+    assert list(stages) == [*timing.STAGES, "total"]
+    assert all(stages[name] > 0 for name in timing.STAGES), stages
 
 
 def test_answers_that_are_not_inferences_carry_no_timing_headers(gateway: Gateway) -> None:
@@ -144,24 +167,34 @@ def test_error_log_lines_are_json_by_default(gateway: Gateway) -> None:
 # -- pure parts --------------------------------------------------------------------------------
 
 
-def test_clock_headers_split_upstream_into_queue_and_inference() -> None:
+def test_clock_headers_split_the_call_into_queue_and_inference() -> None:
     clock = timing.Clock(started=0.0)
-    clock.add("tokenize", 0.002)
-    clock.add("queue", 0.003)
-    clock.add("upstream", 0.010)
-    clock.add("postprocess", 0.001)
+    for name, seconds in (
+        ("validate", 0.0005),
+        ("resolve", 0.0001),
+        ("tokenize", 0.002),
+        ("plan", 0.0002),
+        ("queue", 0.003),
+        ("call", 0.010),
+        ("reassemble", 0.0001),
+        ("postprocess", 0.001),
+        ("answer", 0.0004),
+    ):
+        clock.add(name, seconds)
     clock.tokens, clock.characters = 12, 40
 
     headers = clock.headers(now=0.020)
 
     assert headers["x-tokenization-time"] == "2" and headers["x-queue-time"] == "3"
+    # compute: tokenize through postprocess (13.3 ms), the queue inside the call
     assert headers["x-inference-time"] == "7" and headers["x-compute-time"] == "13"
     assert headers["x-total-time"] == "20"
     assert (headers["x-compute-tokens"], headers["x-compute-characters"]) == ("12", "40")
     assert headers["Server-Timing"] == (
-        "queue;dur=3.000, tokenize;dur=2.000, upstream;dur=10.000, postprocess;dur=1.000, "
+        "validate;dur=0.500, resolve;dur=0.100, tokenize;dur=2.000, plan;dur=0.200, "
+        "call;dur=10.000, reassemble;dur=0.100, postprocess;dur=1.000, answer;dur=0.400, "
         "total;dur=20.000"
-    )
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

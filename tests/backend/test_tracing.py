@@ -4,6 +4,7 @@ context the upstream clients send on to TF Serving."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import requests
 from backend import tracing
 from backend.clients.grpc_client import GrpcClient
 from backend.errors import UpstreamUnavailable
+from backend.timing import STAGES
 from modelformat.protos import serving_pb2
 from tests.backend.conftest import INTENT
 from tests.backend.fake_grpc import predict_server
@@ -82,9 +84,9 @@ def test_a_request_is_a_span_tree_joined_to_the_callers_traceparent(
     )
     assert response.status_code == 200, response.text
 
+    stages = [f"gateway.{name}" for name in STAGES]
     spans = _trace(receiver, CALLER_TRACE, {
-        "POST /v1/models/<model>:classify", "gateway.tokenize", "gateway.upstream",
-        "tfserving.predict", "gateway.postprocess",
+        "POST /v1/models/<model>:classify", "tfserving.predict", *stages,
     })  # fmt: skip
     by_name = {s.name: s for s in spans}
 
@@ -93,11 +95,13 @@ def test_a_request_is_a_span_tree_joined_to_the_callers_traceparent(
     assert root.service == "bert-gateway-test"
     assert root.attributes["http.response.status_code"] == 200
     assert root.attributes["gateway.model"] == INTENT and root.attributes["gateway.version"] == 1
-    for stage in ("gateway.tokenize", "gateway.upstream", "gateway.postprocess"):
-        assert by_name[stage].parent_id == root.span_id
-    assert by_name["gateway.upstream"].attributes["gateway.group_requests"] == 1  # went alone
+    # the eight stages, children of the request, one after the other in their order
+    assert all(by_name[stage].parent_id == root.span_id for stage in stages)
+    for before, after in itertools.pairwise(stages):
+        assert by_name[before].end_ns <= by_name[after].start_ns, (before, after)
+    assert by_name["gateway.call"].attributes["gateway.group_requests"] == 1  # went alone
     call = by_name["tfserving.predict"]
-    assert call.parent_id == by_name["gateway.upstream"].span_id and call.kind == CLIENT
+    assert call.parent_id == by_name["gateway.call"].span_id and call.kind == CLIENT
     assert call.attributes["tfserving.model"] == INTENT
     assert call.attributes["tfserving.version"] == 1 and call.attributes["tfserving.rows"] == 2
     assert call.attributes["tfserving.replica"].startswith("127.0.0.1:")  # the model server
@@ -105,8 +109,8 @@ def test_a_request_is_a_span_tree_joined_to_the_callers_traceparent(
     timing = dict(
         part.strip().split(";dur=") for part in response.headers["Server-Timing"].split(",")
     )
-    assert abs(float(timing["upstream"]) - by_name["gateway.upstream"].ms) < 0.01
-    assert abs(float(timing["tokenize"]) - by_name["gateway.tokenize"].ms) < 0.01
+    for name in STAGES:
+        assert abs(float(timing[name]) - by_name[f"gateway.{name}"].ms) < 0.01, name
 
     # the shadow call (v2) is a trace of its own, linked to the request it repeats
     def linked_to_ours(span: Span) -> bool:
@@ -280,9 +284,13 @@ def test_a_failed_upstream_marks_the_request_span_failed(
 
     assert answer.status_code == 503
     tracing.shutdown()  # flush
-    (root,) = [s for s in in_process_tracing.spans if s.trace_id == trace]
+    spans = {s.name: s for s in in_process_tracing.spans if s.trace_id == trace}
+    root = spans.pop("POST /v1/models/<model>:classify")
     assert root.status == 2 and root.attributes["error.type"] == "upstream_unavailable"
     assert root.attributes["http.response.status_code"] == 503
+    # the stage the error left is failed too; none after it ran
+    assert sorted(spans) == ["gateway.resolve", "gateway.validate"]
+    assert spans["gateway.resolve"].status == 2 and spans["gateway.validate"].status != 2
 
 
 # -- a client can't turn tracing against the gateway (issue 41 item 4) --------------------------
