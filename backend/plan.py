@@ -7,7 +7,8 @@ reading only what the ones before it filled in:
 ============  ==============================================================  ================
 stage         what it does                                                    fills in
 ============  ==============================================================  ================
-resolve       the key's reach, routing weights, version and its assets        served, assets
+resolve       the key's reach, routing weights, version and its assets        route, served,
+                                                                              assets
 tokenize      the inputs to token ids, spending the request's budget          encoded
 plan          the chunks (bucketed, split by batch size) and their tensors    speeds, calls
 call          one model-server call per chunk, grouped with concurrent ones   results
@@ -31,11 +32,13 @@ from backend.bucketing import Chunk, pad_batch
 from backend.clients.base import Outputs
 from backend.early_exit import SPEED_INPUT, chunk_speeds
 from backend.tokenization import Encoded
+from modelformat.routing import ModelRoute
 
 if TYPE_CHECKING:
     from backend.versions import ModelAssets
 
 Encoder = Callable[["ModelAssets"], list[Encoded]]
+Choice = tuple[int | None, str | None]  # a version, or a label, or neither (the newest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,10 @@ class Plan:
     deadline: float = float("inf")  # time.monotonic() when the request runs out of time
 
     # resolve
+    reached: bool = field(init=False, default=False)  # the API key's reach was checked
+    route: ModelRoute | None = field(init=False)  # default traffic's routing-file entry
+    weighted: bool = field(init=False)  # ``choice`` came from the route's weights
+    choice: Choice = field(init=False)  # the (version, label) this attempt resolved
     served: int = field(init=False)
     assets: ModelAssets = field(init=False)
     # tokenize

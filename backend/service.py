@@ -35,7 +35,7 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.grouping import UpstreamGroups
-from backend.plan import Call, Encoder, Plan, chunk_inputs
+from backend.plan import Call, Choice, Encoder, Plan, chunk_inputs
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
 from backend.readiness import Readiness
 from backend.routing import RoutingTable, routing_file_for
@@ -428,46 +428,46 @@ class Gateway:
     # -- the pipeline: the named stages a Plan crosses (backend/plan.py) -------------------
 
     def _infer(self, plan: Plan) -> Plan:
-        """Run ``plan`` through resolve, tokenize, plan, call and reassemble, in order, on the
-        version its route picks (retrying once on a version unloaded since it was resolved);
+        """Run ``plan`` through resolve, tokenize, plan, call and reassemble, in order, again
+        on the next version to try when the one resolved is not served (at most twice more);
         the route post-processes what it returns."""
         plan.deadline = time.monotonic() + self._timeout()
-        model = plan.model
-        self._check_reach(model, plan.version, plan.label)
-        # Default traffic (no version, no label) follows the routing file's weights and shadow.
-        route = self.routing.route(model) if plan.version is None and plan.label is None else None
-        if route is not None and route.weights:
-            chosen = self.routing.choose(model, route)
+        choice: Choice | None = None  # the first time: resolve's own (reach, routing file)
+        refreshed = False
+        while True:
             try:
-                self._stages(plan, chosen, None)
-            except NotFound:
-                # The weights name a version that is not (or no longer) served here: the
-                # request goes to the vetted version (the first public label the model has),
-                # never to the newest AVAILABLE one (in a pinned rollout: the unvetted version).
-                self._stages_default(plan, None, self._fallback_label(model))
-        else:
-            self._stages_default(plan, plan.version, plan.label)
-        if route is not None:
-            self._plan_shadow(route, plan)
+                self._stages(plan, choice)
+                break
+            except NotFound as exc:
+                choice, refreshed = self._next_choice(plan, exc, refreshed)
+        if plan.route is not None:
+            self._plan_shadow(plan.route, plan)
         return plan
 
-    def _stages_default(self, plan: Plan, version: int | None, label: str | None) -> None:
-        try:
-            self._stages(plan, version, label)
-        except VersionNotFound:
-            if version is not None:
-                raise  # the caller named it: their 404
+    def _next_choice(self, plan: Plan, exc: NotFound, refreshed: bool) -> tuple[Choice, bool]:
+        """Return the (version, label) to try after ``exc`` and whether labels were re-read;
+        re-raise ``exc`` when there is none."""
+        if not plan.reached:
+            raise exc  # from before the key's reach was checked: nothing to try again
+        version, label = plan.choice
+        if plan.weighted:
+            # The weights name a version that is not (or no longer) served here: the request
+            # goes to the vetted version (the first public label the model has), never to the
+            # newest AVAILABLE one (in a pinned rollout: the unvetted version).
+            return (None, self._fallback_label(plan.model)), refreshed
+        if isinstance(exc, VersionNotFound) and version is None and not refreshed:
             # The label or newest version we resolved was unloaded since we cached it (a
             # rollback moves the label and drops the old version in one config change): read
-            # labels and states afresh and try once more.
+            # labels and states afresh and try once more. A version the caller named: their 404.
             self.labels.refresh()
             self.statuses.invalidate(plan.model)
-            self._stages(plan, None, label)
+            return (None, label), True
+        raise exc
 
-    def _stages(self, plan: Plan, version: int | None, label: str | None) -> None:
+    def _stages(self, plan: Plan, choice: Choice | None) -> None:
         """The stages from resolve to reassemble, each timed under its name (backend/timing.py)."""
         with timing.stage("resolve"):
-            self._resolve(plan, version, label)
+            self._resolve(plan, choice)
         # the tokenizer spends from the request's budget as it goes (backend/budget.py)
         with timing.stage("tokenize"), budget.scope(self.settings, plan.deadline):
             encode = plan.encode
@@ -485,10 +485,28 @@ class Gateway:
                 chunks, plan.results, len(plan.encoded), per_token=plan.per_token
             )
 
-    def _resolve(self, plan: Plan, version: int | None, label: str | None) -> None:
-        """Stage ``resolve``: the version that serves and its assets; 404/409/422 for a version
-        or task the request can't have."""
+    def _resolve(self, plan: Plan, choice: Choice | None) -> None:
+        """Stage ``resolve``: the first time (``choice`` None) the key's reach and the routing
+        file's pick for default traffic, then the version that serves and its assets; 403/404/
+        409/422 for a version or task the request can't have."""
         model = plan.model
+        if choice is None:
+            plan.route, plan.weighted = None, False
+            self._check_reach(model, plan.version, plan.label)
+            plan.reached = True
+            # Default traffic (no version, no label) follows the routing file's weights and
+            # shadow.
+            default = plan.version is None and plan.label is None
+            plan.route = self.routing.route(model) if default else None
+            plan.weighted = plan.route is not None and bool(plan.route.weights)
+            if plan.route is not None and plan.weighted:
+                choice = (self.routing.choose(model, plan.route), None)
+            else:
+                choice = (plan.version, plan.label)
+        else:
+            plan.weighted = False
+        plan.choice = choice
+        version, label = choice
         served = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
         try:
             assets = self.assets.get(model, served)
@@ -618,7 +636,7 @@ class Gateway:
             again = replace(done, version=shadow, label=None, check=None)
             upstream = self.shadow_upstream()
             again.deadline = time.monotonic() + self.settings.shadow_timeout_s
-            upstream._stages(again, shadow, None)
+            upstream._stages(again, (shadow, None))
             return again.assets.labels, again.outputs
 
         routing.pending_shadow.set(ShadowJob(

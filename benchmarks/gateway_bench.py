@@ -26,6 +26,7 @@ import orjson
 import psutil
 import requests
 
+from backend.timing import STAGES
 from benchmarks import BenchContext, Row, median, percentile
 from benchmarks.stack import Http, Stack, gateway_batch, interleaved
 from ops.procs import REPO, child_env
@@ -104,10 +105,10 @@ def _overhead(ctx: BenchContext, stack: Stack, base: Path, model: str) -> list[R
                 how="same client and gunicorn, no work: the floor under any HTTP hop here"),
         ]  # fmt: skip
         stages = _worker_stages_ms(stack.gateways[upstream])
-        in_worker = stages.pop("request") - stages["upstream"]
-        split = ", ".join(f"{name} {ms:.3f}" for name, ms in stages.items() if name != "upstream")
-        note = ("mean request time − mean upstream stage, from the gateway's own /metrics; "
-                f"stages (ms): {split}; rest = routing, validation, metrics, JSON")  # fmt: skip
+        in_worker = stages.pop("request") - stages["call"]
+        split = ", ".join(f"{name} {ms:.3f}" for name, ms in stages.items() if name != "call")
+        note = ("mean request time − mean call stage, from the gateway's own /metrics; "
+                f"stages (ms): {split}; rest = HTTP, Flask, hooks, metrics")  # fmt: skip
         rows.append(Row(f"  of which inside the worker ({upstream})", f"{in_worker:.2f} ms",
                         how=note))  # fmt: skip
     grpc_client.close()
@@ -158,10 +159,7 @@ def _worker_stages_ms(gateway_url: str) -> dict[str, float]:
         return values.get(f"{metric}_sum{{{labels}}}", 0.0) / count * 1000 if count else 0.0
 
     request = mean_ms("gateway_request_duration_seconds", 'route="/v1/models/<model>:classify"')
-    stages = {
-        name: mean_ms("gateway_stage_duration_seconds", f'stage="{name}"')
-        for name in ("tokenize", "upstream", "postprocess")
-    }
+    stages = {name: mean_ms("gateway_stage_duration_seconds", f'stage="{name}"') for name in STAGES}
     return {"request": request, **stages, "rest": request - sum(stages.values())}
 
 
