@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 import psutil
 
-from benchmarks import BenchContext, Row, median, runs
+from benchmarks import BenchContext, Row, median, request_pieces, runs
 from benchmarks.gateway_bench import _models
 from benchmarks.stack import Stack, gateway_batch
 from ops.load.cells import make_texts
@@ -440,7 +440,23 @@ def run(ctx: BenchContext) -> list[Row]:
              f"{ctx.cpu.cores} cores")  # fmt: skip
     plot(result, png, title)
     ctx.notes.append(setup(result))
-    return rows(result, png, ctx.quick)
+    out = rows(result, png, ctx.quick)
+    return out + piece_rows(request_pieces.in_child(), figures(result), ctx.quick)
+
+
+def piece_rows(
+    pieces: dict[str, float], cpu: dict[tuple[str, str], float], quick: bool
+) -> list[Row]:
+    """Return a row per piece of the gateway's own work, in µs and as a share of the one-text
+    :embed request's worker CPU (sequential): the most a lever on that piece could save."""
+    request_us = cpu[("embed-1", "sequential")] * 1000
+    tag = " (--quick: not a measurement)" if quick else ""
+    return [
+        Row(f"gateway_cost piece: {name}", f"{us:.1f} µs",
+            f"{us / request_us * 100:.1f} % of a one-text :embed", "",
+            "in process, one core, best of 5 × 5,000 calls (benchmarks/request_pieces.py)" + tag)
+        for name, us in pieces.items()
+    ]  # fmt: skip
 
 
 def setup(result: dict[str, Any]) -> str:

@@ -65,3 +65,8 @@ def test_quick_run_gives_every_row_well_formed(tmp_path: Path) -> None:
     assert (tmp_path / png).stat().st_size > 10_000
     assert re.fullmatch(r"\d+ cores", rows["gateway_cost gateway cores per GPU, 1 text/request"]
                         .value)  # fmt: skip
+    pieces = [r for f, r in rows.items() if f.startswith("gateway_cost piece: ")]
+    assert len(pieces) == 8  # validation, protobuf, tensors, JSON, metric writes
+    for row in pieces:
+        assert re.fullmatch(r"\d+\.\d µs", row.value), row.value
+        assert re.fullmatch(r"\d+\.\d % of a one-text :embed", row.ratio), row.ratio
