@@ -178,7 +178,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     saved = _checkpoints(root)
     checkpoints = {_name(a, h): saved[a, kind] for a in GATEWAY
                    for h, (kind, _) in HEADS.items()}  # fmt: skip
-    jobs = []
+    jobs: list[list[Any]] = []
     for arch in GATEWAY:
         for head, (kind, task) in HEADS.items():
             precisions = VERSIONS if head == "single" else {"fp32": 1}
@@ -201,7 +201,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             _model(path, name.rsplit("-", 1)[1])
             _tokenizer(path, _max_len(name.rsplit("-", 1)[1]))
         server.process.wait_until(lambda: _answers(server), 120)
-        names, served = sorted({name for name, *_ in jobs}), []
+        names = sorted({name for name, *_ in jobs})
+        served: list[str] = []
         deadline = time.monotonic() + 1200
         while time.monotonic() < deadline:
             exited = all(child.poll() is not None for child in exporting)
