@@ -119,7 +119,7 @@ DOCUMENTS = ["your package ships in two days", "reset the password", "我的订�
 # exports its share of the versions in a child: TensorFlow there, torch here, loading the
 # references meanwhile; each build's warnings and model.json's precision go back in a JSON file.
 # One child left the second core partly idle (tracing and saving run mostly in one thread): two
-# children took the setup from 113 s to 102 s on a shared 2-core AVX-512 machine.
+# children took the setup from 129 s to 96 s, run back to back on a shared 2-core AVX-512 host.
 EXPORTERS = 2
 _EXPORT = """
 import json, sys
