@@ -8,8 +8,8 @@ Starts a throw-away model server on a copy of the model's newest version and a g
 closed-loop clients, ``--probe`` s), then runs the same clients paced at ``--load`` of that
 capacity (pooled keep-alive sessions, as SDKs hold them) for ``--duration`` s each:
 
-1. quiet phases (nothing else: the baselines) with one attack between each two, the attacker
-   a process of its own:
+1. quiet phases (nothing else: the baselines; ``--quiet`` s each, by default ``--duration``)
+   with one attack between each two, the attacker a process of its own:
    - ``stalled``: ``--connections`` connections each sending half a request (half a request
      line, half the headers, half a body, half a chunked body) and no more; each one reopened
      as soon as the gateway answers or closes it;
@@ -291,14 +291,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # quiet runs on both sides of each attack are its baseline (a shared machine's
             # load drifts over minutes); the one after an attack is the next one's before
             print(f"quiet, then attack: {attack}", flush=True)
-            phases[f"quiet {n}"] = paced(url, args, interval, args.duration)
+            phases[f"quiet {n}"] = paced(url, args, interval, args.quiet)
             rss.setdefault("quiet", worker_rss(gateway))
             attacker = run_attack(url, args, attack)
             phases[attack] = paced(url, args, interval, args.duration)
             out, _ = attacker.communicate(timeout=args.duration + 60)
             result["attackers"][attack] = json.loads(out or "{}")
             rss[attack] = worker_rss(gateway)
-        phases[f"quiet {len(args.attacks)}"] = paced(url, args, interval, args.duration)
+        phases[f"quiet {len(args.attacks)}"] = paced(url, args, interval, args.quiet)
         for name, answers in phases.items():
             figures[f"{name}: requests / failed / p99 ms"] = (
                 len(answers),
@@ -368,6 +368,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     p.add_argument("--probe", type=float, default=5.0, help="seconds measuring capacity")
     p.add_argument("--duration", type=float, default=20.0, help="seconds per phase")
+    p.add_argument("--quiet", type=float, help="seconds per quiet phase (default: --duration)")
     p.add_argument("--connections", type=int, default=64, help="stalled / idle connections")
     p.add_argument("--attack-rate", type=float, default=5.0, help="hostile requests per second")
     p.add_argument("--ids", type=int, default=400_000, help="token ids per hostile list")
@@ -382,6 +383,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.attacks or set(args.attacks) - set(ATTACKS):
         p.error(f"--attacks: some of {','.join(ATTACKS)}")
+    if args.quiet is None:
+        args.quiet = args.duration
     return args
 
 

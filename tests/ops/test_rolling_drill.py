@@ -33,10 +33,14 @@ def test_rolling_drill_has_no_failed_request(
     # asserted, how fast is this machine's figure (readyz_max_s, reported; `make drills` and the
     # drill's report keep the probe's own timeout)
     probe_timeout_s = 3 * rolling_drill.PROBE_TIMEOUT_S
+    # Two replicas, the fewest the drill takes (one hangs while the other and the slow one
+    # serve): each replacement is a model server started and loaded under load (~15-35 s on 2
+    # busy cores), and a third one only repeats the second. 1 s of load between steps: every
+    # step itself runs under the load, the gaps only separate them on the timeline.
     code, result, output = run_drill(
         "rolling_drill.py", tmp_path / "rolling.json", "--spawn", str(tiny_exports),
-        "--model", MODEL, "--clients", "6", "--gap", "2", "--hang", "6", "--slow-for", "5",
-        "--slow-delay", "2", "--probe-timeout", str(probe_timeout_s),
+        "--model", MODEL, "--replicas", "2", "--clients", "6", "--gap", "1", "--hang", "6",
+        "--slow-for", "5", "--slow-delay", "2", "--probe-timeout", str(probe_timeout_s),
     )  # fmt: skip
     record_property("readyz_max_s", result["readyz_max_s"])
     failed = [name for name, ok in result["checks"].items() if not ok]
@@ -46,3 +50,6 @@ def test_rolling_drill_has_no_failed_request(
     assert all(result["by_kind"].values()), result["by_kind"]  # every kind of request answered
     assert {"version 1", "version 2"} <= set(result["counts"])
     assert "hang r" in output and "rollback canary" in output
+    # both original replicas were replaced, and each replacement served (a check above)
+    assert len(result["replicas"]) == 5, result["replicas"]  # 2, their 2 replacements, the slow
+    assert sum(name.startswith("replace ") for name in result["steps"]) == 2, result["steps"]

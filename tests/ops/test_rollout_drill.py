@@ -119,9 +119,9 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
     report, plot = tmp_path / "drills.md", tmp_path / "drill.png"
     code, result, output = run_drill(
         "rollout_drill.py", tmp_path / "drill.json", "--checkpoint", str(checkpoint),
-        "--model", MODEL, "--clients", "4", "--steps", "shadow:100,50,100", "--hold-s", "3",
-        "--min-samples", "30", "--gap", "1", "--windows", "1", "--window-s", "3",
-        "--probe", "40", "--report", str(report), "--plot", str(plot), "--capacity-s", "3",
+        "--model", MODEL, "--clients", "4", "--steps", "shadow:100,50,100", "--hold-s", "2",
+        "--min-samples", "30", "--gap", "1", "--windows", "1", "--window-s", "2",
+        "--probe", "40", "--report", str(report), "--plot", str(plot), "--capacity-s", "2",
         # a tiny model answers in milliseconds: its p99 is scheduling noise, not the version's
         "--max-latency-ratio", "20",
     )  # fmt: skip
