@@ -93,6 +93,7 @@ class Gateway:
     def close(self) -> None:
         """Stop the pool and close the client (and the shadow target's)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.statuses.close()
         self.client.close()
         if self._shadow_upstream is not None:
             self._shadow_upstream.close()

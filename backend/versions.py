@@ -19,6 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,10 @@ class _Fetch:
         self.error: BaseException | None = None
 
 
+# Background status refreshes a worker runs at once (each bounded by the fetch's own timeout).
+REFRESH_THREADS = 4
+
+
 class StatusCache:
     """The model server's version states per model, cached for ``ttl_s``.
 
@@ -337,6 +342,12 @@ class StatusCache:
         self._missing: OrderedDict[str, tuple[float, type[NotFound], str]] = OrderedDict()
         self._flights: dict[str, _Fetch] = {}
         self._lock = threading.Lock()
+        # background refreshes, one per model at a time (threads made on first use)
+        self._refresher = ThreadPoolExecutor(REFRESH_THREADS, thread_name_prefix="status")
+
+    def close(self) -> None:
+        """Stop taking background refreshes (one already running finishes on its own)."""
+        self._refresher.shutdown(wait=False, cancel_futures=True)
 
     def get(self, model: str, *, fresh: bool = False) -> list[VersionStatus]:
         """Return ``model``'s version states (fetched at most once per ttl, by one thread);
@@ -360,11 +371,12 @@ class StatusCache:
                 flight = _Fetch(background=hit is not None)
                 self._flights[model] = flight
         if hit is not None:
-            # Expired: serve the last answer; one background fetch brings the next.
+            # Expired: serve the last answer; one background fetch brings the next. Handed to a
+            # waiting thread, not a new one: Thread.start() returns only once the new thread has
+            # run up to its first blocking call (its fetch's Python, ~1 ms under the GIL), which
+            # the request that found the answer stale then paid in its resolve stage.
             if leader:
-                threading.Thread(
-                    target=self._lead, args=(model, flight), name="status", daemon=True
-                ).start()
+                self._refresher.submit(self._lead, model, flight)
             metrics.child(metrics.STATUS_REFRESHES, "stale").inc()
             return hit[1]
         if not leader:
