@@ -112,7 +112,8 @@ def _refuse_a_slow_tokenizer(path: Path) -> None:
         "file export and the gateway read besides a WordPiece vocab.txt. Make tokenizer.json "
         "with transformers installed (it converts the slow tokenizer; SentencePiece files also "
         'need the sentencepiece package): python -c "from transformers import AutoTokenizer; '
-        f"AutoTokenizer.from_pretrained('{path}').save_pretrained('{path}')\", then export again"
+        f"AutoTokenizer.from_pretrained('{path}', local_files_only=True).save_pretrained('{path}')"
+        '", then export again (local_files_only: transformers reads that directory, never a hub)'
     )
 
 
