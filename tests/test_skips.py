@@ -3,8 +3,8 @@ machine, and the README and docs/getting-started.md list each such reason. Every
 is pinned in requirements-dev.txt and installed by `make setup`, so a missing one fails instead of
 skipping.
 
-Each skip and xfail in tests/ (``pytest.skip``, ``pytest.importorskip``, ``pytest.xfail``,
-``pytest.mark.skip``/``skipif``/``xfail``, ``skipTest``) is found in the module's syntax tree and
+Each skip and xfail in tests/ (the skip, importorskip and xfail calls, the three markers of those
+names, unittest's skipTest) is found in the module's syntax tree and
 its reason itself is read (a string, or an f-string's literal text): the reason, not the condition
 or a comment beside it, must name what the machine lacks.
 """
@@ -48,7 +48,7 @@ def _text(node: ast.expr | None, source: str) -> str:
 
 def _reason(node: ast.Call | ast.Attribute, source: str) -> str:
     """Return the reason a skip or xfail gives ("" for none)."""
-    if isinstance(node, ast.Attribute):  # a bare @pytest.mark.skip / xfail
+    if isinstance(node, ast.Attribute):  # a bare marker, not called: it gives no reason
         return ""
     for keyword in node.keywords:
         if keyword.arg in ("reason", "msg"):

@@ -76,9 +76,7 @@ def test_concurrent_callers_each_get_their_own_rows(batch_server: Server) -> Non
     assert results == [0.5 * i + 3 for i in range(48)]
 
 
-@pytest.mark.skipif(
-    bool(TFS_BIN), reason="TFS_BIN: the binary names its batching metrics otherwise"
-)
+@pytest.mark.skipif(bool(TFS_BIN), reason="TFS_BIN: its batch metrics differ")
 def test_batches_merge_concurrent_requests(batch_server: Server) -> None:
     text = requests.get(batch_server.url + "/metrics", timeout=10).text
     count = [

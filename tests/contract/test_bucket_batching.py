@@ -103,9 +103,7 @@ def test_bucket_signature_over_rest_gives_the_same_rows(
     )
 
 
-@pytest.mark.skipif(
-    bool(TFS_BIN), reason="TFS_BIN: the binary names its batching metrics otherwise"
-)
+@pytest.mark.skipif(bool(TFS_BIN), reason="TFS_BIN: its batch metrics differ")
 def test_bucket_signature_calls_were_merged_into_batches(bucket_server: Server) -> None:
     text = requests.get(bucket_server.url + "/metrics", timeout=10).text
     batches = [

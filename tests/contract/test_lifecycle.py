@@ -289,9 +289,7 @@ def test_model_with_missing_base_path_has_no_versions_while_others_serve(
     reload(life_server, base_models(life_root))
 
 
-@pytest.mark.skipif(
-    bool(TFS_BIN), reason="TFS_BIN: the binary runs one reload at a time (config_mu_)"
-)
+@pytest.mark.skipif(bool(TFS_BIN), reason="TFS_BIN: one reload at a time")
 def test_a_reload_waiting_for_a_missing_model_does_not_hold_up_the_next(
     life_server: Server, life_root: Path
 ) -> None:
