@@ -49,6 +49,10 @@ CLIENTS = 16
 FLOOR_THREADS = 8  # the floor's threads per worker: gthread as issue 43 measured it
 GATEWAY_THREADS = 32  # docker/gunicorn.conf.py's default (benchmarks/stack.py pins 4)
 TIMEOUT_S = 60.0
+# A stretch goes on until the worker has spent at least this much CPU: /proc counts it in 10 ms
+# ticks, so a short stretch of cheap requests (a --quick run's tiny models) can read 0.
+MIN_CPU_S = 0.05
+MAX_STRETCHES = 50
 # The throughput figure of issue 43: one H200 runs the demo's MiniLM at about 143,000 texts/s
 # (fp16, batches of 1,024 × 32 tokens).
 GPU_TEXTS_PER_S = 143_000
@@ -113,25 +117,48 @@ def stage_ms(header: str) -> dict[str, float]:
 
 
 def sequential(url: str, target: Target, pid: int, n: int) -> Reading:
-    """Return the worker's CPU ms per request over ``n`` requests from one keep-alive client."""
+    """Return the worker's CPU ms per request over stretches of ``n`` requests from one
+    keep-alive client, as many as it takes to spend MIN_CPU_S of the worker's CPU."""
     client = Client(url)
     try:
         for _ in range(max(3, n // 10)):
             client.post(target.path, target.body)
-        before = worker_cpu_s(pid)
-        headers = [client.post(target.path, target.body) for _ in range(n)]
-        after = worker_cpu_s(pid)
+        before, headers = worker_cpu_s(pid), []
+        for _ in range(MAX_STRETCHES):
+            headers += [client.post(target.path, target.body) for _ in range(n)]
+            spent = worker_cpu_s(pid) - before
+            if spent >= MIN_CPU_S:
+                break
     finally:
         client.close()
+    _spent_some(spent, target)
     parsed = [stage_ms(h) for h in headers if h]
     names = list(parsed[0]) if parsed else []
     stages = {name: median([p.get(name, 0.0) for p in parsed]) for name in names}
-    return Reading((after - before) / n * 1000, stages)
+    return Reading(spent / len(headers) * 1000, stages)
 
 
 def concurrent(url: str, target: Target, pid: int, each: int, clients: int = CLIENTS) -> Reading:
-    """Return the worker's CPU ms per request over ``clients`` × ``each`` requests from
-    ``clients`` threads at once, each on its own keep-alive connection."""
+    """Return the worker's CPU ms per request over bursts of ``clients`` × ``each`` requests
+    from ``clients`` threads at once, each on its own keep-alive connection, as many bursts as
+    it takes to spend MIN_CPU_S of the worker's CPU."""
+    spent, sent = 0.0, 0
+    for _ in range(MAX_STRETCHES):
+        spent += _burst(url, target, pid, each, clients)
+        sent += clients * each
+        if spent >= MIN_CPU_S:
+            break
+    _spent_some(spent, target)
+    return Reading(spent / sent * 1000, {})
+
+
+def _spent_some(spent: float, target: Target) -> None:
+    if spent <= 0:  # the worker isn't the process answering: no figure to divide by
+        raise RuntimeError(f"{target.label}: the worker read no CPU over {MAX_STRETCHES} stretches")
+
+
+def _burst(url: str, target: Target, pid: int, each: int, clients: int) -> float:
+    """Return the worker CPU seconds of one burst of ``clients`` × ``each`` requests."""
     ready, go = threading.Barrier(clients + 1), threading.Barrier(clients + 1)
     errors: list[BaseException] = []
 
@@ -161,7 +188,7 @@ def concurrent(url: str, target: Target, pid: int, each: int, clients: int = CLI
     after = worker_cpu_s(pid)
     if errors:
         raise RuntimeError(f"{target.label} under {clients} clients: {errors[0]!r}")
-    return Reading((after - before) / (clients * each) * 1000, {})
+    return after - before
 
 
 def compile_floor_protos(out: Path) -> Path:
