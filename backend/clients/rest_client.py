@@ -1,4 +1,8 @@
-"""REST transport: TF Serving's HTTP API with one keep-alive session per worker.
+"""REST transport: TF Serving's HTTP API over the worker's own keep-alive connections.
+
+The connections are the standard library's ``http.client`` ones, kept in a small pool per
+replica: a call costs one send and one read of the socket, where ``requests`` cost the worker
+about 0.3 ms of Python per call (benchmarks/request_wait_bench.py measures the two).
 
 ``base_url`` may list several replicas, comma-separated: ``backend.clients.replicas.ReplicaSet``
 sends each call to one replica that reported the version, round robin; one that cannot be reached
@@ -9,16 +13,16 @@ deadline and merged (AVAILABLE only where all that answer say so).
 
 from __future__ import annotations
 
+import http.client
+import select
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import numpy as np
 import orjson
-import requests
-from requests.adapters import HTTPAdapter
 
 from backend import tracing
 from backend.clients.base import Outputs, error_for_status
@@ -70,13 +74,9 @@ class RestClient:
                 status_deadline_s=status_deadline_s,
                 retry_after_s=retry_after_s,
             )
-        self._session = requests.Session()
-        # One connection pool per replica (a pool per host; fewer would evict them in turn).
-        adapter = HTTPAdapter(
-            pool_connections=max(1, len(self.base_urls)), pool_maxsize=pool_size, max_retries=0
-        )
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
+        # One pool of idle connections per replica.
+        self._pool_size = pool_size
+        self._pools = {url: Connections(url, pool_size) for url in self.base_urls}
         # (model, version, signature) → output name → numpy dtype, from the signature metadata.
         self._outputs: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -144,10 +144,11 @@ class RestClient:
         return from_rest(self._request_at(url, "GET", path, model, timeout_s))
 
     def close(self) -> None:
-        """Close the session's connections."""
+        """Close the idle connections (a later call opens new ones)."""
         if self.replicas is not None:
             self.replicas.close()
-        self._session.close()
+        for pool in list(self._pools.values()):
+            pool.close()
 
     @staticmethod
     def _model_path(model: str, version: int | None, label: str | None) -> str:
@@ -203,49 +204,146 @@ class RestClient:
     ) -> Any:
         """Send one request to ``base_url`` and return its parsed JSON; map every failure to a
         gateway error."""
-        headers = None
+        headers = {}
         if body is not None:
-            headers = {"Content-Type": "application/json"}
+            headers["Content-Type"] = "application/json"
             tracing.inject(headers)  # the trace context goes on to TF Serving, when tracing
+        status, content = self._exchange(base_url, method, path, body, headers, timeout_s)
         try:
-            response = self._session.request(
-                method,
-                base_url + path,
-                data=body,
-                headers=headers,
-                timeout=(min(CONNECT_TIMEOUT_S, timeout_s), timeout_s),
-            )
-        except requests.ConnectTimeout as exc:
-            raise UpstreamUnavailable(
-                f"cannot connect to the model server at {base_url}",
-                retry_after_s=self.retry_after_s,
-            ) from exc
-        except requests.Timeout as exc:
-            raise UpstreamTimeout(
-                f"the model server did not answer within {timeout_s:.3g}s"
-            ) from exc
-        except requests.ConnectionError as exc:
-            raise UpstreamUnavailable(
-                f"cannot reach the model server at {base_url}",
-                retry_after_s=self.retry_after_s,
-            ) from exc
-        except requests.RequestException as exc:
-            # A reply that broke off mid-body (ChunkedEncodingError), could not be decoded, or
-            # any other HTTP-level failure: the model server answered, but not usably.
-            raise UpstreamError(
-                f"the model server's reply to {method} {path} was unusable: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        try:
-            payload = orjson.loads(response.content)
+            payload = orjson.loads(content)
         except orjson.JSONDecodeError:
             payload = None
-        if response.status_code != 200:
+        if status != 200:
             message = payload.get("error", "") if isinstance(payload, dict) else ""
-            code = _HTTP_TO_CODE.get(response.status_code, "UNKNOWN")
+            code = _HTTP_TO_CODE.get(status, "UNKNOWN")
             raise error_for_status(
                 code, str(message), model=model, retry_after_s=self.retry_after_s
             )
         if payload is None:
             raise UpstreamError("the model server's reply is not JSON")
         return payload
+
+    def _pool(self, base_url: str) -> Connections:
+        pool = self._pools.get(base_url)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.setdefault(base_url, Connections(base_url, self._pool_size))
+        return pool
+
+    def _exchange(
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        timeout_s: float,
+    ) -> tuple[int, bytes]:
+        """Send one request on a pooled connection; return (status, body). Every failure is a
+        gateway error: no connection → unavailable, no answer in time → timeout, an answer that
+        broke off → unusable."""
+        pool = self._pool(base_url)
+        try:
+            conn = pool.take(min(CONNECT_TIMEOUT_S, timeout_s))
+        except TimeoutError as exc:
+            raise UpstreamUnavailable(
+                f"cannot connect to the model server at {base_url}",
+                retry_after_s=self.retry_after_s,
+            ) from exc
+        except OSError as exc:
+            raise UpstreamUnavailable(
+                f"cannot reach the model server at {base_url}", retry_after_s=self.retry_after_s
+            ) from exc
+        answered = False
+        try:
+            conn.sock.settimeout(timeout_s)
+            conn.request(method, pool.prefix + path, body=body, headers=headers)
+            response = conn.getresponse()
+            answered = True
+            content = response.read()
+        except TimeoutError as exc:
+            conn.close()
+            raise UpstreamTimeout(
+                f"the model server did not answer within {timeout_s:.3g}s"
+            ) from exc
+        except ConnectionError as exc:
+            conn.close()
+            if not answered:  # refused, reset or closed before a status line: not reached
+                raise UpstreamUnavailable(
+                    f"cannot reach the model server at {base_url}",
+                    retry_after_s=self.retry_after_s,
+                ) from exc
+            raise _unusable(method, path, exc) from exc
+        except (http.client.HTTPException, OSError) as exc:
+            # A reply that broke off mid-body or could not be parsed: answered, not usably.
+            conn.close()
+            raise _unusable(method, path, exc) from exc
+        pool.give(conn, reusable=not response.will_close)
+        return response.status, content
+
+
+def _unusable(method: str, path: str, exc: BaseException) -> UpstreamError:
+    return UpstreamError(
+        f"the model server's reply to {method} {path} was unusable: {type(exc).__name__}: {exc}"
+    )
+
+
+class Connections:
+    """Idle keep-alive connections to one base URL, the most recently used first. A call takes
+    one (or opens one), makes one exchange on it, and gives it back unless it is spent."""
+
+    def __init__(self, base_url: str, size: int) -> None:
+        parts = urlsplit(base_url)
+        https = parts.scheme == "https"
+        self._cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+        self._host = parts.hostname or "localhost"
+        self._port = parts.port or (443 if https else 80)
+        self.prefix = parts.path.rstrip("/")
+        self._size = max(1, size)
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def take(self, connect_timeout_s: float) -> http.client.HTTPConnection:
+        """Return an idle connection the server hasn't closed, else a new connected one
+        (``OSError``/``TimeoutError`` when it can't connect within ``connect_timeout_s``)."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            if not _closed_by_peer(conn):
+                return conn
+            conn.close()
+        conn = self._cls(self._host, self._port, timeout=connect_timeout_s)
+        try:
+            conn.connect()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def give(self, conn: http.client.HTTPConnection, *, reusable: bool) -> None:
+        """Keep ``conn`` for the next call, or close it (spent, or the pool is full)."""
+        if reusable:
+            with self._lock:
+                if len(self._idle) < self._size:
+                    self._idle.append(conn)
+                    return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _closed_by_peer(conn: http.client.HTTPConnection) -> bool:
+    """True when an idle connection's socket is gone or readable: the server closed it (end of
+    file) or sent what no request asked for; either way it can't carry the next exchange."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    poller = select.poll()  # not select(): a worker may hold descriptors past 1024
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))

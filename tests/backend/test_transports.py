@@ -193,7 +193,7 @@ def test_a_reply_broken_off_mid_body_is_a_502_not_a_500(
 
     assert response.status_code == 502, response.get_json()
     error = response.get_json()["error"]
-    assert error["code"] == "upstream_error" and "ChunkedEncodingError" in error["message"]
+    assert error["code"] == "upstream_error" and "IncompleteRead" in error["message"]
 
 
 def test_readyz_without_a_default_model_checks_the_server_answers(
