@@ -1,13 +1,15 @@
 """What a request through the gateway costs its worker, beside the relay floor (issue 43).
 
-One run, one model server, two servers in front of it, each one gunicorn worker:
+One run, one model server, three servers in front of it, each one gunicorn worker:
 - the floor (benchmarks/relay_floor_app.py, importing nothing of the project): gunicorn
   gthread + a bare Flask route that ``json.loads`` the body, makes one prepared ``Predict``
   call with grpcio's sync stub (the very request the gateway sends for those texts) and answers
   the floats with ``json.dumps``; it answers one text and 32 texts;
 - the gateway as shipped (docker/gunicorn.conf.py, product defaults: JSON access log, metrics,
-  timing headers; grpc upstream; 4 threads, as the floor's gthread): one-text ``:embed``,
-  ``:classify`` (the classifier of the same encoder) and ``/v1/embeddings``, 32-text ``:embed``.
+  timing headers; grpc upstream; 32 threads, its default; the floor has 8): one-text ``:embed``,
+  ``:classify`` (the classifier of the same encoder) and ``/v1/embeddings``, 32-text ``:embed``;
+- the same gateway with a REST upstream (``GATEWAY_UPSTREAM=rest``): one-text and 32-text
+  ``:embed``.
 
 Figure: worker CPU per request = utime+stime of the worker process (all its threads; psutil
 reads /proc/<pid>/stat) over a stretch of requests after a warm-up, divided by the requests;
@@ -273,6 +275,11 @@ def targets(embed: str, classify: str, one: list[str], batch: list[str]) -> list
                BATCH),
         Target("embed-32", "gateway", f":embed, {BATCH} texts", embed_path,
                body({"texts": batch}), BATCH),
+        # the same gateway with a REST upstream (GATEWAY_UPSTREAM=rest)
+        Target("rest-1", "gateway-rest", ":embed, 1 text, REST upstream", embed_path,
+               body({"texts": one}), 1),
+        Target("rest-32", "gateway-rest", f":embed, {BATCH} texts, REST upstream", embed_path,
+               body({"texts": batch}), BATCH),
     ]  # fmt: skip
 
 
@@ -282,7 +289,8 @@ def measure(ctx: BenchContext) -> dict[str, Any]:
     one, batch = make_texts(1, WORDS, seed=1), make_texts(BATCH, WORDS, seed=2)
     # the product's log and threads (benchmarks/stack.py turns the log off and pins 4 threads)
     defaults = {"GATEWAY_ACCESS_LOG": "-", "GATEWAY_THREADS": str(GATEWAY_THREADS)}
-    stack = Stack(ctx, base, [classify_model, embed_model], upstreams=("grpc",), settings=defaults)
+    stack = Stack(ctx, base, [classify_model, embed_model], upstreams=("grpc", "rest"),
+                  settings=defaults)  # fmt: skip
     floor: Floor | None = None
     try:
         version = stack.version(embed_model)
@@ -291,8 +299,10 @@ def measure(ctx: BenchContext) -> dict[str, Any]:
         prepared = prepare_requests(base, embed_model, version, {1: one, BATCH: batch},
                                     ctx.work_dir / "floor-requests")  # fmt: skip
         floor = Floor(ctx, stack.grpc_port, protos, prepared, output)
-        urls = {"floor": floor.url, "gateway": stack.gateways["grpc"]}
-        pids = {"floor": floor.worker_pid, "gateway": stack.worker_pids("grpc")[0]}
+        urls = {"floor": floor.url, "gateway": stack.gateways["grpc"],
+                "gateway-rest": stack.gateways["rest"]}  # fmt: skip
+        pids = {"floor": floor.worker_pid, "gateway": stack.worker_pids("grpc")[0],
+                "gateway-rest": stack.worker_pids("rest")[0]}  # fmt: skip
         measured = targets(embed_model, classify_model, one, batch)
         rounds = 1 if ctx.quick else max(3, ctx.repeats)
         readings: dict[tuple[str, str], list[Reading]] = {}
@@ -400,7 +410,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     cpu = figures(result)
-    gateway = [t for t in result["targets"] if t.server == "gateway"]
+    gateway = [t for t in result["targets"] if t.server != "floor"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     labels, floor_ms, gw_ms = [], [], []
     for target in gateway:

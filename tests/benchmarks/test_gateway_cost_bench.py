@@ -52,7 +52,7 @@ def test_quick_run_gives_every_row_well_formed(tmp_path: Path) -> None:
     rows = {r.figure: r for r in run(ctx)}
 
     cpu = [r for f, r in rows.items() if f.endswith("worker CPU per request")]
-    assert len(cpu) == 12  # floor 1 and 32 texts, 4 gateway routes; sequential and 16 clients
+    assert len(cpu) == 16  # floor 1 and 32 texts, 4 gateway routes and 2 through REST; seq and c16
     for row in cpu:
         assert re.fullmatch(r"\d+\.\d\d ms", row.value), row.value
         assert row.ratio == "the floor" or re.fullmatch(r"\d+\.\d\d× the floor", row.ratio)
