@@ -1,8 +1,8 @@
 """REST transport: TF Serving's HTTP API over the worker's own keep-alive connections.
 
 The connections are the standard library's ``http.client`` ones, kept in a small pool per
-replica: a call costs one send and one read of the socket, where ``requests`` cost the worker
-about 0.3 ms of Python per call (benchmarks/request_wait_bench.py measures the two).
+replica: a call costs one send and one read of the socket. A ``requests`` session cost the worker
+about 0.8 ms more CPU per one-text request (docs/performance/gateway-cost.md).
 
 ``base_url`` may list several replicas, comma-separated: ``backend.clients.replicas.ReplicaSet``
 sends each call to one replica that reported the version, round robin; one that cannot be reached

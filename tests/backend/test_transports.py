@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -17,6 +18,7 @@ import requests
 from flask.testing import FlaskClient
 
 from backend.app import create_app
+from backend.clients.rest_client import RestClient
 from tests.backend.conftest import EMBED, EXITS, INTENT
 from tests.backend.stack import Gateway, ModelServer, hung_port, model_config
 
@@ -194,6 +196,65 @@ def test_a_reply_broken_off_mid_body_is_a_502_not_a_500(
     assert response.status_code == 502, response.get_json()
     error = response.get_json()["error"]
     assert error["code"] == "upstream_error" and "IncompleteRead" in error["message"]
+
+
+@pytest.fixture()
+def closing_server() -> Iterator[tuple[int, list[int]]]:
+    """A real HTTP/1.1 server that keeps a connection open between requests but closes it after
+    0.3 s idle, as TF Serving's and any server's keep-alive timeout does, without saying so in
+    the answer. Yields its port and the requests each connection carried."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    carried: list[int] = []
+    body = b'{"model_version_status": [{"version": "3", "state": "AVAILABLE"}]}'
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                carried.append(0)
+                with conn:
+                    conn.settimeout(0.3)
+                    while _read_request(conn):
+                        carried[-1] += 1
+                        conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield int(server.getsockname()[1]), carried
+    server.close()
+
+
+def _read_request(conn: socket.socket) -> bool:
+    """Read one GET request's head; False once the peer closed or was idle past the timeout."""
+    head = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return False
+            head += chunk
+        return True
+    return False
+
+
+def test_rest_calls_share_one_connection_and_survive_its_idle_close(
+    closing_server: tuple[int, list[int]],
+) -> None:
+    port, carried = closing_server
+    client = RestClient(f"http://127.0.0.1:{port}")
+
+    for _ in range(3):
+        assert client.model_status("m", timeout_s=2)[0].version == 3
+    time.sleep(0.6)  # the server closes the idle connection meanwhile
+    assert client.model_status("m", timeout_s=2)[0].version == 3
+    client.close()
+
+    # three calls on one kept-alive connection; the call after the server closed it opened a new
+    # one (not a 503 from a dead socket)
+    assert carried == [3, 1]
 
 
 def test_readyz_without_a_default_model_checks_the_server_answers(
