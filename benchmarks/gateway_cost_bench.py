@@ -411,7 +411,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
 
     cpu = figures(result)
     gateway = [t for t in result["targets"] if t.server != "floor"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.2))
     labels, floor_ms, gw_ms = [], [], []
     for target in gateway:
         for mode, words in MODES.items():
@@ -461,9 +461,9 @@ def _plot_stages(ax: Any, result: dict[str, Any], gateway: list[Target]) -> None
         ax.annotate(waiting, (x, bottoms[x]), ha="center", va="bottom", fontsize=6)
     ax.set_ylabel("wall ms in the gateway (Server-Timing, sequential, median)")
     ax.set_title("the gateway's stages, waiting on the model server left out", fontsize=9)
-    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=30, ha="right")
     ax.set_ylim(0, max(bottoms, default=1.0) * 1.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=6, loc="upper left", ncol=2)
 
 
 def run(ctx: BenchContext) -> list[Row]:
