@@ -1,8 +1,9 @@
 """Where a gunicorn worker's CPU per request goes when every request waits on a model (issue 43).
 
-Three servers of the same shape, each one gunicorn gthread worker (8 threads) with one Flask route
-that reads a JSON body and answers a fixed 1.5 kB document, driven by one sequential keep-alive
-client; worker CPU per request is utime+stime of the worker (``/proc/<pid>/stat``):
+Three servers of the same shape, each one gunicorn gthread worker (32 threads, the gateway's
+default; 8 before 2026-11-27 23:30 UTC) with one Flask route that reads a JSON body and answers a
+fixed 1.5 kB document, driven by one sequential keep-alive client and then by 16 concurrent ones;
+worker CPU per request is utime+stime of the worker (``/proc/<pid>/stat``):
 
 - ``back-to-back``: the route answers at once;
 - ``sleep``: the route sleeps ``WAIT_MS`` first (a model's time, no gRPC);
@@ -23,6 +24,7 @@ import http.client
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent import futures
 from functools import partial
@@ -127,6 +129,38 @@ def _per_request(port: int, pid: int, mode: str, n: int) -> tuple[float, float]:
     return spent / n * 1000, median(inside)
 
 
+def _concurrent_per_request(port: int, pid: int, mode: str, each: int, clients: int = 16) -> float:
+    """Return the worker's CPU ms per request while ``clients`` keep-alive clients each send
+    ``each`` requests at once."""
+    go = threading.Barrier(clients + 1)
+    failed: list[str] = []
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            go.wait()
+            for _ in range(each):
+                conn.request("POST", f"/{mode}", BODY, {"Content-Type": "application/json"})
+                reply = conn.getresponse()
+                reply.read()
+                if reply.status != 200:
+                    failed.append(f"/{mode}: {reply.status}")
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    before = _cpu_s(pid)
+    go.wait()
+    for thread in threads:
+        thread.join(120)
+    spent = _cpu_s(pid) - before
+    if failed:
+        raise RuntimeError(failed[0])
+    return spent / (clients * each) * 1000
+
+
 def _bare_call_cpu_ms(port: int, n: int) -> float:
     """Return a fresh process's CPU ms per sync unary call, calling in a loop."""
     out = subprocess.run(
@@ -164,13 +198,14 @@ def measure(n: int = 300, rounds: int = 3) -> list[Row]:
     try:
         for mode in modes:
             port = free_port()
-            cmd = [sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "8", "-w", "1",
+            cmd = [sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "32", "-w", "1",
                    "--bind", f"127.0.0.1:{port}", "benchmarks.request_wait_bench:app"]  # fmt: skip
             env = child_env(PROBE_GRPC_TARGET=f"127.0.0.1:{grpc_port}")
             procs[mode] = (port, ServerProcess(cmd, logs / f"request-wait-{mode}.log", env))
         for port, proc in procs.values():
             proc.wait_until(partial(_serving, port, proc.pid), 60)
         cpu: dict[str, list[float]] = {m: [] for m in modes}
+        crowd: dict[str, list[float]] = {m: [] for m in modes[:2]}
         inside: list[float] = []
         bare: list[float] = []
         for _ in range(rounds):
@@ -180,6 +215,10 @@ def measure(n: int = 300, rounds: int = 3) -> list[Row]:
                 cpu[mode].append(ms)
                 if mode == "grpc":
                     inside.append(call_us)
+                else:
+                    crowd[mode].append(
+                        _concurrent_per_request(port, _worker_pid(proc.pid), mode, max(2, n // 15))
+                    )
             bare.append(_bare_call_cpu_ms(grpc_port, n))
     finally:
         for _, proc in procs.values():
@@ -187,6 +226,7 @@ def measure(n: int = 300, rounds: int = 3) -> list[Row]:
         server.stop(0)
     fast = median(cpu["back-to-back"])
     how = f"one sequential keep-alive client, {n} requests x {rounds} rounds, medians"
+    crowd_how = f"16 keep-alive clients at once, {max(2, n // 15)} requests each x {rounds} rounds"
     return [
         Row("Flask route, back-to-back: worker CPU/request", f"{fast:.3f} ms", "1.00x", "", how),
         Row(
@@ -216,6 +256,20 @@ def measure(n: int = 300, rounds: int = 3) -> list[Row]:
             "",
             "",
             "process CPU (all threads) per call, another process than the server's",
+        ),
+        Row(
+            "Flask route, back-to-back, 16 clients: worker CPU/request",
+            f"{median(crowd['back-to-back']):.3f} ms",
+            _times(median(crowd["back-to-back"]), fast),
+            "",
+            crowd_how,
+        ),
+        Row(
+            f"same route after a {WAIT_MS:g} ms sleep, 16 clients",
+            f"{median(crowd['sleep']):.3f} ms",
+            _times(median(crowd["sleep"]), fast),
+            "",
+            crowd_how,
         ),
     ]
 
