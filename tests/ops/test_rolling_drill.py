@@ -12,6 +12,11 @@ from ops.drills import rolling as rolling_drill
 from tests.ops.conftest import MODEL
 from tests.ops.test_drills import run_drill
 
+# The hang (6 s) outlasts the gateway's deadline: a request left waiting on the hung replica
+# fails, so the drill sees a gateway that does not route around it (at the default 10 s it would
+# only be slow, and pass).
+GATEWAY_TIMEOUT_S = 4
+
 
 def test_the_probe_timeout_default_is_the_gateways_readiness_probe() -> None:
     import yaml
@@ -41,6 +46,7 @@ def test_rolling_drill_has_no_failed_request(
         "rolling_drill.py", tmp_path / "rolling.json", "--spawn", str(tiny_exports),
         "--model", MODEL, "--replicas", "2", "--clients", "6", "--gap", "1", "--hang", "6",
         "--slow-for", "5", "--slow-delay", "2", "--probe-timeout", str(probe_timeout_s),
+        env={"GATEWAY_TIMEOUT_S": str(GATEWAY_TIMEOUT_S)},
     )  # fmt: skip
     record_property("readyz_max_s", result["readyz_max_s"])
     failed = [name for name, ok in result["checks"].items() if not ok]
