@@ -90,7 +90,7 @@ def parse_flags(argv: Sequence[str] | None = None) -> Flags:
     # this share of the wall time, so serving keeps the CPU it needs meanwhile.
     add("--load_nice", type=int, default=10, help="nice increment of the loading thread (0: off)")
     add("--warmup_duty_cycle", type=float, default=0.5,
-        help="share of wall time warmup replay may take (1: the binary's)")  # fmt: skip
+        help="share of wall time warmup may take once serving (1: the binary's)")  # fmt: skip
     # Accepted so scripts written for the binary run unchanged; they change nothing here.
     for name in IGNORED_FLAGS:
         add(f"--{name}", default=None, help=argparse.SUPPRESS)

@@ -12,7 +12,8 @@ past the gateway's 10 s timeout meanwhile. Two bounds keep serving first:
   so nothing needs to get its priority back, which an unprivileged process could not do);
 - warmup replay sleeps after each record for as long as it ran times ``1 / duty - 1``
   (``--warmup_duty_cycle``), so its share of the intra-op pool is bounded and serving requests
-  queued behind it get the pool in between.
+  queued behind it get the pool in between. The initial load, before the ports open, has no
+  request to yield to and replays back to back (``modelserver.server.make_loader``).
 
 A load then takes longer (a 0.5 duty cycle doubles the warmup's wall time): availability of the
 new version is traded for the latency of the ones serving, as a rollout wants.

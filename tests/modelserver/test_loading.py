@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
+import modelserver.server as server_module
 from modelserver.flags import parse_flags
 from modelserver.loading import on_load_thread
-from modelserver.warmup import WARMUP_FILE, run_warmup
+from modelserver.metrics import Metrics
+from modelserver.server import ModelServer, make_loader
+from modelserver.warmup import WARMUP_FILE, read_tfrecords, run_warmup
+from ops.procs import free_port
 
 
 def _nice() -> int:
@@ -84,6 +91,64 @@ def test_the_load_flags_default_to_serving_first_and_refuse_a_duty_cycle_out_of_
     assert flags.load_nice > 0 and 0 < flags.warmup_duty_cycle < 1
     with pytest.raises(SystemExit):
         parse_flags(["--warmup_duty_cycle", "0"])
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a base path holding tiny/1, a classifier with its warmup records."""
+    from export.tiny import export_tiny_model
+
+    base = tmp_path_factory.mktemp("loading")
+    export_tiny_model(base, "tiny", task="classify", version=1, seed=0, max_seq_len=16)
+    return base
+
+
+def test_warmup_runs_back_to_back_until_the_server_serves_and_paced_after(tiny_base: Path) -> None:
+    version = tiny_base / "tiny" / "1"
+    records = sum(1 for _ in read_tfrecords(version / WARMUP_FILE))
+    serving, pauses = threading.Event(), list[float]()
+    load = make_loader(parse_flags([]), Metrics(), serving, sleep=pauses.append)
+
+    load(version)
+    assert pauses == []  # nothing is served yet: no request waits for the pool
+
+    serving.set()
+    load(version)
+    assert len(pauses) == records > 0
+
+
+def test_the_initial_load_comes_before_serving_and_a_later_version_loads_beside_it(
+    tiny_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spy on the loader records whether the server counted as serving at each load."""
+    base = tmp_path / "tiny"
+    shutil.copytree(tiny_base / "tiny" / "1", base / "1")
+    seen: list[tuple[str, bool]] = []
+    real = server_module.make_loader
+
+    def spy(flags: Any, metrics: Metrics, serving: threading.Event) -> Callable[[Path], Any]:
+        load = real(flags, metrics, serving)
+
+        def spied(path: Path) -> Any:
+            seen.append((path.name, serving.is_set()))
+            return load(path)
+
+        return spied
+
+    monkeypatch.setattr(server_module, "make_loader", spy)
+    flags = parse_flags(["--port", str(free_port()), "--model_name=tiny",
+                         f"--model_base_path={base}"])  # fmt: skip
+    server = ModelServer(flags)
+    try:
+        server.start()
+        assert seen == [("1", False)] and server.serving.is_set()
+        shutil.copytree(base / "1", base / "2")  # the file-system poll finds it
+        deadline = time.monotonic() + 60
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert seen[1:] == [("2", True)]
+    finally:
+        server.stop()
 
 
 def _threads(pid: int) -> dict[int, tuple[int, int]]:
