@@ -4,8 +4,10 @@ AVAILABLE on the replica, against a real model server (issue 20 item 3)."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,23 @@ def test_the_probe_endpoint_answers_200_or_503_and_never_imports_tensorflow(
         cwd=REPO, env=child_env(), capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert imports.stdout.strip() == "False"
+
+
+def test_the_probe_endpoint_exits_on_sigterm(tmp_path: Path) -> None:
+    """As a container's PID 1 the kernel ignores a signal without a handler: a process ended
+    by SIGTERM's default action (returncode -15) would not stop there until the SIGKILL."""
+    port = free_port()
+    probe = subprocess.Popen(
+        [sys.executable, "-m", "ops.tfs_ready", "--config", str(tmp_path / "models.config"),
+         "--serve", str(port)], cwd=REPO, env=child_env(),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not port_open(port):
+            assert probe.poll() is None and time.monotonic() < deadline, "the probe never listened"
+            time.sleep(0.1)
+        probe.send_signal(signal.SIGTERM)
+        assert probe.wait(timeout=10) == 0
+    finally:
+        probe.kill()
+        probe.wait()
