@@ -214,26 +214,33 @@ def _bare_grpc_cpu(grpc_port: int, inputs: dict[str, np.ndarray], signature: str
 def _bare_server_cpu(work: Path, body: bytes, n: int) -> dict[str, float]:
     """Return gunicorn's CPU ms per sequential request (master + worker) for benchmarks/floor_app's
     bare WSGI app and Flask app, under the gateway's worker class and gunicorn's gthread, 8
-    threads ("wsgi", "flask"; "wsgi_gthread", "flask_gthread")."""
+    threads ("wsgi", "flask"; "wsgi_gthread", "flask_gthread").
+
+    The four boot at once and are measured one at a time (CPU is read per process: the idle
+    others don't count, and their boots overlap instead of adding up).
+    """
+    procs: dict[str, tuple[ServerProcess, str]] = {}
     out: dict[str, float] = {}
-    for name, target, worker in (
-        ("wsgi", "benchmarks.floor_app:raw", LINGERING_WORKER),
-        ("flask", "benchmarks.floor_app:app", LINGERING_WORKER),
-        ("wsgi_gthread", "benchmarks.floor_app:raw", GTHREAD_WORKER),
-        ("flask_gthread", "benchmarks.floor_app:app", GTHREAD_WORKER),
-    ):
-        port = free_port()
-        cmd = python_cmd("-m", "gunicorn", "--worker-class", worker, "--workers", "1",
-                         "--threads", "8", "--keep-alive", "5", "--bind", f"127.0.0.1:{port}",
-                         target)  # fmt: skip
-        proc = ServerProcess(cmd, work / f"floor-{name}.log", env=child_env())
-        try:
-            url = f"http://127.0.0.1:{port}"
+    try:
+        for name, target, worker in (
+            ("wsgi", "benchmarks.floor_app:raw", LINGERING_WORKER),
+            ("flask", "benchmarks.floor_app:app", LINGERING_WORKER),
+            ("wsgi_gthread", "benchmarks.floor_app:raw", GTHREAD_WORKER),
+            ("flask_gthread", "benchmarks.floor_app:app", GTHREAD_WORKER),
+        ):
+            port = free_port()
+            cmd = python_cmd("-m", "gunicorn", "--worker-class", worker, "--workers", "1",
+                             "--threads", "8", "--keep-alive", "5", "--bind", f"127.0.0.1:{port}",
+                             target)  # fmt: skip
+            procs[name] = (ServerProcess(cmd, work / f"floor-{name}.log", env=child_env()),
+                           f"http://127.0.0.1:{port}")  # fmt: skip
+        for name, (proc, url) in procs.items():
             proc.wait_until(partial(_answers, url, body), 60)
             post = partial(HttpConnection(url).post, f"/v1/models/{FLOOR}:classify", body)
             _, cpu = _sequential(n, post, Watched({name: [proc.pid]}))
             out[name] = cpu[name]
-        finally:
+    finally:
+        for proc, _ in procs.values():
             proc.stop()
     return out
 
