@@ -21,6 +21,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,11 +204,18 @@ def pod_names(path: Path) -> list[str]:
     return [d["metadata"]["name"] + ("-pod-0" if d["kind"] == "Deployment" else "") for d in docs]
 
 
-def remove_pods(path: Path) -> None:
-    """Print the logs of a play file's pods and remove them, whatever state they are in."""
-    for pod in pod_names(path):
+def remove_pods(*paths: Path) -> None:
+    """Print the logs of the play files' pods and remove them, whatever state they are in.
+
+    All at once: each removal waits for its containers to stop (gunicorn's graceful stop, the
+    model server's drain: 4.8 and 3.7 s here), and one `podman pod rm` of several pods stops
+    them one after another.
+    """
+    pods = [pod for path in paths for pod in pod_names(path)]
+    for pod in pods:
         print(f"--- {pod}\n{quiet('pod', 'logs', '--tail', '40', pod)}")
-        quiet("pod", "rm", "-f", "-t", "5", pod)
+    with ThreadPoolExecutor(max(1, len(pods))) as pool:
+        list(pool.map(lambda pod: quiet("pod", "rm", "-f", "-t", "5", pod), pods))
 
 
 def wait_exited_ok(pod: Obj, timeout_s: float) -> float:
@@ -315,8 +323,7 @@ def kube_stack(
         record("kube play: tf-serving + gateway pods to /readyz", f"{time.monotonic() - t0:.0f} s")
         yield KubeStack(url, key, models, objs, ports, claim, work)
     finally:
-        for path in reversed(files):
-            remove_pods(path)
+        remove_pods(*files)
         # kube play makes a named volume for each ConfigMap and emptyDir volume; none outlives us.
         for volume in set(volume_names()) - volumes_before:
             quiet("volume", "rm", volume)  # not -f: one still in use by another run stays
