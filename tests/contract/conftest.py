@@ -22,6 +22,8 @@ import requests
 from ops.procs import ServerProcess, child_env, free_port, port_open, python_cmd
 
 TFS_BIN = os.environ.get("TFS_BIN", "")
+# batches the server ran (its processed_batch_size histogram counts one per batch)
+BATCHES = ":tensorflow:serving:batching_session:processed_batch_size_count"
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
@@ -100,6 +102,17 @@ def start_batching_server(
             *extra,
         ],
     )
+
+
+def metric(server: Server, prefix: str) -> float:
+    """Return the value of the first /metrics line starting with ``prefix`` (0 before any).
+
+    An unlabelled series is ``name_count 3`` here and ``name_count{} 3`` in the binary: a
+    prefix matches both.
+    """
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix)]
+    return values[0] if values else 0.0
 
 
 def cpu_seconds(server: Server) -> float:
