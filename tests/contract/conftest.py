@@ -155,6 +155,18 @@ def write_config(path: Path, models: list[dict[str, Any]]) -> Path:
     return path
 
 
+def base_models(root: Path) -> list[dict[str, Any]]:
+    """Return life_server's models: ``hot`` (latest version) and ``steady`` (all versions)."""
+    return [
+        {"name": "hot", "base_path": str(root / "hot")},
+        {
+            "name": "steady",
+            "base_path": str(root / "steady"),
+            "policy": "model_version_policy { all {} }",
+        },
+    ]
+
+
 @pytest.fixture(scope="session")
 def main_server(contract_root: Path, hp2_base: Path, tiny_base: Path) -> Iterator[Server]:
     """The shared server: half_plus_two (all versions, labels), tiny BERT, Prometheus metrics."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,51 +19,15 @@ from tensorflow_serving.apis import get_model_status_pb2, model_management_pb2, 
 from tensorflow_serving.config import model_server_config_pb2
 
 from tests.contract.conftest import (
-    TFS_BIN,
     Server,
+    base_models,
     copy_version,
     cpu_seconds,
-    start_server,
     wait_until_spinning,
     write_config,
 )
 
 AVAILABLE, END = 30, 50
-
-
-@pytest.fixture(scope="session")
-def life_root(contract_root: Path, hp2_base: Path) -> Path:
-    """Return a directory with model bases ``hot`` and ``steady`` (v1 each) to mutate."""
-    root = contract_root / "life"
-    for name in ("hot", "steady"):
-        copy_version(hp2_base, 1, root / name, 1)
-    return root
-
-
-def base_models(root: Path) -> list[dict[str, Any]]:
-    return [
-        {"name": "hot", "base_path": str(root / "hot")},
-        {
-            "name": "steady",
-            "base_path": str(root / "steady"),
-            "policy": "model_version_policy { all {} }",
-        },
-    ]
-
-
-@pytest.fixture(scope="session")
-def life_server(contract_root: Path, life_root: Path) -> Iterator[Server]:
-    """A server whose models the lifecycle tests change (1 s file-system polling)."""
-    config = write_config(contract_root / "life.config", base_models(life_root))
-    # No load retries: the binary would otherwise retry a broken version 5 × 60 s before END.
-    flags = [
-        f"--model_config_file={config}",
-        "--file_system_poll_wait_seconds=1",
-        "--max_num_load_retries=0",
-    ]
-    server = start_server(contract_root, flags)
-    yield server
-    server.stop()
 
 
 def predict(server: Server, name: str, x: float = 1.0, timeout: float = 10, **spec: Any) -> Any:
@@ -287,26 +251,6 @@ def test_model_with_missing_base_path_has_no_versions_while_others_serve(
     assert status_info.value.details() == "Could not find any versions of model ghost"
     assert y_of(predict(life_server, "steady")) > 0
     reload(life_server, base_models(life_root))
-
-
-@pytest.mark.skipif(bool(TFS_BIN), reason="TFS_BIN: one reload at a time")
-def test_a_reload_waiting_for_a_missing_model_does_not_hold_up_the_next(
-    life_server: Server, life_root: Path
-) -> None:
-    ghost = {"name": "ghost2", "base_path": str(life_root / "nowhere2")}
-
-    def polled_ghost() -> bool:  # the server has the first config and looks for the model
-        log = life_server.proc.log_path.read_text(errors="replace")
-        return f"for servable {ghost['name']}" in log
-
-    with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(reload, life_server, [*base_models(life_root), ghost], 120)
-        wait_for(polled_ghost)
-        reload(life_server, base_models(life_root), timeout=20)  # not stuck behind the first
-        waiting.result(timeout=30)  # its model left the config: nothing left to wait for
-
-    assert not waiting.exception()
-    assert y_of(predict(life_server, "steady")) > 0
 
 
 def test_failing_warmup_fails_the_load_and_the_previous_version_keeps_serving(

@@ -14,11 +14,14 @@ import pytest
 import requests
 
 from tests.contract.conftest import (
+    Server,
+    base_models,
     cpu_seconds,
     start_server,
     wait_until_spinning,
     write_config,
 )
+from tests.contract.test_lifecycle import predict, reload, wait_for, y_of
 from tests.contract.test_startup import version_available
 
 
@@ -46,6 +49,29 @@ def test_config_polling_applies_an_edit_while_a_missing_model_is_still_awaited(
         server.proc.wait_until(lambda: version_available(server, "b", 2), 60)
     finally:
         server.stop()
+
+
+def test_a_reload_waiting_for_a_missing_model_does_not_hold_up_the_next(
+    life_server: Server, life_root: Path
+) -> None:
+    """TF Serving's HandleReloadConfigRequest holds one lock (ServerCore's config mutex) while it
+    waits, with no deadline by default, for the models it added to become available, so a
+    second reload waits behind one whose model never appears; modelserver waits without a lock,
+    and the second reload, which drops that model, lets the first one return too."""
+    ghost = {"name": "ghost2", "base_path": str(life_root / "nowhere2")}
+
+    def polled_ghost() -> bool:  # the server has the first config and looks for the model
+        log = life_server.proc.log_path.read_text(errors="replace")
+        return f"for servable {ghost['name']}" in log
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(reload, life_server, [*base_models(life_root), ghost], 120)
+        wait_for(polled_ghost)
+        reload(life_server, base_models(life_root), timeout=20)  # not stuck behind the first
+        waiting.result(timeout=30)  # its model left the config: nothing left to wait for
+
+    assert not waiting.exception()
+    assert y_of(predict(life_server, "steady")) > 0
 
 
 def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path, hp2_base: Path) -> None:
