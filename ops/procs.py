@@ -174,9 +174,25 @@ def stop_group(pid: int, timeout_s: float = 5.0) -> bool:
             return sig != signal.SIGTERM
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if _exited(pid):
                 return True
             time.sleep(0.1)
     return True
+
+
+def _exited(pid: int) -> bool:
+    """True once ``pid`` has exited: gone, or a zombie. A child of this process stays a zombie
+    until it is reaped (it is, here), so signal 0 alone would find it alive for good and every
+    stop would wait out both timeouts."""
+    with suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"  # another parent's zombie: it exited

@@ -1,15 +1,19 @@
-"""ops/procs.py's free ports: outside the range outgoing connections take their ports from."""
+"""ops/procs.py: free ports outside the range outgoing connections take their ports from, and
+stopping a process group."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
 from contextlib import closing
 from types import SimpleNamespace
 
 import pytest
 
 from ops import procs
-from ops.procs import EPHEMERAL_RANGE, free_port
+from ops.procs import EPHEMERAL_RANGE, free_port, stop_group
 
 
 def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> None:
@@ -37,3 +41,17 @@ def test_a_port_held_by_a_listener_is_passed_over(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(procs, "_ephemeral_low", lambda: 32_768)
 
         assert free_port() == spare  # the listener's port, proposed twice, was refused
+
+
+def test_stop_group_returns_once_its_own_child_exits_not_at_the_timeouts() -> None:
+    # A child of this process that exits on SIGTERM stays a zombie until reaped: stop_group must
+    # see it as gone, not wait out SIGTERM's and SIGKILL's timeouts (the demo stack's teardown
+    # took 2 x 2 x 5 s for its two processes).
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)  # fmt: skip
+    started = time.monotonic()
+
+    assert stop_group(child.pid, timeout_s=30.0)
+
+    assert time.monotonic() - started < 15.0  # the bug waits 60 s; the fix a tenth of one
+    assert child.poll() is not None
