@@ -143,7 +143,7 @@ def pre_request(worker: Any, req: Any) -> None:
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    """Create this worker's Gateway (gRPC channel or HTTP connections, chunk pool) after the fork."""
+    """Create this worker's Gateway (gRPC channel or HTTP connections, chunks) after the fork."""
     from backend.worker import start_worker
 
     app = worker.app.wsgi()
