@@ -101,6 +101,10 @@ SLOW_TOKENIZER_FILES = (
 )  # fmt: skip
 
 
+# The command that converts a slow tokenizer lives in the guide: export never runs transformers.
+SLOW_TOKENIZER_GUIDE = 'docs/guides/serve-your-own-model.md, "A checkpoint without tokenizer.json"'
+
+
 def _refuse_a_slow_tokenizer(path: Path) -> None:
     """Raise ExportError saying how to make tokenizer.json when ``path`` has a slow tokenizer's
     files and neither tokenizer.json nor vocab.txt (else the error would only say "missing")."""
@@ -110,10 +114,10 @@ def _refuse_a_slow_tokenizer(path: Path) -> None:
     raise ExportError(
         f"{path}: a slow tokenizer ({', '.join(found)}) and no tokenizer.json, the only tokenizer "
         "file export and the gateway read besides a WordPiece vocab.txt. Make tokenizer.json "
-        "with transformers installed (it converts the slow tokenizer; SentencePiece files also "
-        'need the sentencepiece package): python -c "from transformers import AutoTokenizer; '
-        f"AutoTokenizer.from_pretrained('{path}', local_files_only=True).save_pretrained('{path}')"
-        '", then export again (local_files_only: transformers reads that directory, never a hub)'
+        "where transformers is installed: load this directory's tokenizer with AutoTokenizer "
+        "(local files only) and save it back into the same directory, which converts it "
+        "(SentencePiece files also need the sentencepiece package); the command is in "
+        f"{SLOW_TOKENIZER_GUIDE}. Then export again."
     )
 
 

@@ -413,7 +413,8 @@ def test_a_slow_tokenizer_only_checkpoint_is_told_how_to_make_tokenizer_json(
     checkpoints: Callable[[str, str], Path], tmp_path: Path
 ) -> None:
     """RoBERTa saved with its slow tokenizer (vocab.json + merges.txt, no tokenizer.json): the
-    error says how to make tokenizer.json, and what it says, run as said, makes it readable."""
+    error points to the guide's section on making tokenizer.json, and its command, run on this
+    directory, makes it readable."""
     import shutil
     import subprocess
     import sys
@@ -422,6 +423,8 @@ def test_a_slow_tokenizer_only_checkpoint_is_told_how_to_make_tokenizer_json(
 
     from export.checkpoint import read_checkpoint
     from export.errors import ExportError
+    from export.tokenizer_assets import SLOW_TOKENIZER_GUIDE
+    from ops.procs import REPO
 
     path = tmp_path / "slow"
     shutil.copytree(checkpoints("roberta", "single"), path)
@@ -435,8 +438,12 @@ def test_a_slow_tokenizer_only_checkpoint_is_told_how_to_make_tokenizer_json(
         ExportError, match=r"vocab\.json, merges\.txt.*no tokenizer\.json"
     ) as caught:
         read_checkpoint(path)
-    command = str(caught.value).split("python -c ", 1)[1].split(", then", 1)[0]
-    subprocess.run([sys.executable, "-c", json.loads(command)], check=True, timeout=120)
+    assert SLOW_TOKENIZER_GUIDE in str(caught.value)
+    guide = (REPO / "docs" / "guides" / "serve-your-own-model.md").read_text(encoding="utf-8")
+    section = guide.split("### A checkpoint without tokenizer.json", 1)[1]
+    command = section.split("python -c ", 1)[1].split("\n", 1)[0]
+    command = json.loads(command).replace("my-checkpoint", str(path))
+    subprocess.run([sys.executable, "-c", command], check=True, timeout=120)
     assert read_checkpoint(path).tokenizer is not None
     assert (path / "tokenizer.json").is_file()
 
