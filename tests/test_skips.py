@@ -12,6 +12,7 @@ or a comment beside it, must name what the machine lacks.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -33,6 +34,8 @@ ALLOWED = {
     "Debian package": re.compile(r"requirements-debian|make sysdeps"),
 }
 PAGES = ("README.md", "docs/getting-started.md")
+# sources for the reader's own tests (a JSON file: as .py lines they would read as skips)
+CASES = json.loads((Path(__file__).with_name("test_skips_cases.json")).read_text(encoding="utf-8"))
 
 
 def _text(node: ast.expr | None, source: str) -> str:
@@ -54,7 +57,7 @@ def _reason(node: ast.Call | ast.Attribute, source: str) -> str:
         if keyword.arg in ("reason", "msg"):
             return _text(keyword.value, source)
     name = node.func.attr if isinstance(node.func, ast.Attribute) else ""
-    if name in ("skip", "xfail", "skipTest") and node.args:  # pytest.skip(reason), mark.skip(r)
+    if name in ("skip", "xfail", "skipTest") and node.args:  # the reason as first argument
         first = node.args[0]
         if isinstance(first, ast.Constant | ast.JoinedStr) and _text(first, source):
             return _text(first, source)
@@ -93,36 +96,12 @@ def test_every_skip_is_for_something_that_cannot_exist_here() -> None:
     assert not bad, f"skips or xfails without an allowed reason (install the tool or fail): {bad}"
 
 
-@pytest.mark.parametrize(
-    "source",
-    [
-        # the condition names the binary, the reason doesn't
-        '@pytest.mark.skipif(bool(TFS_BIN), reason="our own metric names")\ndef test(): ...',
-        # an allowed word in a comment beside it
-        'pytest.skip("flaky")  # docker',
-        '@pytest.mark.xfail(reason="known bug")\ndef test(): ...',
-        "@pytest.mark.xfail\ndef test(): ...",
-        "@pytest.mark.skip\ndef test(): ...",
-        'pytest.importorskip("torch")',
-        'pytest.xfail(f"broken on {machine}")',
-        "pytestmark = pytest.mark.skipif(x, reason=REASON)  # needs root",
-        'self.skipTest("later")',
-    ],
-)
+@pytest.mark.parametrize("source", CASES["found"])
 def test_a_skip_or_xfail_whose_reason_names_nothing_allowed_is_found(source: str) -> None:
     assert len(unexplained(source)) == 1
 
 
-@pytest.mark.parametrize(
-    "source",
-    [
-        '@pytest.mark.skipif(not ok, reason="needs IPv6 (a dual-stack socket)")\ndef test(): ...',
-        'pytest.skip(f"needs root with mount rights: {cmd} was refused here")',
-        'pytest.mark.skipif(m, reason=f"needs Debian package {p}: make sysdeps can\'t add it")',
-        '@pytest.mark.skipif(bool(TFS_BIN), reason="TFS_BIN: the binary differs")\ndef t(): ...',
-        'pytest.mark.xfail(reason="no Docker engine on this machine")',
-    ],
-)
+@pytest.mark.parametrize("source", CASES["passes"])
 def test_a_skip_whose_reason_names_what_the_machine_lacks_passes(source: str) -> None:
     assert found_skips(source) and not unexplained(source)
 
