@@ -75,8 +75,7 @@ class RestClient:
                 retry_after_s=retry_after_s,
             )
         # One pool of idle connections per replica.
-        self._pool_size = pool_size
-        self._pools = {url: Connections(url, pool_size) for url in self.base_urls}
+        self._pools = {url: Connections(url, pool_size) for url in {*self.base_urls, self.base_url}}
         # (model, version, signature) → output name → numpy dtype, from the signature metadata.
         self._outputs: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -147,7 +146,7 @@ class RestClient:
         """Close the idle connections (a later call opens new ones)."""
         if self.replicas is not None:
             self.replicas.close()
-        for pool in list(self._pools.values()):
+        for pool in self._pools.values():
             pool.close()
 
     @staticmethod
@@ -223,13 +222,6 @@ class RestClient:
             raise UpstreamError("the model server's reply is not JSON")
         return payload
 
-    def _pool(self, base_url: str) -> Connections:
-        pool = self._pools.get(base_url)
-        if pool is None:
-            with self._lock:
-                pool = self._pools.setdefault(base_url, Connections(base_url, self._pool_size))
-        return pool
-
     def _exchange(
         self,
         base_url: str,
@@ -242,7 +234,7 @@ class RestClient:
         """Send one request on a pooled connection; return (status, body). Every failure is a
         gateway error: no connection → unavailable, no answer in time → timeout, an answer that
         broke off → unusable."""
-        pool = self._pool(base_url)
+        pool = self._pools[base_url]
         try:
             conn = pool.take(min(CONNECT_TIMEOUT_S, timeout_s))
         except TimeoutError as exc:
