@@ -201,7 +201,7 @@ def test_a_reply_broken_off_mid_body_is_a_502_not_a_500(
 @pytest.fixture()
 def closing_server() -> Iterator[tuple[int, list[int]]]:
     """A real HTTP/1.1 server that keeps a connection open between requests but closes it after
-    0.3 s idle, as TF Serving's and any server's keep-alive timeout does, without saying so in
+    1 s idle, as TF Serving's and any server's keep-alive timeout does, without saying so in
     the answer. Yields its port and the requests each connection carried."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -217,7 +217,7 @@ def closing_server() -> Iterator[tuple[int, list[int]]]:
                 conn, _ = server.accept()
                 carried.append(0)
                 with conn:
-                    conn.settimeout(0.3)
+                    conn.settimeout(1.0)  # far above the gap between back-to-back calls
                     while _read_request(conn):
                         carried[-1] += 1
                         conn.sendall(answer)
@@ -248,7 +248,7 @@ def test_rest_calls_share_one_connection_and_survive_its_idle_close(
 
     for _ in range(3):
         assert client.model_status("m", timeout_s=2)[0].version == 3
-    time.sleep(0.6)  # the server closes the idle connection meanwhile
+    time.sleep(1.5)  # the server closes the idle connection meanwhile
     assert client.model_status("m", timeout_s=2)[0].version == 3
     client.close()
 
