@@ -34,8 +34,10 @@ $(RUN_STAMP): requirements.txt requirements-gateway.txt pyproject.toml
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $(RUN_STAMP)
 
-$(STAMP): $(RUN_STAMP) requirements-dev.txt
+$(STAMP): $(RUN_STAMP) requirements-dev.txt requirements-refs.txt
 	$(PIP) install -q -r requirements-dev.txt
+	# the parity references without their own pins (requirements-refs.txt says why)
+	$(PIP) install -q --no-deps -r requirements-refs.txt
 	touch $(STAMP)
 
 # The gateway's TF-Serving messages, compiled from our own wire-compatible .proto subset (no TensorFlow).
