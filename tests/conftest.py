@@ -69,3 +69,10 @@ def life_server(contract_root: Path, life_root: Path) -> Iterator[Server]:
     server = start_server(contract_root, flags)
     yield server
     server.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the per-area clock (tests/areas.py) that prints each area's time at the end."""
+    from tests.areas import AreaClock
+
+    config.pluginmanager.register(AreaClock(), "area-clock")

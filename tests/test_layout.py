@@ -245,3 +245,16 @@ def test_the_architecture_page_lists_the_tree() -> None:
     ).stdout.splitlines()
     top = {path.split("/")[0] for path in tracked if "/" in path and not path.startswith(".")}
     assert listed == top
+
+
+def test_the_test_readme_states_the_areas_budgets() -> None:
+    """tests/README.md's area table is tests/areas.py's AREAS, row for row."""
+    from tests.areas import AREAS
+
+    text = (REPO / "tests" / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "`" in line]
+    # a pattern's "|" is escaped in the table ("\\|"), as Markdown tables need
+    escaped = [a.pattern.replace("|", "\\|") for a in AREAS]
+    assert rows == [
+        f"| {a.name} | `{p}` | {a.budget_s} |" for a, p in zip(AREAS, escaped, strict=True)
+    ]
