@@ -904,7 +904,18 @@ def test_rate_limits_go_to_a_redis_only_the_gateways_reach(objs: list[Obj]) -> N
     for side in (env, theirs):
         ref = side["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
         assert ref["key"] == "password" and ref["name"].startswith("gateway-redis")
-        assert find(objs, "Secret", ref["name"])
+        # No password is shipped (the runbook's overlay replaces this Secret from a git-ignored
+        # file: test_runbook.py); with the empty one, Redis refuses to start.
+        assert find(objs, "Secret", ref["name"])["data"] == {"password": ""}
+    started = {
+        password: subprocess.run(
+            ["sh", "-c", *redis_container["command"][2:], "true"],
+            env={"REDIS_PASSWORD": password}, capture_output=True, text=True, timeout=10,
+        )
+        for password in ("", "0123abcd")
+    }  # fmt: skip
+    assert started[""].returncode == 1 and "no password" in started[""].stderr
+    assert started["0123abcd"].returncode == 0  # then it execs redis-server with its args
     acl = redis_container["args"]
     assert acl[acl.index("default") - 1 : acl.index("default") + 2] == ["--user", "default", "off"]
     assert ">$(REDIS_PASSWORD)" in acl and "-@all" in acl
