@@ -85,6 +85,8 @@ class PodStore:
 
 # KEYS[1]: the bucket; ARGV: rate, burst. Redis's own clock (TIME), so pods' clocks don't matter;
 # the bucket expires once it would be full again (an idle key costs nothing).
+# Kubernetes' Redis runs this script and no other Lua: its ACL names the script's SHA-1
+# (deploy/k8s/base/redis.yaml, `+evalsha|<sha1>`): change both together.
 _TAKE = """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])

@@ -108,7 +108,7 @@ def choose_max_seq_len(asked: int | None, ckpt: Checkpoint) -> tuple[int, str]:
     return DEFAULT_MAX_SEQ_LEN, f"the default {DEFAULT_MAX_SEQ_LEN}"
 
 
-def _check_args(task: str, precision: str, pooling: str | None, max_seq_len: int) -> None:
+def _check_args(task: str, precision: str, pooling: str | None, max_seq_len: int | None) -> None:
     for value, allowed, what in (
         (task, TASKS, "task"),
         (precision, CHOICES, "precision"),
@@ -116,8 +116,21 @@ def _check_args(task: str, precision: str, pooling: str | None, max_seq_len: int
     ):
         if value not in allowed:
             raise ExportError(f"{what} must be one of {list(allowed)}, got {value!r}")
-    if max_seq_len < 2:
-        raise ExportError(f"max_seq_len must be at least 2, got {max_seq_len}")
+    if max_seq_len is not None:  # the flag: refused before the checkpoint is read
+        check_max_seq_len(max_seq_len, "--max-seq-len", None)
+
+
+def check_max_seq_len(length: int, source: str, max_position: int | None) -> None:
+    """Return None if ``length`` (from ``source``) can be served: a [CLS] and a [SEP] at least,
+    and no more tokens than the checkpoint has position embeddings (``max_position``, None: not
+    known yet); raise ExportError naming the rule and where the length came from otherwise."""
+    if length < 2:
+        raise ExportError(f"max_seq_len must be at least 2, got {length} ({source})")
+    if max_position is not None and length > max_position:
+        raise ExportError(
+            f"max_seq_len {length} ({source}) exceeds the checkpoint's max_position_embeddings "
+            f"{max_position}"
+        )
 
 
 def build(
@@ -160,7 +173,7 @@ def build(
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     tolerance = tolerance or Tolerance()
-    _check_args(task, precision, pooling, max_seq_len or DEFAULT_MAX_SEQ_LEN)
+    _check_args(task, precision, pooling, max_seq_len)
     cpu = cpu or cpu_info()
     gpus = visible_gpus() if gpus is None else list(gpus)
     choice = choose_precision(precision, cpu, gpus)
@@ -185,12 +198,9 @@ def build(
     say(f"reading weights from {checkpoint}")
     ckpt = read_checkpoint(checkpoint, labels=labels, do_lower_case=do_lower_case)
     max_seq_len, length_source = choose_max_seq_len(max_seq_len, ckpt)
+    # the chosen length, the flag's or the tokenizer's, held to the same rules
+    check_max_seq_len(max_seq_len, length_source, ckpt.config.max_position)
     say(f"max_seq_len {max_seq_len} ({length_source})")
-    if max_seq_len > ckpt.config.max_position:
-        raise ExportError(
-            f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings "
-            f"{ckpt.config.max_position}"
-        )
     if task == "tag" and not ckpt.has_head:
         raise ExportError(
             f"{checkpoint}: no token classifier (classifier.weight); a tag model is a "

@@ -15,6 +15,7 @@ import ast
 import importlib.util
 import json
 import re
+import shlex
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -510,3 +511,123 @@ def test_every_alert_has_a_runbook_section_in_troubleshooting() -> None:
         if "**Look at**" not in section or "**Do**" not in section:
             wrong.append(f"{rule['alert']}: its section says neither what to look at nor do")
     assert not wrong, f"alerts without a runbook: {wrong}"
+
+
+# --- no documented step writes into a tracked file -----------------------------------------------
+
+# What a fenced block that holds commands is labelled ("" for the unlabelled ones).
+SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
+# What ends one simple command and starts the next, as shlex splits punctuation.
+SEPARATORS = {"|", "||", "&&", ";", "&", "|&", "(", ")", ";;"}
+REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
+
+
+def shell_lines(path: Path) -> list[str]:
+    """Return the command lines of a page's shell and unlabelled fenced blocks (indented fences
+    in lists too), continuations joined."""
+    blocks: list[tuple[str, str]] = []  # (language, text)
+    open_fence = False
+    for line in page(path).splitlines():
+        if line.strip().startswith("```"):
+            if not open_fence:
+                blocks.append((line.strip()[3:].strip(), ""))
+            open_fence = not open_fence
+        elif open_fence:
+            blocks[-1] = (blocks[-1][0], blocks[-1][1] + line + "\n")
+    return [line for language, text in blocks if language in SHELL_FENCES
+            for line in text.replace("\\\n", " ").splitlines() if line.strip()]  # fmt: skip
+
+
+def written_paths(line: str) -> list[str]:
+    """Return the files a shell command line writes: redirection targets, tee's files, the
+    destination of cp, mv and install (a directory's: the file each source becomes there), dd's
+    of=. Raise ValueError for a line a shell would not parse (unbalanced quotes)."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    written: list[str] = []
+    tokens = list(lexer)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token in SEPARATORS:
+            commands.append([])
+        elif token in REDIRECTS and i + 1 < len(tokens):
+            written.append(tokens[i + 1])
+            i += 1
+        elif token in {"<", "<<", "<<<", ">&", "<&"} and i + 1 < len(tokens):
+            i += 1  # an input, or a descriptor's copy
+        else:
+            commands[-1].append(token)
+        i += 1
+    for argv in commands:
+        while argv and (argv[0] == "sudo" or re.fullmatch(r"\w+=.*", argv[0])):
+            argv = argv[1:]
+        if not argv:
+            continue
+        name, args = Path(argv[0]).name, [a for a in argv[1:] if not a.startswith("-")]
+        if name == "tee":
+            written += args
+        elif name == "dd":
+            written += [a.removeprefix("of=") for a in argv[1:] if a.startswith("of=")]
+        elif name in {"cp", "mv", "install"}:
+            target = next((argv[k + 1] for k, a in enumerate(argv[:-1]) if a == "-t"), None)
+            target = target or next((a.split("=", 1)[1] for a in argv
+                                     if a.startswith("--target-directory=")), None)  # fmt: skip
+            sources = [a for a in args if a != target]
+            if target is None and len(sources) >= 2:
+                target, sources = sources[-1], sources[:-1]
+            if target is not None and (target.endswith("/") or (REPO / target).is_dir()):
+                written += [f"{target.rstrip('/')}/{Path(s).name}" for s in sources]
+            elif target is not None:
+                written.append(target)
+    return written
+
+
+@pytest.mark.parametrize(
+    ("line", "paths"),
+    [
+        ("head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \\n' > a/b", ["a/b"]),
+        ("python x.py 2>&1 >> log.txt; echo done", ["log.txt"]),
+        ("cmd 2>err.txt", ["err.txt"]),
+        ("echo x | sudo tee -a one two", ["one", "two"]),
+        ("cp -r a b deploy/k8s/base/", ["deploy/k8s/base/a", "deploy/k8s/base/b"]),
+        ("cp a deploy/k8s/base", ["deploy/k8s/base/a"]),
+        ("mv -t dir/ a", ["dir/a"]),
+        ("X=1 install -m 600 k dest.txt && dd if=/dev/zero of=disk.img", ["dest.txt", "disk.img"]),
+        ("kubectl create secret generic s --from-file=password=/dev/stdin < pw", []),
+        ("curl -s localhost:8000/readyz", []),
+    ],
+)
+def test_written_paths_finds_what_a_command_line_writes(line: str, paths: list[str]) -> None:
+    assert written_paths(line) == paths
+
+
+def tracked_files() -> set[str]:
+    """Return the repository's tracked files (`git ls-files`), relative to its root."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+    return set(listed.stdout.decode().split("\0")) - {""}
+
+
+def test_no_documented_step_writes_into_a_tracked_file() -> None:
+    """A runbook step that writes a file of the checkout (a password, a key) puts it where
+    `git commit -a` commits it (issue 48 item 3): what a step writes goes to an ignored path,
+    outside the repository, or to the cluster (`kubectl create secret`)."""
+    tracked = tracked_files()
+    pages = sorted(REPO / p for p in tracked if p.endswith(".md") and p != "CHANGELOG.md")
+    writes, wrong = 0, []
+    for path in pages:
+        for line in shell_lines(path):
+            try:
+                paths = written_paths(line)
+            except ValueError:  # not shell (a diagram, an answer): nothing a reader runs
+                continue
+            for written in paths:
+                if written.startswith(("/", "~", "$")) or not re.fullmatch(r"[\w./-]+", written):
+                    continue  # outside the checkout, or a placeholder
+                writes += 1
+                relative = Path(written).as_posix().removeprefix("./")
+                if relative in tracked:
+                    wrong.append(f"{path.relative_to(REPO)}: {line.strip()}")
+    assert writes >= 1, "no documented step writes a file: the pages' commands were not read"
+    assert not wrong, "documented steps writing into tracked files:\n" + "\n".join(wrong)

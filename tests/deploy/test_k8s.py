@@ -846,37 +846,42 @@ def test_only_the_gateway_and_the_push_and_rollout_jobs_reach_tf_serving(objs: l
         assert reach[ports["ready"]] == set(), server  # kubelet probes only
 
 
-def test_clients_reach_the_gateway_and_monitoring_reaches_only_metrics(objs: list[Obj]) -> None:
+def monitoring_peer(objs: list[Obj], workload: str) -> tuple[str, dict[str, str]]:
+    """Return the namespace and the pod labels of the one peer of ``workload``'s NetworkPolicy
+    that names a namespace (its scraper)."""
+    policy = find(objs, "NetworkPolicy", workload)["spec"]
+    (peer,) = [peer for rule in policy["ingress"] for peer in rule.get("from", [])
+               if "namespaceSelector" in peer]  # fmt: skip
+    return (
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        peer.get("podSelector", {}).get("matchLabels", {}),
+    )
+
+
+def test_clients_reach_the_gateway_and_only_prometheus_reaches_metrics(objs: list[Obj]) -> None:
+    """The gateway's /metrics port and TF Serving's REST port (metrics and an unauthenticated
+    :predict) are open to one peer, the same one: Prometheus's pods of the monitoring namespace
+    (issue 41 for TF Serving, issue 48 item 3 for the gateway), never the rest of it."""
     port = port_numbers(objs, "gateway")["http"]
     assert allowed(objs, "default", {}, "gateway", port)
     assert allowed(objs, "ingress-nginx", {"app": "x"}, "gateway", port)
-    # The gateway's /metrics port: the monitoring namespace only, never clients or the namespace
-    metrics_port = port_numbers(objs, "gateway")["metrics"]
-    policy = find(objs, "NetworkPolicy", "gateway")["spec"]
-    (gateway_monitoring,) = [
-        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
-        for rule in policy["ingress"] for peer in rule.get("from", [])
-        if "namespaceSelector" in peer
-    ]  # fmt: skip
-    assert gateway_monitoring == "monitoring"
-    assert allowed(objs, "monitoring", {}, "gateway", metrics_port)
-    for namespace, labels in (("default", {}), ("ingress-nginx", {"app": "x"}), (NAMESPACE, {})):
-        assert not allowed(objs, namespace, labels, "gateway", metrics_port), namespace
-    for server in model_servers(objs):
-        tfs = port_numbers(objs, server)
-        policy = find(objs, "NetworkPolicy", server)["spec"]
-        (monitoring,) = [
-            peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
-            for rule in policy["ingress"] for peer in rule["from"] if "namespaceSelector" in peer
-        ]  # fmt: skip
-        assert monitoring == "monitoring"  # the overlay names it (the base: a placeholder)
-        # the REST port serves :predict unauthenticated: Prometheus's pods only (issue 41)
-        prometheus = {"app.kubernetes.io/name": "prometheus"}
-        assert allowed(objs, monitoring, prometheus, server, tfs["http"])
-        assert not allowed(objs, monitoring, prometheus, server, tfs["grpc"])
-        for other in ({}, {"app.kubernetes.io/name": "grafana"}):
-            assert not allowed(objs, monitoring, other, server, tfs["http"]), other
-        assert not allowed(objs, "default", prometheus, server, tfs["http"])
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    scraped = {"gateway": "metrics", **{server: "http" for server in model_servers(objs)}}
+    for workload, port_name in scraped.items():
+        # the overlay names the namespace (the base: a placeholder); Prometheus's own pods only
+        assert monitoring_peer(objs, workload) == ("monitoring", prometheus), workload
+        ports = port_numbers(objs, workload)
+        assert allowed(objs, "monitoring", prometheus, workload, ports[port_name]), workload
+        others = [("monitoring", {}), ("monitoring", {"app.kubernetes.io/name": "grafana"}),
+                  ("default", prometheus), ("default", {}), ("ingress-nginx", {"app": "x"}),
+                  (NAMESPACE, {}), (NAMESPACE, prometheus)]  # fmt: skip
+        for namespace, labels in others:
+            assert not allowed(objs, namespace, labels, workload, ports[port_name]), (
+                workload, namespace, labels,
+            )  # fmt: skip
+        for name, number in ports.items():  # nothing else there but what everyone reaches
+            if name != port_name and not allowed(objs, "default", {}, workload, number):
+                assert not allowed(objs, "monitoring", prometheus, workload, number), name
     for job in ("push-model", "rollout", "models-seed"):
         for number in port_numbers(objs, job).values() or [8000]:
             assert not allowed(objs, "default", {}, job, number)
@@ -899,7 +904,18 @@ def test_rate_limits_go_to_a_redis_only_the_gateways_reach(objs: list[Obj]) -> N
     for side in (env, theirs):
         ref = side["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
         assert ref["key"] == "password" and ref["name"].startswith("gateway-redis")
-        assert find(objs, "Secret", ref["name"])
+        # No password is shipped (the runbook's overlay replaces this Secret from a git-ignored
+        # file: test_runbook.py); with the empty one, Redis refuses to start.
+        assert find(objs, "Secret", ref["name"])["data"] == {"password": ""}
+    started = {
+        password: subprocess.run(
+            ["sh", "-c", *redis_container["command"][2:], "true"],
+            env={"REDIS_PASSWORD": password}, capture_output=True, text=True, timeout=10,
+        )
+        for password in ("", "0123abcd")
+    }  # fmt: skip
+    assert started[""].returncode == 1 and "no password" in started[""].stderr
+    assert started["0123abcd"].returncode == 0  # then it execs redis-server with its args
     acl = redis_container["args"]
     assert acl[acl.index("default") - 1 : acl.index("default") + 2] == ["--user", "default", "off"]
     assert ">$(REDIS_PASSWORD)" in acl and "-@all" in acl

@@ -1,10 +1,11 @@
 """The Kubernetes base's Redis (deploy/k8s/base/redis.yaml) run for real with its own arguments
 (issue 41 item 5): it lets in only the user "gateway", with the Secret's password, whose ACL allows
-what the rate limiter runs and nothing else; and the token-bucket script clamps a bucket at both
-ends, whatever its hash holds."""
+what the rate limiter runs and nothing else: of Lua, the limiter's script alone, by its hash (issue
+48 item 3); and the token-bucket script clamps a bucket at both ends, whatever its hash holds."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 import redis
 import yaml
 
-from backend.ratelimit import PREFIX, RedisStore, _bucket_id
+from backend.ratelimit import _TAKE, PREFIX, RedisStore, _bucket_id
 from ops.procs import REPO, ServerProcess, free_port
 from tests.backend.test_ratelimit_redis import redis_server_binary
 
@@ -81,12 +82,35 @@ def test_the_gateway_user_may_run_nothing_else(server: tuple[int, str], command:
         client.execute_command(*command)
 
 
-def test_a_script_it_loads_may_call_only_what_the_acl_allows(server: tuple[int, str]) -> None:
+# Every command that runs or loads Lua (Redis 7.0): the ACL may name only EVALSHA of the
+# limiter's hash, and SCRIPT LOAD (a load compiles, it runs nothing).
+LUA_COMMANDS = {"eval", "eval_ro", "evalsha", "evalsha_ro", "script", "function", "fcall",
+                "fcall_ro", "@scripting"}  # fmt: skip
+
+
+def test_the_acl_runs_the_limiters_script_by_its_hash_and_no_other_lua() -> None:
+    """EVALSHA of the limiter's script's SHA-1 only (an ACL first-argument rule): changing the
+    script (backend/ratelimit.py) means changing this hash in redis.yaml."""
+    args = manifest_args("x", 0, Path("/data"))
+    script = [a for a in args if a.lower().lstrip("+-").split("|")[0] in LUA_COMMANDS]
+    assert script == [f"+evalsha|{hashlib.sha1(_TAKE.encode()).hexdigest()}", "+script|load"]
+
+
+@pytest.mark.parametrize(
+    "script", ["return 1", "return redis.call('HSET', KEYS[1], 'tokens', '1000')"]
+)
+def test_a_script_it_loads_cannot_run(server: tuple[int, str], script: str) -> None:
+    """Only the limiter's Lua runs as the gateway user: a script of its own loads (compiled, not
+    run) and is refused (a loop in one would hold Redis, and every pod's limits, for seconds)."""
     port, password = server
     client = redis.Redis(port=port, username="gateway", password=password)
-    sha = client.script_load("return redis.call('FLUSHALL')")
-    with pytest.raises(redis.exceptions.ResponseError, match="can't run this command"):
-        client.evalsha(sha, 0)
+    sha = client.script_load(script)
+    with pytest.raises(redis.exceptions.NoPermissionError, match="evalsha"):
+        client.evalsha(sha, 1, PREFIX + "x")
+    for command in (("EVAL", script, "1", PREFIX + "x"), ("EVAL_RO", "return 1", "0"),
+                    ("FCALL", "f", "0"), ("FUNCTION", "LOAD", "#!lua name=x\n")):  # fmt: skip
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.execute_command(*command)
 
 
 @pytest.mark.parametrize(("stored", "most_wait_s"), [(-1000.0, 1.0), (1e12, 0.0)])

@@ -86,12 +86,22 @@ def test_every_image_tag_is_the_projects_version() -> None:
                 assert image["newTag"] == version, path
 
 
+def password_step() -> str:
+    """Return the runbook's command line that writes Redis's password (step 3)."""
+    lines = [line for block in blocks() for line in block.splitlines()]
+    (line,) = [line for line in lines if "redis-password" in line]
+    return line
+
+
 def render_mine(tmp_path: Path, kustomization: str) -> str:
-    """Render ``kustomization`` as deploy/k8s/overlays/mine of a copy of deploy/k8s."""
-    shutil.copytree(K8S, tmp_path / "k8s")
-    mine = tmp_path / "k8s" / "overlays" / "mine"
-    mine.mkdir()
+    """Render ``kustomization`` as deploy/k8s/overlays/mine of a copy of deploy/k8s, after the
+    runbook's password step has run there (from the copy's root, as from the repository's)."""
+    if not (tmp_path / "deploy").exists():
+        shutil.copytree(K8S, tmp_path / "deploy" / "k8s")
+    mine = tmp_path / "deploy" / "k8s" / "overlays" / "mine"
+    mine.mkdir(exist_ok=True)
     (mine / "kustomization.yaml").write_text(kustomization)
+    subprocess.run(["sh", "-c", password_step()], cwd=tmp_path, check=True, timeout=10)
     assert KUBECTL
     result = subprocess.run([KUBECTL, "kustomize", str(mine)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -109,6 +119,49 @@ def test_the_runbooks_overlay_renders_with_the_registrys_images(tmp_path: Path) 
     ours = {i for i in images if "bert-gateway" in i}
     version = project_version()
     assert ours == {f"REGISTRY/bert-gateway:{version}", f"REGISTRY/bert-gateway-ops:{version}"}
+
+
+def test_the_runbooks_password_is_written_where_git_ignores_it() -> None:
+    """Step 3 writes Redis's password into a git-ignored file of the overlay step 2 makes, never
+    a tracked one (`git commit -a` would commit it: issue 48 item 3)."""
+    from tests.test_docs import tracked_files, written_paths
+
+    (path,) = written_paths(password_step())
+    assert path == "deploy/k8s/overlays/mine/redis-password"
+    assert path not in tracked_files()
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=REPO)
+    assert ignored.returncode == 0, f"{path} is not git-ignored"
+    shipped = [p for p in tracked_files() if p.startswith("deploy/") and "password" in p]
+    assert not shipped, shipped
+
+
+def redis_secret(out: str) -> tuple[str, str, set[str]]:
+    """Return the rendered Redis Secret's name, its password, and the Secret names the gateway's
+    and Redis's containers read REDIS_PASSWORD from."""
+    import base64
+
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    (secret,) = [d for d in docs if d["kind"] == "Secret"
+                 and d["metadata"]["name"].startswith("gateway-redis")]  # fmt: skip
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    refs = {
+        env["valueFrom"]["secretKeyRef"]["name"]
+        for d in docs if d["kind"] == "Deployment"
+        and d["metadata"]["name"] in ("gateway", "gateway-redis")
+        for c in containers_of(d) for env in c.get("env", []) if env["name"] == "REDIS_PASSWORD"
+    }  # fmt: skip
+    return secret["metadata"]["name"], password, refs
+
+
+def test_the_runbooks_overlay_makes_the_secret_from_the_password_step(tmp_path: Path) -> None:
+    """The overlay of step 2 generates Secret gateway-redis from the file step 3 writes: a new
+    password each time, read by both pods, and a new Secret name (the pods roll onto it)."""
+    first = redis_secret(render_mine(tmp_path, blocks("yaml")[0]))
+    second = redis_secret(render_mine(tmp_path, blocks("yaml")[0]))
+    for name, password, refs in (first, second):
+        assert re.fullmatch(r"[0-9a-f]{48}", password), password  # goes into a URL as it is
+        assert refs == {name}
+    assert first[1] != second[1] and first[0] != second[0]
 
 
 def containers_of(obj: Obj) -> list[Obj]:
