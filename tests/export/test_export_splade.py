@@ -258,3 +258,28 @@ def test_refusals_name_what_is_wrong(saved: Callable[..., Path], tmp_path: Path)
     with pytest.raises(ExportError, match="pooling_strategy 'mean' is not served"):
         build(headless, "a", tmp_path, task="embed")
     assert not list((tmp_path / "a").glob("[0-9]*")) if (tmp_path / "a").exists() else True
+
+
+def test_an_older_idf_json_reads_as_the_same_table(
+    saved: Callable[..., Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    from export.splade import read_splade
+
+    path = saved("bert", "max", "log1p_relu", True)
+    older = tmp_path / "older"
+    shutil.copytree(path, older)
+    query = older / "query_0_SparseStaticEmbedding"
+    weights = load_file(str(query / "model.safetensors"))["weight"]
+    (query / "model.safetensors").unlink()
+    vocab = Tokenizer.from_file(str(query / "tokenizer.json")).get_vocab(with_added_tokens=True)
+    # OpenSearch's idf.json: {token: weight}, beside the model
+    (older / "idf.json").write_text(json.dumps({t: float(weights[i]) for t, i in vocab.items()}))
+    found = read_splade(older)
+    assert found is not None and found.query_source == str(older / "idf.json")
+    assert found.query_idf is not None
+    np.testing.assert_array_equal(found.query_idf, weights[: len(found.query_idf)])
