@@ -15,15 +15,14 @@ deadline and merged (AVAILABLE only where all that answer say so).
 
 from __future__ import annotations
 
-import functools
 import http.client
-import io
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
 import numpy as np
@@ -255,10 +254,11 @@ class RestClient:
         fresh = False
         while True:
             conn = self._connection(pool, base_url, deadline, fresh)
+            sock = cast(_DeadlineSocket, conn.sock)  # (or its TLS twin): connected
             reused, answered = conn.exchanges > 0, False
-            conn.deadline, conn.received = deadline, 0
+            sock.deadline, sock.received = deadline, 0
             try:
-                conn.sock.settimeout(_left(deadline))  # sendall's timeout is its whole send
+                sock.settimeout(_left(deadline))  # sendall's timeout is its whole send
                 conn.request(method, pool.prefix + path, body=body, headers=headers)
                 response = conn.getresponse()
                 answered = True
@@ -270,7 +270,7 @@ class RestClient:
                 ) from exc
             except ConnectionError as exc:
                 conn.close()
-                if reused and not fresh and conn.received == 0:
+                if reused and not fresh and sock.received == 0:
                     fresh = True  # closed by the server while idle: once more, on a new one
                     continue
                 if not answered:  # refused, reset or closed before a status line: not reached
@@ -324,67 +324,56 @@ def _unusable(method: str, path: str, exc: BaseException) -> UpstreamError:
     )
 
 
-class _Reader(io.RawIOBase):
-    """The raw stream under an answer's buffer: each read waits no later than the exchange's
-    deadline (a socket timeout bounds one ``recv``; this bounds them all together) and counts
-    the bytes of the answer the connection received."""
+class _DeadlineReads:
+    """A socket whose every read waits no later than the exchange's ``deadline`` (a socket
+    timeout bounds one ``recv``; this bounds them all together) and counts the bytes it
+    ``received``: ``http.client`` reads an answer through ``recv_into`` alone."""
 
-    def __init__(self, conn: _Connection, sock: socket.socket) -> None:
-        super().__init__()
-        self._conn = conn
-        self._sock = sock
-        self._raw = sock.makefile("rb", buffering=0)  # holds the socket open, as makefile does
+    deadline = float("inf")
+    received = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int | None:
-        self._sock.settimeout(_left(self._conn.deadline))
-        count = self._raw.readinto(buffer)
-        if count:
-            self._conn.received += count
+    def recv_into(self, buffer: Any, *args: Any, **kwargs: Any) -> int:
+        self.settimeout(_left(self.deadline))  # type: ignore[attr-defined]
+        count: int = super().recv_into(buffer, *args, **kwargs)  # type: ignore[misc]
+        self.received += count
         return count
 
-    def close(self) -> None:
-        if not self.closed:
-            self._raw.close()
-        super().close()
+
+class _DeadlineSocket(_DeadlineReads, socket.socket):
+    """A TCP socket with deadline-bound reads."""
 
 
-class _Source:
-    """What ``HTTPResponse`` reads from: its ``makefile`` is the deadline-bound ``_Reader``."""
-
-    __slots__ = ("conn", "sock")
-
-    def __init__(self, conn: _Connection, sock: socket.socket) -> None:
-        self.conn, self.sock = conn, sock
-
-    def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(_Reader(self.conn, self.sock))
+class _DeadlineSSLSocket(_DeadlineReads, ssl.SSLSocket):
+    """A TLS socket with deadline-bound reads (what an https base URL's connections wrap)."""
 
 
-class _Response(http.client.HTTPResponse):
-    """An answer read through its connection's ``_Reader``."""
-
-    def __init__(self, sock: socket.socket, *args: Any, conn: _Connection, **kwargs: Any) -> None:
-        super().__init__(_Source(conn, sock), *args, **kwargs)  # type: ignore[arg-type]
+def _connect(
+    address: tuple[str, int], timeout: float, source_address: Any = None
+) -> _DeadlineSocket:
+    """Return a connected ``_DeadlineSocket`` (``socket.create_connection``'s socket, adopted)."""
+    plain = socket.create_connection(address, timeout, source_address)
+    sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
+    sock.settimeout(timeout)
+    return sock
 
 
 class _Connection(http.client.HTTPConnection):
-    """A pooled connection: the deadline of its exchange under way, the bytes of the answer
-    received so far, and the exchanges it completed (0: new)."""
+    """A pooled connection over a ``_DeadlineSocket``, counting the exchanges it completed (0:
+    new)."""
 
-    deadline = 0.0
-    received = 0
     exchanges = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.response_class = functools.partial(_Response, conn=self)  # type: ignore[assignment]
+        self._create_connection = _connect
 
 
 class _TlsConnection(_Connection, http.client.HTTPSConnection):
     """A pooled HTTPS connection (the same, over TLS)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._context.sslsocket_class = _DeadlineSSLSocket  # type: ignore[attr-defined]
 
 
 class Connections:
