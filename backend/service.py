@@ -58,10 +58,19 @@ from modelformat.routing import ModelRoute
 class Gateway:
     """Per-process gateway state: the upstream client, caches and the chunk thread pool."""
 
-    def __init__(self, settings: Settings, client: PredictClient | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        client: PredictClient | None = None,
+        threads: int | None = None,
+    ) -> None:
+        """``threads``: the worker's request threads, when known (a gunicorn worker's)."""
         self.settings = settings
         self.pid = os.getpid()
-        self.client = client if client is not None else make_client(settings)
+        chunk_threads = max(4, settings.max_concurrent_chunks * 4)
+        # upstream calls in flight at once: one per request thread, and the chunks' calls
+        calls_at_once = threads + chunk_threads if threads else None
+        self.client = client if client is not None else make_client(settings, calls_at_once)
         self.assets = AssetCache(settings.model_base_path, recheck_s=settings.status_cache_s)
         self.statuses = StatusCache(
             self._fetch_status, ttl_s=settings.status_cache_s, wait_s=settings.request_timeout_s
@@ -86,9 +95,7 @@ class Gateway:
             if settings.group_in_flight
             else None
         )
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(4, settings.max_concurrent_chunks * 4), thread_name_prefix="chunk"
-        )
+        self._pool = ThreadPoolExecutor(max_workers=chunk_threads, thread_name_prefix="chunk")
 
     def close(self) -> None:
         """Stop the pool and close the client (and the shadow target's)."""

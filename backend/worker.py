@@ -24,13 +24,17 @@ def get_gateway(app: Flask) -> Gateway:
     with app.extensions["gateway_lock"]:
         gateway = app.extensions.get("gateway")
         if gateway is None or gateway.pid != os.getpid():
-            gateway = Gateway(app.extensions["gateway_settings"])
+            gateway = Gateway(
+                app.extensions["gateway_settings"], threads=app.extensions.get("worker_threads")
+            )
             app.extensions["gateway"] = gateway
     return gateway
 
 
-def start_worker(app: Flask) -> Gateway:
-    """Create the worker's Gateway right after fork (gunicorn post_fork)."""
+def start_worker(app: Flask, threads: int | None = None) -> Gateway:
+    """Create the worker's Gateway right after fork (gunicorn post_fork); ``threads``: the
+    worker's request threads (gunicorn's ``threads``), which size its upstream connections."""
+    app.extensions["worker_threads"] = threads
     # A lock copied from the parent could have been held at fork time: start fresh.
     app.extensions["gateway_lock"] = threading.Lock()
     app.extensions.pop("gateway", None)

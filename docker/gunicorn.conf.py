@@ -151,7 +151,7 @@ def post_fork(server: Any, worker: Any) -> None:
     worker.header_timeout_s = HEADER_TIMEOUT_S
     worker.body_timeout_s = BODY_TIMEOUT_S
     worker.max_body_bytes = int(app.config.get("MAX_CONTENT_LENGTH") or 1_048_576)
-    start_worker(app)
+    start_worker(app, threads=worker.cfg.threads)  # they size the REST upstream's pool
 
 
 def worker_exit(server: Any, worker: Any) -> None:

@@ -9,8 +9,12 @@ from modelformat.status import VersionStatus, newest_available
 __all__ = ["PredictClient", "VersionStatus", "make_client", "newest_available"]
 
 
-def make_client(settings: Settings) -> PredictClient:
-    """Return the client for ``settings.upstream``; call it after fork (it opens connections)."""
+def make_client(settings: Settings, calls_at_once: int | None = None) -> PredictClient:
+    """Return the client for ``settings.upstream``; call it after fork (it opens connections).
+
+    ``calls_at_once``: the most upstream calls the process makes at once (a worker's threads and
+    chunk threads), the REST pool's size; unknown (a bare WSGI server), RestClient's default.
+    """
     if settings.upstream == "grpc":
         from backend.clients.grpc_client import GrpcClient
 
@@ -21,10 +25,11 @@ def make_client(settings: Settings) -> PredictClient:
             status_deadline_s=settings.status_deadline_s,
         )
     if settings.upstream == "rest":
-        from backend.clients.rest_client import RestClient
+        from backend.clients.rest_client import POOL_SIZE, RestClient
 
         return RestClient(
             settings.tfs_rest_url,
+            pool_size=calls_at_once or POOL_SIZE,
             retry_after_s=settings.retry_after_s,
             status_deadline_s=settings.status_deadline_s,
         )

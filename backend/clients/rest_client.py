@@ -2,7 +2,9 @@
 
 The connections are the standard library's ``http.client`` ones, kept in a small pool per
 replica: a call costs one send and one read of the socket. A ``requests`` session cost the worker
-about 0.8 ms more CPU per one-text request (docs/performance/gateway-cost.md).
+about 0.8 ms more CPU per one-text request (docs/performance/gateway-cost.md). A call's timeout
+bounds its whole exchange, not each read; a kept-alive connection the server closed as the call
+went on it is replaced, once, by a new one (``RestClient._exchange``).
 
 ``base_url`` may list several replicas, comma-separated: ``backend.clients.replicas.ReplicaSet``
 sends each call to one replica that reported the version, round robin; one that cannot be reached
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import http.client
 import select
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
 import numpy as np
@@ -42,6 +46,7 @@ _HTTP_TO_CODE = {
 }
 _TF_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32}
 CONNECT_TIMEOUT_S = 1.0
+POOL_SIZE = 16  # idle connections kept per replica when the calls at once are not known
 SIGNATURE = "serving_default"
 
 
@@ -55,7 +60,7 @@ class RestClient:
         self,
         base_url: str,
         *,
-        pool_size: int = 16,
+        pool_size: int = POOL_SIZE,
         retry_after_s: int = 1,
         status_deadline_s: float = 1.0,
     ) -> None:
@@ -233,11 +238,68 @@ class RestClient:
     ) -> tuple[int, bytes]:
         """Send one request on a pooled connection; return (status, body). Every failure is a
         gateway error: no connection → unavailable, no answer in time → timeout, an answer that
-        broke off → unusable."""
+        broke off → unusable.
+
+        ``timeout_s`` bounds the whole exchange (connecting, sending, every read of the
+        answer), not each read: a server that trickles its answer is cut off at the deadline.
+        A kept-alive connection the server closed just as the request went (its idle timeout
+        fired between the idle check and the send) fails before any byte of the answer: the
+        request goes again, once, on a new connection (Predict, metadata and status are
+        idempotent), so neither a 503 nor a replica marked down comes of it.
+        """
+        deadline = time.monotonic() + timeout_s
+        if timeout_s <= 0:
+            raise UpstreamTimeout("the request's deadline passed before the model server was asked")
         pool = self._pools[base_url]
+        fresh = False
+        while True:
+            conn = self._connection(pool, base_url, deadline, fresh)
+            sock = cast(_DeadlineSocket, conn.sock)  # (or its TLS twin): connected
+            reused, answered = conn.exchanges > 0, False
+            sock.deadline, sock.received = deadline, 0
+            try:
+                sock.settimeout(_left(deadline))  # sendall's timeout is its whole send
+                conn.request(method, pool.prefix + path, body=body, headers=headers)
+                response = conn.getresponse()
+                answered = True
+                content = response.read()
+            except TimeoutError as exc:
+                conn.close()
+                raise UpstreamTimeout(
+                    f"the model server did not answer within {timeout_s:.3g}s"
+                ) from exc
+            except ConnectionError as exc:
+                conn.close()
+                if reused and not fresh and sock.received == 0:
+                    fresh = True  # closed by the server while idle: once more, on a new one
+                    continue
+                if not answered:  # refused, reset or closed before a status line: not reached
+                    raise UpstreamUnavailable(
+                        f"cannot reach the model server at {base_url}",
+                        retry_after_s=self.retry_after_s,
+                    ) from exc
+                raise _unusable(method, path, exc) from exc
+            except (http.client.HTTPException, OSError) as exc:
+                # A reply that broke off mid-body or could not be parsed: answered, not usably.
+                conn.close()
+                raise _unusable(method, path, exc) from exc
+            except BaseException:
+                conn.close()  # whatever it was, the socket is not left open
+                raise
+            conn.exchanges += 1
+            pool.give(conn, reusable=not response.will_close)
+            return response.status, content
+
+    def _connection(
+        self, pool: Connections, base_url: str, deadline: float, fresh: bool
+    ) -> _Connection:
+        """Return an idle connection of ``pool`` (a new one when ``fresh``), connected before
+        ``deadline``; a gateway error when there is none."""
         try:
-            conn = pool.take(min(CONNECT_TIMEOUT_S, timeout_s))
+            return pool.take(min(CONNECT_TIMEOUT_S, _left(deadline)), fresh=fresh)
         except TimeoutError as exc:
+            if deadline <= time.monotonic():
+                raise UpstreamTimeout("the model server did not answer in time") from exc
             raise UpstreamUnavailable(
                 f"cannot connect to the model server at {base_url}",
                 retry_after_s=self.retry_after_s,
@@ -246,32 +308,14 @@ class RestClient:
             raise UpstreamUnavailable(
                 f"cannot reach the model server at {base_url}", retry_after_s=self.retry_after_s
             ) from exc
-        answered = False
-        try:
-            conn.sock.settimeout(timeout_s)
-            conn.request(method, pool.prefix + path, body=body, headers=headers)
-            response = conn.getresponse()
-            answered = True
-            content = response.read()
-        except TimeoutError as exc:
-            conn.close()
-            raise UpstreamTimeout(
-                f"the model server did not answer within {timeout_s:.3g}s"
-            ) from exc
-        except ConnectionError as exc:
-            conn.close()
-            if not answered:  # refused, reset or closed before a status line: not reached
-                raise UpstreamUnavailable(
-                    f"cannot reach the model server at {base_url}",
-                    retry_after_s=self.retry_after_s,
-                ) from exc
-            raise _unusable(method, path, exc) from exc
-        except (http.client.HTTPException, OSError) as exc:
-            # A reply that broke off mid-body or could not be parsed: answered, not usably.
-            conn.close()
-            raise _unusable(method, path, exc) from exc
-        pool.give(conn, reusable=not response.will_close)
-        return response.status, content
+
+
+def _left(deadline: float) -> float:
+    """Return the seconds left before ``deadline``; ``TimeoutError`` once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed")
+    return left
 
 
 def _unusable(method: str, path: str, exc: BaseException) -> UpstreamError:
@@ -280,25 +324,83 @@ def _unusable(method: str, path: str, exc: BaseException) -> UpstreamError:
     )
 
 
+class _DeadlineReads:
+    """A socket whose every read waits no later than the exchange's ``deadline`` (a socket
+    timeout bounds one ``recv``; this bounds them all together) and counts the bytes it
+    ``received``: ``http.client`` reads an answer through ``recv_into`` alone."""
+
+    deadline = float("inf")
+    received = 0
+
+    def recv_into(self, buffer: Any, *args: Any, **kwargs: Any) -> int:
+        self.settimeout(_left(self.deadline))  # type: ignore[attr-defined]
+        count: int = super().recv_into(buffer, *args, **kwargs)  # type: ignore[misc]
+        self.received += count
+        return count
+
+
+class _DeadlineSocket(_DeadlineReads, socket.socket):
+    """A TCP socket with deadline-bound reads."""
+
+
+class _DeadlineSSLSocket(_DeadlineReads, ssl.SSLSocket):
+    """A TLS socket with deadline-bound reads (what an https base URL's connections wrap)."""
+
+
+def _connect(
+    address: tuple[str, int], timeout: float, source_address: Any = None
+) -> _DeadlineSocket:
+    """Return a connected ``_DeadlineSocket`` (``socket.create_connection``'s socket, adopted)."""
+    plain = socket.create_connection(address, timeout, source_address)
+    sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
+    sock.settimeout(timeout)
+    return sock
+
+
+class _Connection(http.client.HTTPConnection):
+    """A pooled connection over a ``_DeadlineSocket``, counting the exchanges it completed (0:
+    new)."""
+
+    exchanges = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _connect
+
+
+class _TlsConnection(_Connection, http.client.HTTPSConnection):
+    """A pooled HTTPS connection (the same, over TLS)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._context.sslsocket_class = _DeadlineSSLSocket  # type: ignore[attr-defined]
+
+
 class Connections:
     """Idle keep-alive connections to one base URL, the most recently used first. A call takes
-    one (or opens one), makes one exchange on it, and gives it back unless it is spent."""
+    one (or opens one), makes one exchange on it, and gives it back unless it is spent.
+
+    ``size`` idle connections are kept at most: the calls a worker can have in flight at once
+    (its threads and its chunk threads, ``backend.clients.make_client``), so that a worker busy
+    on every thread still reuses its connections rather than opening and closing the ones over.
+    """
 
     def __init__(self, base_url: str, size: int) -> None:
         parts = urlsplit(base_url)
         https = parts.scheme == "https"
-        self._cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+        self._cls = _TlsConnection if https else _Connection
         self._host = parts.hostname or "localhost"
         self._port = parts.port or (443 if https else 80)
         self.prefix = parts.path.rstrip("/")
-        self._size = max(1, size)
-        self._idle: list[http.client.HTTPConnection] = []
+        self.size = max(1, size)
+        self._idle: list[_Connection] = []
         self._lock = threading.Lock()
 
-    def take(self, connect_timeout_s: float) -> http.client.HTTPConnection:
-        """Return an idle connection the server hasn't closed, else a new connected one
-        (``OSError``/``TimeoutError`` when it can't connect within ``connect_timeout_s``)."""
-        while True:
+    def take(self, connect_timeout_s: float, fresh: bool = False) -> _Connection:
+        """Return an idle connection the server hasn't closed (unless ``fresh``), else a new
+        connected one (``OSError``/``TimeoutError`` when it can't connect within
+        ``connect_timeout_s``)."""
+        while not fresh:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
@@ -314,11 +416,11 @@ class Connections:
             raise
         return conn
 
-    def give(self, conn: http.client.HTTPConnection, *, reusable: bool) -> None:
+    def give(self, conn: _Connection, *, reusable: bool) -> None:
         """Keep ``conn`` for the next call, or close it (spent, or the pool is full)."""
         if reusable:
             with self._lock:
-                if len(self._idle) < self._size:
+                if len(self._idle) < self.size:
                     self._idle.append(conn)
                     return
         conn.close()

@@ -10,9 +10,11 @@ with GATEWAY_TIMEOUT_S=--timeout, then runs clients through the gateway while:
    Required: the gateway answers 503 JSON errors within the timeout, never hangs, no gunicorn
    worker dies, and it serves again soon after the model server's ports open: within gRPC's
    capped reconnect backoff (+20 % jitter) plus one request's timeout (``recovery_bounds``).
-2. **slow**: the proxy holds back every reply by ``--slow-delay`` (more than the timeout).
-   Required: 504 JSON errors at the timeout (not later), no pile-up (the last slow answers take no
-   longer than the first), and normal answers within one timeout once the delay is removed.
+2. **slow**: the proxy holds back every reply by ``--slow-delay``, more than the timeout and
+   its margin (refused otherwise: a 504 at the timeout and one when the held reply comes would
+   both fall within the check's bound). Required: 504 JSON errors at the timeout (not later),
+   no pile-up (the last slow answers take no longer than the first), and normal answers within
+   one timeout once the delay is removed.
 Every bound carries MARGIN_S for the drill's own clients being scheduled late on a busy machine;
 none is a figure measured on one machine.
 
@@ -264,7 +266,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-for", type=float, default=6.0, help="seconds of slowness")
     p.add_argument("--steady", type=float, default=3.0, help="seconds of normal load around faults")
     p.add_argument("--json", type=Path, help="also write the checks and figures here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.slow_delay <= args.timeout + MARGIN_S:
+        p.error(
+            f"--slow-delay {args.slow_delay:g} must exceed --timeout {args.timeout:g} + "
+            f"{MARGIN_S:g} s of margin: a 504 at the delay would pass for one at the timeout"
+        )
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

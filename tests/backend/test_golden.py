@@ -20,11 +20,14 @@ import pytest
 
 from tests.backend.conftest import EMBED, EXITS, INTENT, SENTENCE, TAGGER
 from tests.backend.golden import (
+    BYTES,
+    TOLERANCE,
     Case,
     assert_same_answer,
     check,
     float_kind,
     golden_file,
+    mode,
     recording,
 )
 
@@ -180,3 +183,28 @@ def test_serialization_changes_fail_off_the_recording_machine(defect: str) -> No
 )  # fmt: skip
 def test_a_floats_kind_is_the_writer_that_wrote_it(literal: bytes, kind: str) -> None:
     assert float_kind(literal) == kind
+
+
+RECORDED = "AMD EPYC (AVX-512 + bf16: avx2 fma f16c avx512f avx512_bf16 avx512_vnni), 2 cores"
+
+
+@pytest.mark.parametrize(
+    ("here", "held", "named"),
+    [
+        (RECORDED, BYTES, "AVX-512 + bf16, 2 cores"),
+        # another vendor's CPU with the same kernels and cores: still every byte
+        ("Intel Xeon (AVX-512 + bf16: avx2 fma f16c avx512f avx512_bf16 avx512_vnni), 2 cores",
+         BYTES, "AVX-512 + bf16, 2 cores"),
+        ("AMD EPYC (AVX2: avx2 fma f16c), 2 cores", TOLERANCE, "CPU class 'AVX-512 + bf16' there"),
+        ("AMD EPYC (AVX-512 + bf16: avx2 fma f16c avx512f avx512_bf16 avx512_vnni), 8 cores",
+         TOLERANCE, "cores '2' there, '8' here"),
+        ("AMD EPYC (AVX-512 + bf16: avx2 fma avx512f avx512_bf16 avx512_vnni), 2 cores",
+         TOLERANCE, "kernel flags"),
+    ],
+)  # fmt: skip
+def test_answers_are_held_within_tolerance_only_where_the_arithmetic_differs(
+    here: str, held: str, named: str
+) -> None:
+    got, why = mode(RECORDED + "\n", here)
+
+    assert (got, named in why) == (held, True), why

@@ -18,6 +18,7 @@ and far below what these requests cost before.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -257,28 +258,30 @@ def test_a_request_within_its_budget_is_served(gateway: Gateway) -> None:
     assert reply.json()["windows"] == [26, 1]
 
 
-def test_the_tokenizer_checks_the_deadline_as_it_goes() -> None:
+_DEADLINE_CALLS: dict[str, Any] = {
+    "windows": lambda tokenizer: tokenizer.windows([LONG]),
+    "tag windows": lambda tokenizer: tokenizer.tag_windows(LONG, 4),
+    "pairs": lambda tokenizer: tokenizer.encode_pairs([("hi", "there")]),
+    "texts": lambda tokenizer: tokenizer.encode(["hi"]),
+    "ids": lambda tokenizer: tokenizer.encode_ids([[5, 6]]),
+}
+
+
+@pytest.mark.parametrize("name", _DEADLINE_CALLS)
+def test_the_tokenizer_checks_the_deadline_as_it_goes(name: str) -> None:
     """No request holds a thread past its deadline: windows, pairs and texts are refused (504)
     once it has passed, before their rows are built; outside a request nothing is checked."""
     tokenizer = BertTokenizer(dict((t, i) for i, t in enumerate(tiny_vocab())), max_seq_len=16)
-    calls = {
-        "windows": lambda: tokenizer.windows([LONG]),
-        "tag windows": lambda: tokenizer.tag_windows(LONG, 4),
-        "pairs": lambda: tokenizer.encode_pairs([("hi", "there")]),
-        "texts": lambda: tokenizer.encode(["hi"]),
-        "ids": lambda: tokenizer.encode_ids([[5, 6]]),
-    }
+    call = functools.partial(_DEADLINE_CALLS[name], tokenizer)
     roomy = Settings(max_request_tokens=10**9, max_request_rows=10**9)
-    for name, call in calls.items():
-        call()  # no budget: no check
-        with budget.scope(roomy, deadline=time.monotonic() - 1), pytest.raises(UpstreamTimeout):
-            call()
-        no_rows = roomy.replace(max_request_rows=1)
-        with (
-            budget.scope(no_rows, deadline=time.monotonic() + 60),
-            pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_REQUEST_ROWS"),
-        ):
-            call()
-            call()  # one row is within it (a text, a pair): the second is not
-        call()  # the scope is over: no check
-        assert name
+    call()  # no budget: no check
+    with budget.scope(roomy, deadline=time.monotonic() - 1), pytest.raises(UpstreamTimeout):
+        call()
+    no_rows = roomy.replace(max_request_rows=1)
+    with (
+        budget.scope(no_rows, deadline=time.monotonic() + 60),
+        pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_REQUEST_ROWS"),
+    ):
+        call()
+        call()  # one row is within it (a text, a pair): the second is not
+    call()  # the scope is over: no check

@@ -272,7 +272,12 @@ def test_tokenize_and_the_openai_model_form_keep_to_the_scope_too(stack: dict) -
                                json={"input": "hi", "model": f"{ROUTED}:canary"}, headers=plain,
                                timeout=10)  # fmt: skip
 
-    assert tokenize.status_code == 403 and embeddings.status_code == 403
+    # refused for the scope (not for a bad body or an unknown key), naming what was asked
+    assert [(r.status_code, r.json()["error"]["code"]) for r in (tokenize, embeddings)] == [
+        (403, "forbidden")
+    ] * 2
+    assert "may not name version 3 of model 'tiny-route'" in tokenize.json()["error"]["message"]
+    assert "may not name label 'canary'" in embeddings.json()["error"]["message"]
 
 
 def test_x_route_key_does_not_override_the_api_keys_sticky_split(stack: dict) -> None:

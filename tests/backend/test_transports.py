@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -447,3 +448,205 @@ def test_a_rest_calls_first_signature_look_up_stays_within_its_deadline() -> Non
         client.close()
         server.shutdown()
         server.server_close()
+
+
+# -- the REST upstream's edges: real sockets, servers that misbehave at the right moment --------
+
+STATUS_BODY = b'{"model_version_status": [{"version": "3", "state": "AVAILABLE"}]}'
+METADATA_BODY = json.dumps({"metadata": {"signature_def": {"signature_def": {
+    "serving_default": {"outputs": {"logits": {"dtype": "DT_FLOAT"}}}}}}}).encode()  # fmt: skip
+PREDICT_BODY = b'{"outputs": {"logits": [[0.0, 1.0]]}}'
+
+
+def _answer(body: bytes) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+
+
+def _request_line(conn: socket.socket) -> bytes | None:
+    """Read one request (head and Content-Length body); return its request line, None once the
+    peer closed."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+    while len(rest) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        rest += chunk
+    return head.split(b"\r\n")[0]
+
+
+def _tf_answer(line: bytes) -> bytes:
+    """Return TF Serving's answer to a predict, a metadata or a status request line."""
+    if line.startswith(b"POST"):
+        return _answer(PREDICT_BODY)
+    return _answer(METADATA_BODY if b"/metadata" in line else STATUS_BODY)
+
+
+@contextlib.contextmanager
+def _raw_server(serve: Any) -> Iterator[tuple[int, list[int]]]:
+    """Run ``serve(conn, answered)`` on each connection of a real TCP server, in a thread of its
+    own; yield the port and, per connection, how many requests it answered (``serve`` counts)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    answered: list[int] = []
+
+    def one(conn: socket.socket, index: int) -> None:
+        with conn, contextlib.suppress(OSError):
+            serve(conn, answered, index)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                answered.append(0)
+                threading.Thread(target=one, args=(conn, len(answered) - 1), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield int(server.getsockname()[1]), answered
+    finally:
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)
+        server.close()
+
+
+def _one_answer_per_connection(closing: str) -> Any:
+    """A server that keeps connections alive but closes each one as its second request arrives,
+    unanswered: what a client sees when the server's idle timeout closed the connection between
+    the client's idle check and its send (``eof``: a FIN; ``reset``: an RST)."""
+
+    def serve(conn: socket.socket, answered: list[int], index: int) -> None:
+        line = _request_line(conn)
+        if line is None:
+            return
+        conn.sendall(_tf_answer(line))
+        answered[index] += 1
+        if _request_line(conn) is not None and closing == "reset":
+            conn.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+
+    return _raw_server(serve)
+
+
+@pytest.mark.parametrize("closing", ["eof", "reset"])
+def test_a_kept_alive_connection_the_server_closed_as_the_call_went_is_retried_afresh(
+    closing: str,
+) -> None:
+    with _one_answer_per_connection(closing) as (port, answered):
+        client = RestClient(f"http://127.0.0.1:{port}")
+        try:
+            first = client.model_status("m", timeout_s=2)
+            second = client.model_status("m", timeout_s=2)  # its kept-alive connection is gone
+        finally:
+            client.close()
+
+    assert first[0].version == second[0].version == 3
+    assert answered == [1, 1]  # the second call went again on a new connection, once
+
+
+def test_a_replica_whose_kept_alive_connection_closed_is_not_marked_down() -> None:
+    with (
+        _one_answer_per_connection("eof") as (one, _),
+        _one_answer_per_connection("eof") as (two, _),
+    ):
+        client = RestClient(f"http://127.0.0.1:{one},http://127.0.0.1:{two}")
+        inputs = {"input_ids": np.array([[2, 3]], dtype=np.int32)}
+        try:
+            answers = [client.predict("m", inputs, version=1, timeout_s=2) for _ in range(6)]
+            assert client.replicas is not None
+            down = [r.address for r in client.replicas.members() if r.down_until > 0]
+        finally:
+            client.close()
+
+    assert [a[0]["logits"].tolist() for a in answers] == [[[0.0, 1.0]]] * 6
+    assert down == []  # each call's reused connection was closed, not the replica gone
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -0.5])
+def test_a_spent_deadline_is_a_504_and_leaves_the_pooled_connection_usable(
+    closing_server: tuple[int, list[int]], timeout_s: float
+) -> None:
+    from backend.errors import UpstreamTimeout
+
+    port, carried = closing_server
+    client = RestClient(f"http://127.0.0.1:{port}")
+    try:
+        client.model_status("m", timeout_s=2)
+        with pytest.raises(UpstreamTimeout):
+            client.model_status("m", timeout_s=timeout_s)
+        client.model_status("m", timeout_s=2)
+    finally:
+        client.close()
+
+    assert carried == [2]  # the spent call took no connection: none leaked, none dropped
+
+
+def _trickling(conn: socket.socket, answered: list[int], index: int) -> None:
+    """Answer a status request one byte every 50 ms (about 6 s for the whole answer)."""
+    if _request_line(conn) is None:
+        return
+    padded = STATUS_BODY[:-1] + b', "padding": "' + b"." * 60 + b'"}'
+    for byte in _answer(padded):
+        conn.sendall(bytes([byte]))
+        time.sleep(0.05)
+    answered[index] += 1
+
+
+def test_a_server_that_trickles_its_answer_is_cut_off_at_the_deadline() -> None:
+    """Each recv gets a byte well within the timeout: only a deadline over the whole exchange
+    stops the call (it used to wait for the last byte, 6 s)."""
+    from backend.errors import UpstreamTimeout
+
+    with _raw_server(_trickling) as (port, answered):
+        client = RestClient(f"http://127.0.0.1:{port}")
+        started = time.monotonic()
+        try:
+            with pytest.raises(UpstreamTimeout):
+                client.model_status("m", timeout_s=0.5)
+        finally:
+            elapsed = time.monotonic() - started
+            client.close()
+
+    assert answered == [0]
+    assert elapsed < 1.5  # the deadline's order (0.5 s and a loaded machine's slack), not 6 s
+
+
+def test_the_rest_pool_keeps_a_connection_for_each_thread_of_the_worker(tmp_path: Path) -> None:
+    """24 worker threads each waiting on the model server at once, twice: the second time every
+    call finds a kept-alive connection (the pool held 16, whatever the threads)."""
+    from backend.worker import start_worker, stop_worker
+
+    calls = 24
+    meet = threading.Barrier(calls)
+
+    def serve(conn: socket.socket, answered: list[int], index: int) -> None:
+        while _request_line(conn) is not None:
+            meet.wait(timeout=10)  # every call is in flight at once
+            conn.sendall(_answer(STATUS_BODY))
+            answered[index] += 1
+
+    with _raw_server(serve) as (port, answered):
+        settings = {"upstream": "rest", "tfs_rest_url": f"http://127.0.0.1:{port}",
+                    "model_base_path": str(tmp_path), "max_concurrent_chunks": 1}  # fmt: skip
+        app = create_app(settings)
+        client = start_worker(app, threads=calls).client
+        try:
+            with ThreadPoolExecutor(calls) as pool:
+                for _ in range(2):
+                    states = list(pool.map(lambda _: client.model_status("m", timeout_s=10),
+                                           range(calls)))  # fmt: skip
+                    assert all(s[0].version == 3 for s in states)
+        finally:
+            stop_worker(app)
+
+    assert answered == [2] * calls

@@ -255,9 +255,10 @@ RULES = {"tag": "decisive_entity_agreement", "multi_label": "decisive_decision_a
          "regression_pair": "max_score_diff"}  # fmt: skip
 
 
-def _flipped(ckpt: Path, where: Path) -> Path:
-    """Return a copy of ``ckpt`` whose classifier answers the opposite (weights and bias negated):
-    a version that really differs, where every decision and entity moves."""
+def _flipped(ckpt: Path, where: Path, scale: float = -1.0) -> Path:
+    """Return a copy of ``ckpt`` whose classifier's weights and bias are multiplied by ``scale``:
+    -1 (the default) answers the opposite, a version that really differs, where every decision
+    and entity moves; a scale near 1 answers a little differently, within verify's tolerance."""
     import shutil
 
     from safetensors.numpy import load_file, save_file
@@ -265,26 +266,35 @@ def _flipped(ckpt: Path, where: Path) -> Path:
     shutil.copytree(ckpt, where)
     tensors = load_file(str(ckpt / "model.safetensors"))
     for name in ("classifier.weight", "classifier.bias"):
-        tensors[name] = -tensors[name]
+        tensors[name] = (tensors[name] * scale).astype(tensors[name].dtype)
     save_file(tensors, str(where / "model.safetensors"))
     return where
+
+
+# the figure of each head that shows two versions' answers differ (a byte copy's are all 0)
+DIFFS = {"tag": "max_token_prob_diff", "multi_label": "max_abs_prob_diff",
+         "regression_pair": "max_score_diff"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_verify_passes_a_version_that_answers_the_same_by_its_heads_rule(
     exported: dict[str, tuple[Path, Any]], name: str, tmp_path: Path
 ) -> None:
-    import shutil
-
-    from export.gates import gate_metric
+    """Not a byte copy (whose answers could not differ, so any verify would pass it): the same
+    checkpoint with its classifier scaled by 1.001, exported again, answers a little apart."""
+    from export.gates import Tolerance, gate_metric
     from export.inspection import verify_version
 
-    version = exported[name][1].path
-    same = tmp_path / name / "2"  # another version of the same export
-    shutil.copytree(version, same)
-    figures = verify_version(same, against=version)
+    ckpt, result = exported[name]
+    task = HEADS[name].get("task", "classify")
+    near = build(_flipped(ckpt, tmp_path / "near", scale=1.001), name, tmp_path / "models",
+                 task=task, max_seq_len=64, warmup=False)  # fmt: skip
+    figures = verify_version(near.path, against=result.path)
     assert gate_metric(figures) == RULES[name], figures
     assert figures["all_finite"] is True and figures["within_tolerance"] is True, figures
+    bound = {"tag": Tolerance().max_token_prob_diff, "multi_label": Tolerance().max_prob_diff,
+             "regression_pair": Tolerance().max_score_diff}[name]  # fmt: skip
+    assert 0 < figures[DIFFS[name]] < bound, figures  # apart, and within the tolerance
 
 
 @pytest.mark.parametrize("name", list(RULES))
