@@ -184,14 +184,16 @@ def _side(entry: Any, what: str) -> MarkerSide | None:
 def parse_outputs(info: Mapping[str, Any]) -> Outputs | None:
     """Return an embed version's output kinds from model.json (None for other tasks).
 
-    A version exported before ``outputs`` existed answers dense only. Raises ValueError for a
+    A version whose ``outputs`` is absent or the signature's output names (every export before
+    the kinds, and every plain embedder since) answers dense only. Raises ValueError for a
     malformed entry (the gateway's unreadable assets, never a guess).
     """
     if info.get("task", "classify") != "embed":
         return None
     entry = info.get("outputs")
-    if entry is None:
-        return Outputs(dense=DenseOutput(dim=int(info.get("dim", 0) or 0)))
+    if entry is None or (isinstance(entry, list) and DENSE_OUTPUT in entry):
+        # before the kinds, ``outputs`` listed the signature's output names (["embedding"])
+        return Outputs(dense=DenseOutput(dim=int(info.get("embedding_dim", 0) or 0)))
     if not isinstance(entry, Mapping) or not entry:
         raise ValueError("model.json outputs must be a non-empty object")
     unknown = sorted(set(entry) - set(KINDS))
