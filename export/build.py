@@ -37,6 +37,7 @@ from export.gates import Tolerance, gate_metric, measure, within, worse
 from export.hardware import CpuInfo, cpu_info
 from export.heads import resolve_head
 from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
+from export.retrieval import RetrievalLayout, parse_kinds, read_retrieval, retrieval_head
 from export.sentence_modules import SentenceModules, read_sentence_modules
 from modelformat.heads import SINGLE, Head
 from modelformat.layout import LABELS_TXT, MODEL_JSON, VOCAB_TXT
@@ -142,6 +143,7 @@ def build(
     default_speed: float = 0.0,
     problem_type: str | None = None,
     text_pair: bool | None = None,
+    outputs: str | Sequence[str] | None = None,
 ) -> BuildResult:
     """Export ``checkpoint`` as ``<base_path>/<name>/<version>`` and return what was published.
 
@@ -156,6 +158,9 @@ def build(
     checkpoint's config.json unless ``problem_type`` / ``text_pair`` are given here.
     ``max_seq_len`` None: ``DEFAULT_MAX_SEQ_LEN``, or the tokenizer's ``model_max_length`` where
     that is lower (model.json's ``max_seq_len_source`` says which).
+    ``outputs`` (``--outputs``: some of dense, sparse, multivector) narrows an embedding export of
+    a retrieval layout (BGE-M3's heads, a ColBERT: export/retrieval.py, found from the
+    checkpoint's files) to those kinds, and refuses a checkpoint that lacks one.
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
@@ -217,13 +222,16 @@ def build(
             "`python -m finetune distill-exits --checkpoint ...` and export that checkpoint"
         )
     exits = ckpt.exits if early_exit else None
-    sentence = _sentence_modules(checkpoint, ckpt, task, pooling)
+    retrieval = _retrieval(checkpoint, ckpt, task, outputs, max_seq_len, pooling, say)
+    sentence = None if retrieval else _sentence_modules(checkpoint, ckpt, task, pooling)
     if sentence is not None:
         say(f"sentence-transformers modules: {'+'.join(sentence.poolings)} pooling, "
             f"{len(sentence.dense)} dense, normalize {sentence.normalize}, "
             f"prompts {sorted(sentence.prompts) or 'none'}")  # fmt: skip
         pooling = "+".join(sentence.poolings)
     pooling = pooling or POOLINGS[0]
+    if retrieval is not None:
+        pooling = "cls" if retrieval.outputs.dense is not None else "none"
 
     say(
         f"building {task} model ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size})"
@@ -239,6 +247,7 @@ def build(
         exits,
         head.activation,
         sentence,
+        retrieval,
     )
     probe = _probe_batch(ckpt, max_seq_len, exits is not None)
     expected = _run(reference.serve, probe)
@@ -259,7 +268,7 @@ def build(
                 tolerance=tolerance, warmup=warmup, say=say, choice=choice,
                 verified=verified_on(cpu, gpus),
                 early_exit=_early_exit_info(exits, ckpt, default_speed), exit_probes=at_speeds,
-                sentence=sentence,
+                sentence=sentence, retrieval=retrieval,
             )  # fmt: skip
     except OSError as exc:  # disk full, read-only, permissions: the temp dir is already gone
         where = exc.filename or model_dir
@@ -293,6 +302,7 @@ def _build_modules(
     exits: dict[str, Any] | None = None,
     activation: str = "softmax",
     sentence: SentenceModules | None = None,
+    retrieval: RetrievalLayout | None = None,
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
     from export.model import EncoderModule, run
@@ -327,6 +337,8 @@ def _build_modules(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
             early_exit=exits, activation=activation, sentence_head=head,
+            # a retrieval layout's heads are float32 at every precision (as SentenceHead's)
+            retrieval=None if retrieval is None else retrieval_head(retrieval),
         )  # fmt: skip
 
     reference = make("fp32")
@@ -334,6 +346,24 @@ def _build_modules(
         return reference, reference, labels, scale
     say(f"converting weights to {precision} (matmuls in {precision}; norms, softmax in fp32)")
     return reference, make(precision), labels, scale
+
+
+def _retrieval(
+    checkpoint: str | Path, ckpt: Checkpoint, task: str, outputs: str | Sequence[str] | None,
+    max_seq_len: int, pooling: str | None, say: Progress,
+) -> RetrievalLayout | None:  # fmt: skip
+    """Return the checkpoint's retrieval layout (None: not one); ExportError for a broken one,
+    --outputs it lacks, or --pooling beside it."""
+    found = read_retrieval(checkpoint, ckpt, task, parse_kinds(outputs), max_seq_len)
+    if found is None:
+        return None
+    if pooling is not None and (found.outputs.dense is None or pooling != "cls"):
+        raise ExportError(
+            f"{checkpoint}: the {found.layout} layout decides its vectors (dense: CLS, or "
+            f"none), not --pooling {pooling}: drop --pooling"
+        )
+    say(found.describe())
+    return found
 
 
 def _sentence_modules(
@@ -449,6 +479,7 @@ def _write_version(
     head: Head | None = None,
     exit_probes: Sequence[gates.ExitProbe] = (),
     sentence: SentenceModules | None = None,
+    retrieval: RetrievalLayout | None = None,
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
@@ -512,7 +543,10 @@ def _write_version(
         "pooling": pooling,
         "zero_shot": zero_shot_scale is not None,
         "inputs": [*INPUT_NAMES, SPEED] if early_exit else list(INPUT_NAMES),
-        "outputs": output_names(task, early_exit is not None),
+        # the signature's output names; a retrieval layout's kinds (modelformat/outputs.py)
+        "outputs": retrieval.outputs.to_info()
+        if retrieval is not None
+        else output_names(task, early_exit is not None),
         "bucket_signatures": bucket_signatures,
         "architecture": ckpt.config.model_type,  # config.json's model_type
         "hidden_size": ckpt.config.hidden_size,
@@ -529,7 +563,9 @@ def _write_version(
         info["zero_shot_scale"] = zero_shot_scale
     if early_exit is not None:
         info["early_exit"] = early_exit
-    if task == "embed":
+    if retrieval is not None:
+        info["retrieval_layout"] = retrieval.layout
+    if task == "embed" and "embedding" in expected:
         info["embedding_dim"] = int(expected["embedding"].shape[-1])
     if sentence is not None:  # prompts and normalize for the gateway
         info["sentence_transformers"] = sentence.model_json_entry()

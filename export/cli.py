@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--pooling", choices=["mean", "cls"],
                    help="embed: sentence vectors of a checkpoint that doesn't say (default mean); "
                         "a sentence-transformers checkpoint's modules.json decides")  # fmt: skip
+    b.add_argument("--outputs", metavar="KINDS",
+                   help="embed: the kinds to serve, some of dense,sparse,multivector (default: "
+                        "what the checkpoint has: FlagEmbedding's sparse_linear.pt + "
+                        "colbert_linear.pt give all three, a ColBERT multivector); a kind the "
+                        "checkpoint lacks is refused")  # fmt: skip
     b.add_argument("--no-warmup", action="store_true", help="skip the warmup records")
     b.add_argument("--cased", action="store_true", help="do not lower-case (Google checkpoints)")
     b.add_argument("--early-exit", action="store_true",
@@ -85,6 +90,9 @@ def _tolerance_flags(parser: argparse.ArgumentParser) -> None:
                         help="tag heads: max |Δprobability| over real tokens vs fp32")  # fmt: skip
     parser.add_argument("--max-score-diff", type=float, default=1e-2,
                         help="regression: max |Δscore| / max(1, max |score|) vs fp32")  # fmt: skip
+    parser.add_argument("--min-token-weight-cosine", type=float, default=0.99,
+                        help="retrieval token weights (BGE-M3's sparse): min cosine of each "
+                             "text's weights vs fp32")  # fmt: skip
 
 
 def _tolerance(args: argparse.Namespace) -> Any:
@@ -94,6 +102,7 @@ def _tolerance(args: argparse.Namespace) -> Any:
         max_prob_diff=args.max_prob_diff, max_cos_diff=args.max_cos_diff,
         min_cosine=args.min_cosine, max_score_diff=args.max_score_diff,
         max_token_prob_diff=args.max_token_prob_diff,
+        min_token_weight_cosine=args.min_token_weight_cosine,
     )  # fmt: skip
 
 
@@ -115,6 +124,7 @@ def _build(args: argparse.Namespace) -> int:
         progress=progress, do_lower_case=False if args.cased else None,
         early_exit=args.early_exit, default_speed=args.default_speed,
         problem_type=args.problem_type, text_pair=args.text_pair,
+        outputs=args.outputs,
     )  # fmt: skip
     print(result.summary(), flush=True)
     for warning in result.warnings:

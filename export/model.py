@@ -80,6 +80,7 @@ class EncoderModule(tf.Module):
         compaction: bool = True,
         activation: str = "softmax",
         sentence_head: tf.Module | None = None,
+        retrieval: tf.Module | None = None,
     ) -> None:
         """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc).
 
@@ -92,12 +93,15 @@ class EncoderModule(tf.Module):
         ``tag`` head is a classifier over every token (no pooler), its scores a softmax.
         ``sentence_head`` (export/sentence_head.py) replaces ``pooling`` with a
         sentence-transformers checkpoint's pooling -> dense -> normalize.
+        ``retrieval`` (export/retrieval.py) makes an embedder answer BGE-M3's or ColBERT's
+        outputs (``embedding``, ``token_weights``, ``token_vectors``) from one forward pass.
         """
         super().__init__(name="bert")
         dtype = DTYPES[precision]
         self.task, self.pooling, self.activation = task, pooling, activation
         self.compaction = compaction
         self.sentence_head = sentence_head
+        self.retrieval = retrieval
         self.config = config
         self.architecture = architecture(config.model_type)
         self.hidden_size = config.hidden_size
@@ -274,6 +278,8 @@ class EncoderModule(tf.Module):
     def _serve(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
                token_type_ids: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
         hidden = self._hidden(input_ids, attention_mask, token_type_ids)
+        if self.task == "embed" and self.retrieval is not None:
+            return dict(self.retrieval(hidden, attention_mask))
         if self.task == "embed":
             return {"embedding": self._pool(hidden, attention_mask)}
         if self.zero_shot:
