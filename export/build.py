@@ -37,6 +37,7 @@ from export.gates import Tolerance, gate_metric, measure, within, worse
 from export.hardware import CpuInfo, cpu_info
 from export.heads import resolve_head
 from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
+from export.retrieval import RetrievalLayout, parse_kinds, read_retrieval, retrieval_head
 from export.sentence_modules import SentenceModules, read_sentence_modules
 from export.splade import (
     choose_top_k,
@@ -163,6 +164,7 @@ def build(
     problem_type: str | None = None,
     text_pair: bool | None = None,
     top_k: int | None = None,
+    outputs: str | Sequence[str] | None = None,
 ) -> BuildResult:
     """Export ``checkpoint`` as ``<base_path>/<name>/<version>`` and return what was published.
 
@@ -180,6 +182,10 @@ def build(
     (sentence-transformers ``SparseEncoder``, inference-free ``Router`` too: export/splade.py),
     exported with task ``embed``, answers the ``top_k`` (default 256, at most the vocabulary)
     largest pooled weights per text.
+    that is lower (model.json's ``max_seq_len_source`` says which).
+    ``outputs`` (``--outputs``: some of dense, sparse, multivector) narrows an embedding export of
+    a retrieval layout (BGE-M3's heads, a ColBERT: export/retrieval.py, found from the
+    checkpoint's files) to those kinds, and refuses a checkpoint that lacks one.
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
@@ -240,8 +246,9 @@ def build(
             "`python -m finetune distill-exits --checkpoint ...` and export that checkpoint"
         )
     exits = ckpt.exits if early_exit else None
-    sentence = None if splade is not None else _sentence_modules(checkpoint, ckpt, task, pooling)
+    sentence = None
     spec = None
+    retrieval = None
     if splade is not None:
         if pooling is not None:
             raise ExportError(
@@ -255,12 +262,17 @@ def build(
                else ""))  # fmt: skip
         spec = splade_spec(splade, ckpt.config, ckpt.weights["embeddings/word"], top_k)
         pooling = f"splade_{splade.pooling}"
+    else:
+        retrieval = _retrieval(checkpoint, ckpt, task, outputs, max_seq_len, pooling, say)
+        sentence = None if retrieval else _sentence_modules(checkpoint, ckpt, task, pooling)
     if sentence is not None:
         say(f"sentence-transformers modules: {'+'.join(sentence.poolings)} pooling, "
             f"{len(sentence.dense)} dense, normalize {sentence.normalize}, "
             f"prompts {sorted(sentence.prompts) or 'none'}")  # fmt: skip
         pooling = "+".join(sentence.poolings)
     pooling = pooling or POOLINGS[0]
+    if retrieval is not None:
+        pooling = "cls" if retrieval.outputs.dense is not None else "none"
 
     say(
         f"building {task} model ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size})"
@@ -277,6 +289,7 @@ def build(
         head.activation,
         sentence,
         spec,
+        retrieval,
     )
     probe = _probe_batch(ckpt, max_seq_len, exits is not None)
     expected = _run(reference.serve, probe)
@@ -297,7 +310,7 @@ def build(
                 tolerance=tolerance, warmup=warmup, say=say, choice=choice,
                 verified=verified_on(cpu, gpus),
                 early_exit=_early_exit_info(exits, ckpt, default_speed), exit_probes=at_speeds,
-                sentence=sentence,
+                sentence=sentence, retrieval=retrieval,
                 splade=None if splade is None else (splade, spec),
             )  # fmt: skip
     except OSError as exc:  # disk full, read-only, permissions: the temp dir is already gone
@@ -333,6 +346,7 @@ def _build_modules(
     activation: str = "softmax",
     sentence: SentenceModules | None = None,
     splade: Any = None,
+    retrieval: RetrievalLayout | None = None,
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
     from export.model import EncoderModule, run
@@ -367,6 +381,8 @@ def _build_modules(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
             early_exit=exits, activation=activation, sentence_head=head, splade=splade,
+            # a retrieval layout's heads are float32 at every precision (as SentenceHead's)
+            retrieval=None if retrieval is None else retrieval_head(retrieval),
         )  # fmt: skip
 
     reference = make("fp32")
@@ -374,6 +390,24 @@ def _build_modules(
         return reference, reference, labels, scale
     say(f"converting weights to {precision} (matmuls in {precision}; norms, softmax in fp32)")
     return reference, make(precision), labels, scale
+
+
+def _retrieval(
+    checkpoint: str | Path, ckpt: Checkpoint, task: str, outputs: str | Sequence[str] | None,
+    max_seq_len: int, pooling: str | None, say: Progress,
+) -> RetrievalLayout | None:  # fmt: skip
+    """Return the checkpoint's retrieval layout (None: not one); ExportError for a broken one,
+    --outputs it lacks, or --pooling beside it."""
+    found = read_retrieval(checkpoint, ckpt, task, parse_kinds(outputs), max_seq_len)
+    if found is None:
+        return None
+    if pooling is not None and (found.outputs.dense is None or pooling != "cls"):
+        raise ExportError(
+            f"{checkpoint}: the {found.layout} layout decides its vectors (dense: CLS, or "
+            f"none), not --pooling {pooling}: drop --pooling"
+        )
+    say(found.describe())
+    return found
 
 
 def _sentence_modules(
@@ -490,6 +524,7 @@ def _write_version(
     exit_probes: Sequence[gates.ExitProbe] = (),
     sentence: SentenceModules | None = None,
     splade: tuple[Any, Any] | None = None,
+    retrieval: RetrievalLayout | None = None,
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
@@ -553,7 +588,10 @@ def _write_version(
         "pooling": pooling,
         "zero_shot": zero_shot_scale is not None,
         "inputs": [*INPUT_NAMES, SPEED] if early_exit else list(INPUT_NAMES),
-        "outputs": output_names(task, early_exit is not None),
+        # the signature's output names; a retrieval layout's kinds (modelformat/outputs.py)
+        "outputs": retrieval.outputs.to_info()
+        if retrieval is not None
+        else output_names(task, early_exit is not None),
         "bucket_signatures": bucket_signatures,
         "architecture": ckpt.config.model_type,  # config.json's model_type
         "hidden_size": ckpt.config.hidden_size,
@@ -573,7 +611,9 @@ def _write_version(
     if splade is not None:  # outputs.sparse (top_k, pooling, the query side), pooling
         info.update(model_json_entries(splade[0], splade[1].top_k, ckpt.config.vocab_size))
         write_idf_asset(temp, splade[0], ckpt.config.vocab_size, _special_ids(ckpt))
-    elif task == "embed":
+    if retrieval is not None:
+        info["retrieval_layout"] = retrieval.layout
+    if task == "embed" and "embedding" in expected:
         info["embedding_dim"] = int(expected["embedding"].shape[-1])
     if sentence is not None:  # prompts and normalize for the gateway
         info["sentence_transformers"] = sentence.model_json_entry()

@@ -56,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--top-k", type=int, default=None,
                    help="SPLADE (a sentence-transformers SparseEncoder): the largest pooled "
                         "weights per text (default 256, at most the vocabulary)")  # fmt: skip
+    b.add_argument("--outputs", metavar="KINDS",
+                   help="embed: the kinds to serve, some of dense,sparse,multivector (default: "
+                        "what the checkpoint has: FlagEmbedding's sparse_linear.pt + "
+                        "colbert_linear.pt give all three, a ColBERT multivector); a kind the "
+                        "checkpoint lacks is refused")  # fmt: skip
     b.add_argument("--no-warmup", action="store_true", help="skip the warmup records")
     b.add_argument("--cased", action="store_true", help="do not lower-case (Google checkpoints)")
     b.add_argument("--early-exit", action="store_true",
@@ -92,6 +97,9 @@ def _tolerance_flags(parser: argparse.ArgumentParser) -> None:
                         help="SPLADE: min share of fp32's top-k kept (worst text)")  # fmt: skip
     parser.add_argument("--max-sparse-value-diff", type=float, default=5e-2,
                         help="SPLADE: max |Δvalue| / max(1, a text's largest) vs fp32")  # fmt: skip
+    parser.add_argument("--min-token-weight-cosine", type=float, default=0.99,
+                        help="retrieval token weights (BGE-M3's sparse): min cosine of each "
+                             "text's weights vs fp32")  # fmt: skip
 
 
 def _tolerance(args: argparse.Namespace) -> Any:
@@ -102,6 +110,7 @@ def _tolerance(args: argparse.Namespace) -> Any:
         min_cosine=args.min_cosine, max_score_diff=args.max_score_diff,
         max_token_prob_diff=args.max_token_prob_diff, min_topk_overlap=args.min_topk_overlap,
         max_sparse_value_diff=args.max_sparse_value_diff,
+        min_token_weight_cosine=args.min_token_weight_cosine,
     )  # fmt: skip
 
 
@@ -123,6 +132,7 @@ def _build(args: argparse.Namespace) -> int:
         progress=progress, do_lower_case=False if args.cased else None,
         early_exit=args.early_exit, default_speed=args.default_speed,
         problem_type=args.problem_type, text_pair=args.text_pair, top_k=args.top_k,
+        outputs=args.outputs,
     )  # fmt: skip
     print(result.summary(), flush=True)
     for warning in result.warnings:

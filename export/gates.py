@@ -22,6 +22,13 @@ within ``Tolerance``. Each head is held to what its readers answer (export/READM
   ``DECISIVE_GAP`` (a tie at 16-bit precision), and ``|Δprobability|`` over real tokens is bounded
   (``max_token_prob_diff``).
 
+- retrieval outputs (export/retrieval.py): the dense ``embedding``'s cosine as above; each token
+  vector's cosine to FP32 (``min_token_cosine``, every position FP32 gives a non-zero vector,
+  held to ``min_cosine``); each text's token weights as one vector (its lexical score is their
+  dot product, as a dense vector's), their cosine to FP32 (``min_token_weight_cosine``, held to
+  ``min_token_weight_cosine``), with ``max |Δweight| / max(1, max |weight|)``
+  (``max_token_weight_diff``) shown.
+
 An early-exit export is also gated at the speeds of ``exit_gate_speeds`` (its default speed, and
 1), where the students answer and the exit decisions matter: every row whose FP32 exit is not a
 tie (no FP32 normalised entropy up to its exit within ``EXIT_MARGIN`` of the entropy threshold
@@ -50,7 +57,7 @@ LOWER_IS_WORSE = (
     "argmax_agreement", "decisive_agreement", "min_cosine", "decision_agreement",
     "decisive_decision_agreement", "entity_agreement", "decisive_entity_agreement",
     "token_agreement", "exit_agreement", "decisive_exit_agreement", "topk_overlap",
-    "decisive_topk_agreement",
+    "decisive_topk_agreement", "min_token_cosine", "min_token_weight_cosine",
 )  # fmt: skip
 # The speed an early-exit export is gated at when its default is 0 (which never exits): the speed
 # docs/guides/early-exits.md quotes (the fastest within a point of the full model on the demo).
@@ -79,6 +86,10 @@ class Tolerance:
     # SPLADE: the top-k index overlap with FP32 (worst row) and |Δvalue| / max(1, row's largest)
     min_topk_overlap: float = 0.9
     max_sparse_value_diff: float = 5e-2
+    # retrieval token weights (BGE-M3's lexical weights): each text's weights as one vector, its
+    # cosine to FP32. One scalar per token carries a token's whole rounding error where a vector
+    # spreads it over its dims (README has the figures), so the bound is the dense one's 10x.
+    min_token_weight_cosine: float = 0.99
 
 
 def measure(
@@ -98,6 +109,8 @@ def measure(
     """
     if "sparse_indices" in expected:
         return sparse_figures(expected, got)
+    if "token_vectors" in expected or "token_weights" in expected:
+        return retrieval_figures(expected, got)
     if "probabilities" not in expected:
         return _embedding_figures(expected["embedding"], got["embedding"])
     head = head or Head()
@@ -245,6 +258,30 @@ def _embedding_figures(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     return {"min_cosine": float(cosine.min()), "max_abs_diff": float(np.abs(a - b).max())}
 
 
+def retrieval_figures(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]
+                      ) -> dict[str, Any]:  # fmt: skip
+    """Return the retrieval outputs' figures (the module doc's list) of ``got`` against FP32."""
+    figures: dict[str, Any] = {}
+    if "embedding" in expected:
+        figures.update(_embedding_figures(expected["embedding"], got["embedding"]))
+    if "token_vectors" in expected:
+        a, b = expected["token_vectors"], got["token_vectors"]
+        norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+        kept = np.linalg.norm(a, axis=-1) > 0  # M3's padding rows are zero: nothing to compare
+        cosine = (a * b).sum(-1) / np.maximum(norms, 1e-12)
+        figures["min_token_cosine"] = float(cosine[kept].min()) if kept.any() else 1.0
+        figures["max_token_vector_diff"] = float(np.abs(a - b).max())
+    if "token_weights" in expected:
+        a, b = expected["token_weights"], got["token_weights"]
+        scale = max(1.0, float(np.abs(a).max()))
+        norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+        cosine = (a * b).sum(-1) / np.maximum(norms, 1e-12)
+        silent = (np.abs(a).max(-1) == 0) & (np.abs(b).max(-1) == 0)  # no weight in either
+        figures["min_token_weight_cosine"] = float(np.where(silent, 1.0, cosine).min())
+        figures["max_token_weight_diff"] = float(np.abs(a - b).max()) / scale
+    return figures
+
+
 def worse(key: str, a: Any, b: Any) -> Any:
     """Return the worse of two measurements of ``key`` (minima for agreement/cosine)."""
     return min(a, b) if key in LOWER_IS_WORSE else max(a, b)
@@ -252,6 +289,10 @@ def worse(key: str, a: Any, b: Any) -> Any:
 
 def gate_metric(figures: dict[str, Any]) -> str:
     """Return the name of the head-specific figure the gate applies to these measurements."""
+    if "min_cosine" not in figures and "min_token_cosine" in figures:
+        return "min_token_cosine"
+    if "min_cosine" not in figures and "min_token_weight_cosine" in figures:
+        return "min_token_weight_cosine"
     for key in ("topk_overlap", "decisive_entity_agreement", "decisive_decision_agreement",
                 "max_score_diff", "max_cos_diff"):  # fmt: skip
         if key in figures:
@@ -268,6 +309,11 @@ def within(figures: dict[str, Any], tolerance: Tolerance) -> bool:
             and figures["topk_overlap"] >= tolerance.min_topk_overlap
             and figures["max_sparse_value_diff"] <= tolerance.max_sparse_value_diff
         )
+    if "min_token_cosine" in figures or "min_token_weight_cosine" in figures:  # retrieval
+        return (all(figures.get(k, 1.0) >= tolerance.min_cosine
+                    for k in ("min_cosine", "min_token_cosine"))
+                and figures.get("min_token_weight_cosine", 1.0)
+                >= tolerance.min_token_weight_cosine)  # fmt: skip
     if metric == "min_cosine":
         return bool(figures["min_cosine"] >= tolerance.min_cosine)
     if metric == "max_score_diff":

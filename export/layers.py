@@ -235,7 +235,20 @@ class Layer(tf.Module):
             mask_bias = mask_bias + positions["window"]
         scores = self._scores(q, k, positions) + mask_bias
         probs = dropout(tf.nn.softmax(scores, axis=-1), self.attention_dropout, dropout_seed, 1)
-        context = tf.transpose(tf.matmul(tf.cast(probs, self.dtype), v), [0, 2, 1, 3])
+        if self.variant == "disentangled":
+            # DeBERTa masks query rows too (transformers' pairwise mask filled with the dtype's
+            # min: a padded position attends uniformly to every position). Only padded positions
+            # change, which ColBERT's [MASK] query expansion reads.
+            real = tf.transpose(tf.cast(tf.equal(mask_bias, 0.0), probs.dtype), [0, 1, 3, 2])
+            probs = probs * real + (1.0 - real) / tf.cast(seq, probs.dtype)
+        context = tf.matmul(tf.cast(probs, self.dtype), v)
+        if self.variant == "rotary" and self.sliding:
+            # a padded row whose window holds no real token attends to nothing (transformers'
+            # default SDPA gives such a row 0); only padded positions change, which ColBERT's
+            # [MASK] query expansion reads
+            anything = tf.reduce_max(mask_bias, axis=-1, keepdims=True) > MASK_NEG / 2
+            context = context * tf.cast(anything, context.dtype)
+        context = tf.transpose(context, [0, 2, 1, 3])
         context = tf.reshape(context, [batch * seq, self.num_heads * self.head_dim])
         return dropout(self.attention_out(context), self.hidden_dropout, dropout_seed, 2)
 

@@ -81,6 +81,7 @@ class EncoderModule(tf.Module):
         activation: str = "softmax",
         sentence_head: tf.Module | None = None,
         splade: Any = None,
+        retrieval: tf.Module | None = None,
     ) -> None:
         """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc).
 
@@ -95,12 +96,15 @@ class EncoderModule(tf.Module):
         sentence-transformers checkpoint's pooling -> dense -> normalize. ``splade``
         (export/splade.py's ``SpladeSpec``) makes an ``embed`` model answer SPLADE's top-k
         ``sparse_indices`` / ``sparse_values`` (export/splade_head.py) instead of a vector.
+        ``retrieval`` (export/retrieval.py) makes an embedder answer BGE-M3's or ColBERT's
+        outputs (``embedding``, ``token_weights``, ``token_vectors``) from one forward pass.
         """
         super().__init__(name="bert")
         dtype = DTYPES[precision]
         self.task, self.pooling, self.activation = task, pooling, activation
         self.compaction = compaction
         self.sentence_head = sentence_head
+        self.retrieval = retrieval
         self.config = config
         self.architecture = architecture(config.model_type)
         self.hidden_size = config.hidden_size
@@ -284,6 +288,8 @@ class EncoderModule(tf.Module):
         hidden = self._hidden(input_ids, attention_mask, token_type_ids)
         if self.splade is not None:
             return dict(self.splade(hidden, attention_mask))
+        if self.task == "embed" and self.retrieval is not None:
+            return dict(self.retrieval(hidden, attention_mask))
         if self.task == "embed":
             return {"embedding": self._pool(hidden, attention_mask)}
         if self.zero_shot:

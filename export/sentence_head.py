@@ -45,16 +45,22 @@ class SentenceHead(tf.Module):
                 last = tf.maximum(tf.reduce_sum(tf.cast(attention_mask, tf.int32), axis=1) - 1, 0)
                 parts.append(tf.gather(hidden, last, axis=1, batch_dims=1))
         x = parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
-        for kernel, bias, activation in self.dense:
-            x = tf.matmul(x, kernel) + (bias if bias is not None else 0.0)
-            if activation == "tanh":
-                x = tf.tanh(x)
-            elif activation == "relu":
-                x = tf.nn.relu(x)
-            elif activation == "gelu":
-                x = tf.nn.gelu(x, approximate=False)
-            elif activation == "sigmoid":
-                x = tf.sigmoid(x)
+        x = apply_dense(x, self.dense)
         if self.normalize:
             x = tf.math.l2_normalize(x, axis=-1, epsilon=1e-24)
         return x
+
+
+def apply_dense(x: Any, layers: Any) -> Any:
+    """Return ``x`` (``[..., in]``) through the (kernel, bias, activation) Dense ``layers``."""
+    for kernel, bias, activation in layers:
+        x = tf.tensordot(x, kernel, axes=1) + (bias if bias is not None else 0.0)
+        if activation == "tanh":
+            x = tf.tanh(x)
+        elif activation == "relu":
+            x = tf.nn.relu(x)
+        elif activation == "gelu":
+            x = tf.nn.gelu(x, approximate=False)
+        elif activation == "sigmoid":
+            x = tf.sigmoid(x)
+    return x

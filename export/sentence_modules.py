@@ -9,6 +9,12 @@ default prompt. ``read_sentence_modules`` reads them (ExportError naming the fil
 can't serve); ``SentenceHead`` is the graph's pooling -> dense -> normalize, as
 ``SentenceTransformer.encode`` runs them; ``model_json_entry`` is what model.json records for
 the gateway (prompts, whether the vectors come out normalized).
+
+A PyLate ColBERT directory is a sentence-transformers directory too: the Transformer, then
+PyLate's ``pylate.models.Dense.Dense`` modules (the same config.json and ``linear.weight`` as
+sentence-transformers' Dense, plus ``use_residual``) and no Pooling: every token keeps its vector.
+``read_pylate_modules`` reads it (its ColBERT settings in ``config_sentence_transformers.json``:
+prefixes, lengths, expansion, skiplist); export/retrieval.py serves it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,13 @@ ACTIVATIONS = {
     "torch.nn.modules.activation.Sigmoid": "sigmoid",
 }
 MAX_PROMPT_CHARS = 2000
+PYLATE_DENSE = "pylate.models.Dense.Dense"
+# PyLate's ColBERT defaults where config_sentence_transformers.json leaves a key out
+# (pylate/models/colbert.py); skiplist_words' default is string.punctuation
+PYLATE_DEFAULTS: dict[str, Any] = {
+    "query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32,
+    "document_length": 180, "attend_to_expansion_tokens": False, "do_query_expansion": True,
+}  # fmt: skip
 
 
 @dataclass
@@ -111,6 +124,8 @@ def _pooling(path: Path) -> tuple[list[str], bool]:
 
 def _dense(path: Path, width: int) -> DenseLayer:
     config = _json(path / "config.json")
+    if config.get("use_residual"):  # PyLate's Dense may add its input back: not served
+        raise ExportError(f"{path / 'config.json'}: use_residual true is not served")
     activation = ACTIVATIONS.get(str(config.get("activation_function")))
     if activation is None:
         raise ExportError(
@@ -180,6 +195,68 @@ def read_sentence_modules(path: str | Path, hidden_size: int) -> SentenceModules
         raise ExportError(f"{path / 'modules.json'}: no Pooling module")
     _prompts(path / "config_sentence_transformers.json", found)
     return found
+
+
+@dataclass
+class PylateModules:
+    """What a PyLate ColBERT checkpoint does after its Transformer, and its ColBERT settings."""
+
+    dense: list[DenseLayer]
+    settings: dict[str, Any]  # PYLATE_DEFAULTS' keys and skiplist_words, as PyLate resolves them
+
+
+def is_pylate(path: str | Path) -> bool:
+    """Return whether ``path`` is a PyLate ColBERT directory (a modules.json naming PyLate's
+    modules, or config_sentence_transformers.json's model_type ColBERT)."""
+    path = Path(path)
+    if not (path / "modules.json").is_file():
+        return False
+    modules = _json(path / "modules.json")
+    if isinstance(modules, list) and any(
+        str(m.get("type", "")).startswith("pylate.") for m in modules if isinstance(m, dict)
+    ):
+        return True
+    st_config = path / "config_sentence_transformers.json"
+    return st_config.is_file() and _json(st_config).get("model_type") == "ColBERT"
+
+
+def read_pylate_modules(path: str | Path, hidden_size: int) -> PylateModules:
+    """Return the Dense projections and ColBERT settings of the PyLate directory ``path``."""
+    import string
+
+    path = Path(path)
+    modules = _json(path / "modules.json")
+    if not isinstance(modules, list):
+        raise ExportError(f"{path / 'modules.json'}: expected a list of modules")
+    dense: list[DenseLayer] = []
+    width = hidden_size
+    for module in sorted(modules, key=lambda m: int(m.get("idx", 0))):
+        kind = str(module.get("type", ""))
+        if kind.rsplit(".", 1)[-1] == "Transformer":
+            continue
+        if kind not in (PYLATE_DENSE, "sentence_transformers.models.Dense"):
+            raise ExportError(
+                f"{path / 'modules.json'}: module {kind!r} is not served in a ColBERT "
+                f"checkpoint (served: Transformer, {PYLATE_DENSE})"
+            )
+        layer = _dense(path / str(module.get("path", "")), width)
+        dense.append(layer)
+        width = int(layer.kernel.shape[1])
+    if not dense:
+        raise ExportError(f"{path / 'modules.json'}: a ColBERT checkpoint without its Dense "
+                          "projection")  # fmt: skip
+    st_path = path / "config_sentence_transformers.json"
+    config = _json(st_path) if st_path.is_file() else {}
+    settings: dict[str, Any] = {k: config.get(k) if config.get(k) is not None else v
+                for k, v in PYLATE_DEFAULTS.items()}  # fmt: skip
+    words = config.get("skiplist_words")
+    settings["skiplist_words"] = list(string.punctuation) if words is None else words
+    if not all(isinstance(w, str) for w in settings["skiplist_words"]):
+        raise ExportError(f"{st_path}: skiplist_words must be a list of strings")
+    for key in ("query_length", "document_length"):
+        if not isinstance(settings[key], int) or settings[key] < 2:
+            raise ExportError(f"{st_path}: {key} must be an integer of at least 2")
+    return PylateModules(dense=dense, settings=settings)
 
 
 def _prompts(path: Path, found: SentenceModules) -> None:

@@ -184,16 +184,16 @@ def _side(entry: Any, what: str) -> MarkerSide | None:
 def parse_outputs(info: Mapping[str, Any]) -> Outputs | None:
     """Return an embed version's output kinds from model.json (None for other tasks).
 
-    A version exported before ``outputs`` existed answers dense only: it has no ``outputs``, or
-    the list of its signature's output names (``["embedding"]``) export wrote there before this
-    entry. Raises ValueError for a malformed entry (the gateway's unreadable assets, never a
-    guess).
+    A version whose ``outputs`` is absent or the signature's output names (every export before
+    the kinds, and every plain embedder since) answers dense only. Raises ValueError for a
+    malformed entry (the gateway's unreadable assets, never a guess).
     """
     if info.get("task", "classify") != "embed":
         return None
     entry = info.get("outputs")
-    if entry is None or (isinstance(entry, list) and entry == [DENSE_OUTPUT]):
-        dim = info.get("embedding_dim") or info.get("dim") or 0  # export writes embedding_dim
+    if entry is None or (isinstance(entry, list) and DENSE_OUTPUT in entry):
+        # before the kinds, ``outputs`` listed the signature's output names (["embedding"])
+        dim = info.get("embedding_dim") or info.get("dim") or 0
         return Outputs(dense=DenseOutput(dim=int(dim)))
     if not isinstance(entry, Mapping) or not entry:
         raise ValueError("model.json outputs must be a non-empty object")
