@@ -27,3 +27,14 @@ def test_the_batch_job_runs_one_shard_per_completion_index_with_flags_the_job_ta
         )
         assert args.shard == (index, spec["completions"])
         assert "@" in args.model  # pinned: the pods resolve their spec one by one
+
+
+def test_the_batch_job_validates_against_the_kubernetes_schema() -> None:
+    import kubernetes_validate
+
+    from tests.deploy.test_k8s import KUBERNETES_VERSIONS
+
+    job = yaml.safe_load(JOB.read_text(encoding="utf-8"))
+    for version in KUBERNETES_VERSIONS:
+        wanted = kubernetes_validate.latest_version() if version == "latest" else version
+        kubernetes_validate.validate(job, wanted, strict=True)
