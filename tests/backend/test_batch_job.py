@@ -119,6 +119,28 @@ def test_rows_become_parquet_stamped_with_the_version_and_bad_rows_become_error_
     assert manifest["complete"] is True
 
 
+def test_parquet_rows_with_named_fields_are_read_like_jsonl_rows(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    import pyarrow as pa
+
+    texts = corpus(12, seed=9)
+    table = pa.table({"doc": [f"p{i}" for i in range(12)], "body": texts})
+    pq.write_table(table, tmp_path / "in.parquet")
+    jsonl = write_rows(tmp_path / "in.jsonl", texts)
+    settings = settings_of(env)
+
+    run_job(JobSpec(tmp_path / "in.parquet", tmp_path / "pq", model=f"{EMBED}@1", id_field="doc",
+                    text_field="body"), settings, io.StringIO())  # fmt: skip
+    run_job(JobSpec(jsonl, tmp_path / "js", model=EMBED), settings, io.StringIO())
+
+    from_parquet, from_jsonl = read_parquet(tmp_path / "pq"), read_parquet(tmp_path / "js")
+    assert sorted(from_parquet) == sorted(f"p{i}" for i in range(12))
+    for i in range(12):
+        np.testing.assert_allclose(from_parquet[f"p{i}"][0], from_jsonl[f"doc-{i}"][0],
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
 def batch_line(custom_id: str, url: str, body: Any, method: str = "POST") -> bytes:
     return orjson.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
 
