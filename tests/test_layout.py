@@ -35,6 +35,7 @@ OPS_FAMILIES: dict[str, set[str]] = {
     "demo": set(),  # the demo models and the local stack `make run` starts
     "lifecycle": {"demo"},  # push's default server is the running local stack's
     "load": set(),
+    "batch": set(),  # batch jobs: the gateway's own stages (backend) straight to TF Serving
     "rollout": {"lifecycle"},  # a rollout publishes and promotes through push
     "drills": {"lifecycle", "rollout", "load"},
 }

@@ -1,0 +1,239 @@
+"""Batch job benchmark: the job's rows/s against the model server's own at batch 32, and the
+online p99 while a job runs against the p99 when quiet.
+
+- the model server's own: the corpus tokenized once (outside the clock), sent as batches of 32
+  in input order, each padded to its longest text, straight over gRPC, two calls in flight
+  (the job's ``--concurrency`` default), back to back: rows/s;
+- the job: ``ops.batch.job.run_job`` on the same corpus as id/text rows (reading, tokenizing,
+  length-sorting, bucketing, calling, writing Parquet parts and the manifest all on the clock),
+  in process, the same two calls in flight, pacing off: rows/s, and the ratio (aim ≥ 0.9);
+- online p99: one-text gRPC Predict calls back to back, quiet, then while ``python -m ops.batch``
+  runs in its own process, once with its AIMD pacing (ops/batch/pacing.py, the default) and once
+  with a cap of a quarter of the server's rows/s: the ratios (aim ≤ 1.3).
+
+Uses ``minilm`` (an embedder) under ctx.base_path when present, else a tiny random BERT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks import BenchContext, Row, percentile
+from ops.procs import ServerProcess, child_env, free_port, port_open, python_cmd
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "rain",
+    "falls",
+    "on",
+    "every",
+    "small",
+    "house",
+    "near",
+    "the",
+    "river",
+    "bank",
+    "and",
+    "people",
+    "walk",
+    "home",
+    "after",
+    "work",
+]
+BATCH = 32
+IN_FLIGHT = 2
+
+
+def _model(ctx: BenchContext) -> tuple[Path, str]:
+    """Return (model base path, name): the demo ``minilm`` or a tiny stand-in."""
+    from modelformat.layout import latest_version
+
+    if latest_version(ctx.base_path / "minilm") is not None:
+        return ctx.base_path, "minilm"
+    from export.tiny import export_tiny_model
+
+    ctx.notes.append("batch_bench: no minilm under --base-path; used a tiny random BERT")
+    base = ctx.work_dir / "batch-models"
+    export_tiny_model(base, "tiny", task="embed", version=1, max_seq_len=128)
+    return base, "tiny"
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """Return ``n`` texts of 3 to 60 words (seeded): a corpus of mixed lengths."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(3, 60))) for _ in range(n)]
+
+
+def _served_version(gateway: Any, name: str, timeout_s: float = 300.0) -> int:
+    """Return the version the model server serves once it is AVAILABLE."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            states = gateway.client.model_status(name, timeout_s=5)
+            available = [s.version for s in states if s.state == "AVAILABLE"]
+            if available:
+                return max(available)
+        except Exception:  # not up yet: the port opens before the model loads
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
+def _server_rows_per_s(gateway: Any, name: str, version: int, texts: list[str]) -> float:
+    """Return the model server's own rows/s: batches of 32, input order, IN_FLIGHT at once."""
+    from backend.bucketing import Chunk
+    from backend.plan import chunk_inputs
+
+    assets = gateway.assets.get(name, version)
+    encoded = assets.tokenizer.encode(texts)
+    batches = []
+    for start in range(0, len(encoded), BATCH):
+        members = tuple(range(start, min(start + BATCH, len(encoded))))
+        longest = max(encoded[i].ids.shape[0] for i in members)
+        batches.append(chunk_inputs(Chunk(members, longest), encoded, assets.tokenizer.pad_id,
+                                    None))  # fmt: skip
+    gateway.client.predict(name, batches[0], version=version, timeout_s=60)  # warm
+    queue = list(batches)
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                inputs = queue.pop()
+            gateway.client.predict(name, inputs, version=version, timeout_s=60)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(IN_FLIGHT)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return len(texts) / (time.perf_counter() - started)
+
+
+def _online_p99(gateway: Any, name: str, version: int, stop: Any, n: int) -> float:
+    """Return the p99 (ms) of one-text Predict calls back to back (``n`` calls, or until
+    ``stop()``)."""
+    from backend.bucketing import Chunk
+    from backend.plan import chunk_inputs
+
+    tokenizer = gateway.assets.get(name, version).tokenizer
+    encoded = tokenizer.encode(["the quick brown fox jumps"])
+    inputs = chunk_inputs(Chunk((0,), encoded[0].ids.shape[0]), encoded, tokenizer.pad_id, None)
+    samples: list[float] = []
+    while len(samples) < n and not stop():
+        started = time.perf_counter()
+        gateway.client.predict(name, inputs, version=version, timeout_s=60)
+        samples.append(time.perf_counter() - started)
+    return percentile(samples, 99) * 1000
+
+
+def _during_job(
+    gateway: Any,
+    name: str,
+    version: int,
+    source: Path,
+    env: dict[str, str],
+    out: Path,
+    flags: list[str],
+) -> tuple[float, float]:
+    """Return (online p99 ms, the job's rows/s) while ``python -m ops.batch`` runs with
+    ``flags`` in its own process."""
+    cmd = python_cmd("-m", "ops.batch", str(source), "--output", str(out), "--model", name,
+                     "--max-batch", "64", *flags)  # fmt: skip
+    proc = subprocess.Popen(cmd, env=child_env(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    time.sleep(3.0)  # past the job's start-up: its calls are running
+    p99 = _online_p99(gateway, name, version, lambda: proc.poll() is not None, 10**9)
+    stdout, _ = proc.communicate(timeout=900)
+    return p99, float(json.loads(stdout.strip().splitlines()[-1])["rows_per_s"])
+
+
+def run(ctx: BenchContext) -> list[Row]:
+    from backend.service import Gateway
+    from backend.settings import load_settings
+    from ops.batch.job import JobSpec, run_job
+    from ops.batch.pacing import Pacer
+
+    base, name = _model(ctx)
+    grpc_port, rest_port = free_port(), free_port()
+    cmd = python_cmd("-m", "modelserver", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
+                     f"--model_name={name}", f"--model_base_path={base / name}")  # fmt: skip
+    server = ServerProcess(cmd, ctx.work_dir / f"batch-ms-{grpc_port}.log", env=child_env())
+    n = 512 if ctx.quick else 2048
+    texts = corpus(n)
+    source = ctx.work_dir / "batch-corpus.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"id": str(i), "text": t}) + b"\n"
+                                for i, t in enumerate(texts)))  # fmt: skip
+    env = {"GATEWAY_TFS_GRPC": f"127.0.0.1:{grpc_port}", "GATEWAY_MODEL_BASE_PATH": str(base)}
+    settings = load_settings({"max_batch_size": 64, "max_concurrent_chunks": IN_FLIGHT,
+                              "group_in_flight": 0, "request_timeout_s": 120,
+                              "max_request_rows": 1 << 30, "max_request_tokens": 1 << 40},
+                             environ=env)  # fmt: skip
+    try:
+        server.wait_until(lambda: port_open(grpc_port), timeout_s=180)
+        gateway = Gateway(settings)
+        try:
+            version = _served_version(gateway, name)
+            own = max(_server_rows_per_s(gateway, name, version, texts) for _ in range(2))
+            job = max(
+                run_job(JobSpec(source, ctx.work_dir / f"batch-out-{i}", model=name,
+                                pacer=Pacer(slow_ratio=float("inf"))),
+                        settings, open(os.devnull, "w")).as_dict()["rows_per_s"]  # noqa: SIM115
+                for i in range(2)
+            )  # fmt: skip
+            quiet = _online_p99(gateway, name, version, lambda: False, 200 if ctx.quick else 500)
+            busy = {}
+            for rule, flags in (("aimd", []), ("cap", ["--max-rows-per-s", f"{own / 4:.1f}"])):
+                busy[rule] = _during_job(gateway, name, version, source, env, ctx.work_dir / rule,
+                                         flags)  # fmt: skip
+        finally:
+            gateway.close()
+    finally:
+        server.stop()
+    how = f"{name}, {n} texts of 3-60 words, {IN_FLIGHT} calls in flight, {ctx.cpu.describe()}"
+    return [
+        Row("model server's own rows/s (batch 32, input order)", f"{own:.0f}", how=how),
+        Row(
+            "batch job rows/s (ops.batch, in process, no pacing)",
+            f"{job:.0f}",
+            f"{job / own:.2f}x",
+            "≥ 0.9x",
+            how,
+        ),
+        Row("online p99, quiet (ms)", f"{quiet:.1f}", how="one-text gRPC Predict, back to back"),
+        *(
+            Row(
+                f"online p99 during a batch job, {rule} (ms)",
+                f"{p99:.1f}",
+                f"{p99 / quiet:.2f}x",
+                "≤ 1.3x",
+                f"python -m ops.batch in its own process ({what}), job at {rate:.0f} rows/s",
+            )
+            for rule, what in (
+                ("aimd", "AIMD pacing, the default"),
+                ("cap", f"--max-rows-per-s {own / 4:.1f}: a quarter of the server's"),
+            )
+            for p99, rate in [busy[rule]]
+        ),
+    ]

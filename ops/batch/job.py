@@ -1,0 +1,417 @@
+"""A batch job: plan the input's parts (sorted by length), run each through the gateway's own
+stages straight to the model server, write it whole, and resume where a killed run stopped.
+
+The plan is a function of the input alone: the items (lines that passed the route's checks)
+sorted by size, then cut into parts of about ``part_rows`` inputs; part ``k`` belongs to shard
+``k % n``. Each part's items are grouped by their options (model, route, prompt...) into calls of
+up to ``call_rows`` inputs to ``Gateway.embeddings``, which tokenizes, buckets by length and
+sends chunks of ``GATEWAY_MAX_BATCH`` rows over gRPC, ``GATEWAY_MAX_CONCURRENT_CHUNKS`` at once.
+Model specs are resolved once, on the job's first start, and recorded in the manifest: a rerun
+(or a resumed run) answers from the same versions even when a label has moved since.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from backend.errors import GatewayError, UnprocessableInput, UpstreamError, UpstreamTimeout
+from backend.errors import UpstreamUnavailable as Unavailable
+from backend.service import Gateway
+from backend.settings import Settings, load_settings
+from ops.batch import parts
+from ops.batch.answers import answer_line, error_line
+from ops.batch.inputs import Bad, Item, error_body, read_batch, read_rows, split_spec
+from ops.batch.pacing import Pacer
+from ops.batch.progress import Progress
+
+RETRIES = 5  # upstream failures of one call before the job stops (a rerun resumes)
+
+
+@dataclass
+class JobSpec:
+    """What a job is asked: its input, output folder, form and how to cut the work."""
+
+    input: Path
+    output: Path
+    model: str | None = None  # rows: the model spec every row goes to
+    id_field: str = "id"
+    text_field: str = "text"
+    part_rows: int = 2048
+    call_rows: int = 512
+    shard: tuple[int, int] = (0, 1)
+    pacer: Pacer = field(default_factory=Pacer)
+
+    @property
+    def form(self) -> str:
+        """Return "rows" (an id and a text per row, to Parquet) or "batch" (OpenAI Batch)."""
+        return "rows" if self.model is not None else "batch"
+
+    @property
+    def ext(self) -> str:
+        """Return the part files' extension."""
+        return "parquet" if self.form == "rows" else "jsonl"
+
+    @property
+    def manifest_name(self) -> str:
+        index, count = self.shard
+        return parts.MANIFEST if count == 1 else f"manifest-shard-{index}-of-{count}.json"
+
+
+@dataclass
+class Summary:
+    """What a job did: rows written, error lines by status, parts, seconds, rows/s."""
+
+    rows: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    parts: int = 0
+    seconds: float = 0.0
+
+    def count_error(self, status: int) -> None:
+        self.errors[str(status)] = self.errors.get(str(status), 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the summary as the manifest and stdout show it."""
+        rate = self.rows / self.seconds if self.seconds > 0 else 0.0
+        return {"rows": self.rows, "errors": dict(sorted(self.errors.items())),
+                "error_lines": sum(self.errors.values()), "parts": self.parts,
+                "seconds": round(self.seconds, 3), "rows_per_s": round(rate, 1)}  # fmt: skip
+
+
+def digest(spec: JobSpec) -> str:
+    """Return the job's identity: the input's bytes and every flag that changes the output."""
+    hasher = hashlib.sha256()
+    with open(spec.input, "rb") as data:
+        for block in iter(lambda: data.read(1 << 20), b""):
+            hasher.update(block)
+    hasher.update(repr((spec.form, spec.model, spec.id_field, spec.text_field,
+                        spec.part_rows)).encode())  # fmt: skip
+    return hasher.hexdigest()
+
+
+def read_input(spec: JobSpec, settings: Settings) -> tuple[list[Item], list[Bad]]:
+    """Return the input's items and bad lines."""
+    if spec.model is not None:
+        lines = read_rows(spec.input, spec.model, spec.id_field, spec.text_field, settings)
+    else:
+        lines = read_batch(spec.input, settings)
+    items: list[Item] = []
+    bad: list[Bad] = []
+    for line in lines:
+        (items if isinstance(line, Item) else bad).append(line)  # type: ignore[arg-type]
+    return items, bad
+
+
+def resolve_specs(gateway: Gateway, specs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Return each model spec's served version (or its error), resolved now, once."""
+    resolved: dict[str, dict[str, Any]] = {}
+    for spec in sorted(set(specs)):
+        try:
+            name, version, label = split_spec(spec)
+            served = gateway.resolver.resolve(name, version, label)
+            assets = gateway.assets.get(name, served)
+            if assets.task != "embed":
+                raise UnprocessableInput(
+                    f"model {name!r} is not an embedder (task {assets.task!r})"
+                )
+            resolved[spec] = {"model": name, "version": served}
+        except GatewayError as exc:
+            resolved[spec] = {"status": exc.status_code, "code": exc.code, "message": exc.message}
+    return resolved
+
+
+def plan_parts(items: Sequence[Item], part_rows: int) -> list[list[Item]]:
+    """Return the items sorted by size (then input order), cut into parts of ~part_rows inputs."""
+    planned: list[list[Item]] = []
+    current: list[Item] = []
+    rows = 0
+    for item in sorted(items, key=lambda i: (i.size, i.index)):
+        current.append(item)
+        rows += item.count
+        if rows >= part_rows:
+            planned.append(current)
+            current, rows = [], 0
+    if current:
+        planned.append(current)
+    return planned
+
+
+def _spec_error(item: Item, entry: dict[str, Any]) -> Bad:
+    """Return the bad line of an item whose model spec did not resolve at the start."""
+    error = GatewayError(entry["message"])
+    error.status_code, error.code = entry["status"], entry["code"]
+    return Bad(item.index, item.custom_id, entry["status"], error_body(item.route, error))
+
+
+class Runner:
+    """Runs parts of one job on one Gateway (its client, caches, tokenizers)."""
+
+    def __init__(self, spec: JobSpec, gateway: Gateway, job: str, models: dict[str, Any]):
+        self.spec, self.gateway, self.job, self.models = spec, gateway, job, models
+
+    def run_part(self, items: Sequence[Item]) -> tuple[list[Any], list[dict[str, Any]]]:
+        """Return a part's outputs (a table's rows or answer lines) and its error lines."""
+        groups: dict[tuple[Any, ...], list[Item]] = {}
+        for item in items:
+            groups.setdefault(item.options, []).append(item)
+        outputs: list[Any] = []
+        errors: list[dict[str, Any]] = []
+        for group in groups.values():
+            for call in _calls(group, self.spec.call_rows):
+                self._run_call(call, outputs, errors)
+        return outputs, errors
+
+    def _run_call(self, call: list[Item], outputs: list[Any], errors: list[dict[str, Any]]) -> None:
+        try:
+            done, vectors = self._embeddings(call)
+        except GatewayError as exc:
+            if len(call) > 1:  # one item's fault: find it by running each alone
+                for item in call:
+                    self._run_call([item], outputs, errors)
+                return
+            bad = Bad(call[0].index, call[0].custom_id, exc.status_code,
+                      error_body(call[0].route, exc))  # fmt: skip
+            errors.append(error_line(self.job, bad))
+            return
+        version = int(done.served)
+        start = 0
+        for item in call:
+            end = start + item.count
+            if item.route == "rows":
+                outputs.append((item.custom_id, vectors[start], version))
+            else:
+                tokens = int(sum(done.token_counts[start:end]))
+                outputs.append(answer_line(self.job, item, vectors[start:end],
+                                           done.truncated[start:end], tokens, version))  # fmt: skip
+            start = end
+
+    def _embeddings(self, call: list[Item]) -> tuple[Any, np.ndarray]:
+        """Return Gateway.embeddings of the call's inputs, pinned to the resolved version;
+        retried on upstream failures, then paced (ops/batch/pacing.py)."""
+        first = call[0]
+        model = self.models[first.spec]
+        texts = [text for item in call for text in item.texts]
+        ids = None
+        if first.token_ids is not None:
+            ids = [row for item in call for row in item.token_ids or []]
+        req = first.request
+        truncate, normalize = True, None
+        if first.route == "openai":
+            normalize = True
+        elif first.route == "embed":
+            truncate, normalize = req.truncate, req.normalize
+        for attempt in range(RETRIES + 1):
+            started = time.monotonic()
+            try:
+                done, vectors = self.gateway.embeddings(
+                    model["model"], texts, model["version"], None, truncate,
+                    normalize=normalize, token_ids=ids,
+                    direction=getattr(req, "truncation_direction", None),
+                    prompt_name=getattr(req, "prompt_name", None),
+                    input_type=getattr(req, "input_type", None),
+                )  # fmt: skip
+                break
+            except (Unavailable, UpstreamTimeout, UpstreamError):
+                if attempt == RETRIES:
+                    raise
+                time.sleep(min(2.0**attempt, 10.0))
+            except ValueError as exc:  # a token id outside the vocabulary
+                raise UnprocessableInput(str(exc)) from None
+        took = time.monotonic() - started
+        padded = sum(len(c.chunk.indices) * c.chunk.seq_len for c in done.calls)
+        time.sleep(self.spec.pacer.after_call(took, len(vectors), padded))
+        return done, vectors
+
+
+def _calls(group: list[Item], call_rows: int) -> list[list[Item]]:
+    """Return ``group`` cut into calls of at most ``call_rows`` inputs (an item is never cut)."""
+    calls: list[list[Item]] = []
+    current: list[Item] = []
+    rows = 0
+    for item in group:
+        if current and rows + item.count > call_rows:
+            calls.append(current)
+            current, rows = [], 0
+        current.append(item)
+        rows += item.count
+    if current:
+        calls.append(current)
+    return calls
+
+
+def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> Summary:
+    """Run (or resume) the job: every part of this shard not yet written; return its summary."""
+    started = time.monotonic()
+    spec.output.mkdir(parents=True, exist_ok=True)
+    job = digest(spec)
+    manifest = parts.read_manifest(spec.output, spec.manifest_name)
+    if manifest is not None and manifest["job"] != job:
+        raise SystemExit(
+            f"{spec.output} holds another job's parts (input or flags differ): use a new --output"
+        )
+    items, bad = read_input(spec, settings)
+    gateway = Gateway(settings)
+    try:
+        models = manifest["models"] if manifest else resolve_specs(gateway, [i.spec for i in items])
+        good = [i for i in items if "version" in models[i.spec]]
+        bad += [_spec_error(i, models[i.spec]) for i in items if "version" not in models[i.spec]]
+        planned = plan_parts(good, spec.part_rows)
+        index, count = spec.shard
+        mine = [k for k in range(len(planned)) if k % count == index]
+        manifest = manifest or {
+            "job": job, "input": str(spec.input), "form": spec.form, "models": models,
+            "parts": len(planned), "shard": [index, count],
+        }  # fmt: skip
+        parts.write_manifest(spec.output, manifest, spec.manifest_name)
+        summary = Summary()
+        if index == 0:  # the input's bad lines: one file, the first shard's
+            lines = [error_line(job, b) for b in sorted(bad, key=lambda b: b.index)]
+            parts.write_atomic(spec.output / "input.errors.jsonl", parts.jsonl(lines))
+            for b in bad:
+                summary.count_error(b.status)
+        done = parts.done_parts(spec.output, spec.ext) & set(mine)
+        total = sum(i.count for k in mine for i in planned[k])
+        progress = Progress(total, sum(i.count for k in done for i in planned[k]), stream)
+        runner = Runner(spec, gateway, job, models)
+        for k in mine:
+            if k not in done:
+                _write_part(spec, runner, k, planned[k])
+                progress.add(sum(i.count for i in planned[k]))
+        progress.close()
+        for k in mine:
+            _count_part(spec, k, summary)
+        summary.parts = len(mine)
+        summary.seconds = time.monotonic() - started
+        if count == 1:
+            _finish(spec, len(planned))
+        manifest["summary"] = summary.as_dict()
+        manifest["complete"] = True
+        parts.write_manifest(spec.output, manifest, spec.manifest_name)
+        return summary
+    finally:
+        gateway.close()
+
+
+def _write_part(spec: JobSpec, runner: Runner, k: int, items: list[Item]) -> None:
+    """Run part ``k`` and write it whole: its errors file, then its output file."""
+    outputs, errors = runner.run_part(items)
+    out = spec.output
+    parts.write_atomic(out / parts.part_name(k, "errors.jsonl"), parts.jsonl(errors))
+    if spec.form == "rows":
+        name = runner.models[items[0].spec]["model"]
+        ids = [o[0] for o in outputs]
+        vectors = np.stack([o[1] for o in outputs]) if outputs else np.zeros((0, 0), np.float32)
+        table = parts.dense_table(ids, vectors, [name] * len(ids), [o[2] for o in outputs])
+        parts.write_table(out / parts.part_name(k, "parquet"), table)
+    else:
+        parts.write_atomic(out / parts.part_name(k, "jsonl"), parts.jsonl(outputs))
+
+
+def _count_part(spec: JobSpec, k: int, summary: Summary) -> None:
+    """Add part ``k``'s rows and error lines (read back from its files) to ``summary``."""
+    import orjson
+    import pyarrow.parquet as pq
+
+    path = spec.output / parts.part_name(k, spec.ext)
+    if spec.form == "rows":
+        summary.rows += pq.ParquetFile(path).metadata.num_rows
+    else:
+        summary.rows += path.read_bytes().count(b"\n")
+    for line in (spec.output / parts.part_name(k, "errors.jsonl")).read_bytes().splitlines():
+        summary.count_error(orjson.loads(line)["response"]["status_code"])
+
+
+def _finish(spec: JobSpec, count: int) -> None:
+    """One shard: write errors.jsonl (and, for OpenAI Batch, output.jsonl) from the parts."""
+    out = spec.output
+    errors = [out / "input.errors.jsonl"]
+    errors += [out / parts.part_name(k, "errors.jsonl") for k in range(count)]
+    parts.concatenate(errors, out / "errors.jsonl")
+    if spec.form == "batch":
+        parts.concatenate([out / parts.part_name(k, "jsonl") for k in range(count)],
+                          out / "output.jsonl")  # fmt: skip
+
+
+def job_settings(args: argparse.Namespace) -> Settings:
+    """Return the gateway settings of the job: GATEWAY_* variables, then the flags."""
+    overrides: dict[str, Any] = {
+        "max_batch_size": args.max_batch,
+        "max_concurrent_chunks": args.concurrency,
+        "group_in_flight": 0,  # one caller: nothing to share a call with
+        "request_timeout_s": args.timeout,
+        "max_request_rows": 1 << 30,  # the job's calls, not a client's request
+        "max_request_tokens": 1 << 40,
+    }
+    if args.tfs:
+        overrides["tfs_grpc_target"] = args.tfs
+    if args.model_base_path:
+        overrides["model_base_path"] = args.model_base_path
+    if args.model_config_file:
+        overrides["model_config_file"] = args.model_config_file
+    return load_settings(overrides)
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    """Return (i, n) of ``i/n``."""
+    index, _, count = value.partition("/")
+    if not (index.isdigit() and count.isdigit() and 0 <= int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"--shard takes i/n with 0 <= i < n, not {value!r}")
+    return int(index), int(count)
+
+
+def parser() -> argparse.ArgumentParser:
+    """Return the job's command line."""
+    p = argparse.ArgumentParser(
+        prog="python -m ops.batch",
+        description="Embed a corpus with the gateway's stages straight to TF Serving; a killed "
+        "job run again resumes (docs/guides/re-embedding.md).",
+    )
+    p.add_argument("input", type=Path, help="OpenAI Batch JSONL, or JSONL/Parquet rows (--model)")
+    p.add_argument("--output", type=Path, required=True, help="folder of parts and manifest")
+    p.add_argument("--model", help="rows: the model, name / name@version / name:label "
+                   "(resolved once, at the start); without it: OpenAI Batch lines")  # fmt: skip
+    p.add_argument("--id-field", default="id", help="rows: the id's field (default id)")
+    p.add_argument("--text-field", default="text", help="rows: the text's field (default text)")
+    p.add_argument("--tfs", help="TF Serving gRPC target (default: GATEWAY_TFS_GRPC)")
+    p.add_argument("--model-base-path", help="the model tree (default: GATEWAY_MODEL_BASE_PATH)")
+    p.add_argument("--model-config-file", help="serving config with the labels "
+                   "(default: GATEWAY_MODEL_CONFIG_FILE)")  # fmt: skip
+    p.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: run part k when "
+                   "k %% n == i (Kubernetes: JOB_COMPLETION_INDEX/completions)")  # fmt: skip
+    p.add_argument("--part-rows", type=int, default=2048, help="inputs per part file")
+    p.add_argument("--call-rows", type=int, default=512, help="inputs per in-process call")
+    p.add_argument("--max-batch", type=int, default=64, help="rows per model-server call")
+    p.add_argument("--concurrency", type=int, default=2, help="model-server calls in flight")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
+    p.add_argument("--slow-ratio", type=float, default=1.5, help="yield when a call's latency "
+                   "per token is over this x its quiet baseline (AIMD; 0: never)")  # fmt: skip
+    p.add_argument("--max-rows-per-s", type=float, default=0.0, help="a cap (0: none)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; print its summary (JSON) on stdout; 0 when every part was written."""
+    import json
+
+    args = parser().parse_args(argv)
+    pacer = Pacer(slow_ratio=args.slow_ratio or float("inf"), max_rows_per_s=args.max_rows_per_s)
+    spec = JobSpec(
+        input=args.input, output=args.output, model=args.model, id_field=args.id_field,
+        text_field=args.text_field, part_rows=args.part_rows, call_rows=args.call_rows,
+        shard=args.shard, pacer=pacer,
+    )  # fmt: skip
+    try:
+        summary = run_job(spec, job_settings(args))
+    except GatewayError as exc:
+        print(f"batch: error: {exc.message} (rerun to resume)", file=sys.stderr)
+        return 1
+    print(json.dumps(summary.as_dict(), sort_keys=True))
+    return 0

@@ -1,0 +1,133 @@
+"""Part files and the manifest of a batch job: each written to a temporary name, fsynced, then
+renamed into place whole, so a reader (or a restarted job) sees a part entirely or not at all.
+
+A part ``k`` is done when ``part-<k>.<ext>`` exists: its errors file (``part-<k>.errors.jsonl``)
+is renamed into place first, so a done part always has both. The manifest records the job (its
+input's digest, the model versions resolved at the start, the plan's size) and the parts done;
+the files are the truth, the manifest a summary rebuilt from them on each start.
+
+The Parquet layout, one row per text: ``id`` (string), one column per output kind asked, then
+``model`` (string) and ``version`` (int64). The output columns follow modelformat/outputs.py's
+kinds: ``dense`` is ``embedding`` fixed_size_list<float32>[dim]; ``sparse`` will be
+``sparse_indices`` list<int32> and ``sparse_values`` list<float32>; ``multivector`` will be
+``token_vectors`` list<fixed_size_list<float32>[dim]> (``OUTPUT_COLUMNS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MANIFEST = "manifest.json"
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def output_columns(kind: str, dim: int) -> list[tuple[str, pa.DataType]]:
+    """Return the Parquet columns of one output kind (modelformat/outputs.py's KINDS)."""
+    vector = pa.list_(pa.float32(), dim)
+    if kind == "dense":
+        return [("embedding", vector)]
+    if kind == "sparse":
+        return [("sparse_indices", pa.list_(pa.int32())), ("sparse_values", pa.list_(pa.float32()))]
+    if kind == "multivector":
+        return [("token_vectors", pa.list_(vector))]
+    raise ValueError(f"unknown output kind {kind!r}")
+
+
+def parquet_schema(kinds: Sequence[str], dim: int) -> pa.Schema:
+    """Return the schema of a job's Parquet parts: id, the kinds' columns, model, version."""
+    columns = [("id", pa.string())]
+    for kind in kinds:
+        columns += output_columns(kind, dim)
+    return pa.schema([*columns, ("model", pa.string()), ("version", pa.int64())])
+
+
+def dense_table(
+    ids: Sequence[str], vectors: np.ndarray, models: Sequence[str], versions: Sequence[int]
+) -> pa.Table:
+    """Return the Parquet table of dense rows (``vectors`` float32 ``[rows, dim]``)."""
+    dim = int(vectors.shape[1]) if vectors.ndim == 2 else 0
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+    return pa.Table.from_arrays(
+        [pa.array(ids, pa.string()), pa.FixedSizeListArray.from_arrays(flat, dim),
+         pa.array(models, pa.string()), pa.array(versions, pa.int64())],
+        schema=parquet_schema(["dense"], dim),
+    )  # fmt: skip
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole: a temporary file, fsync, rename, fsync of the folder."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    _sync_dir(path.parent)
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    """Write ``table`` as Parquet to ``path`` whole (as ``write_atomic``)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    with open(tmp, "rb") as written:
+        os.fsync(written.fileno())
+    os.replace(tmp, path)
+    _sync_dir(path.parent)
+
+
+def jsonl(lines: Iterable[Mapping[str, Any]]) -> bytes:
+    """Return ``lines`` as JSON Lines bytes (numpy arrays as lists)."""
+    return b"".join(orjson.dumps(line, option=_NUMPY) + b"\n" for line in lines)
+
+
+def part_name(index: int, ext: str) -> str:
+    """Return part ``index``'s file name (``ext``: parquet, jsonl or errors.jsonl)."""
+    return f"part-{index:05d}.{ext}"
+
+
+def done_parts(out_dir: Path, ext: str) -> set[int]:
+    """Return the indices of the parts whose output file is in place."""
+    found = set()
+    for path in out_dir.glob(f"part-*.{ext}"):
+        stem = path.name[len("part-") : -len(ext) - 1]
+        if stem.isdigit():
+            found.add(int(stem))
+    return found
+
+
+def read_manifest(out_dir: Path, name: str = MANIFEST) -> dict[str, Any] | None:
+    """Return the manifest in ``out_dir`` (None when there is none yet)."""
+    path = out_dir / name
+    if not path.exists():
+        return None
+    manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return manifest
+
+
+def write_manifest(out_dir: Path, manifest: Mapping[str, Any], name: str = MANIFEST) -> None:
+    """Write the manifest whole."""
+    write_atomic(out_dir / name, json.dumps(manifest, indent=1, sort_keys=True).encode() + b"\n")
+
+
+def concatenate(paths: Sequence[Path], target: Path) -> int:
+    """Write the files ``paths`` one after the other to ``target`` whole; return its lines."""
+    data = b"".join(path.read_bytes() for path in paths)
+    write_atomic(target, data)
+    return data.count(b"\n")
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,278 @@
+"""Batch jobs (ops/batch/): inputs and errors, Parquet and OpenAI Batch output, resumption after
+SIGKILL, shards, pacing and progress, against the session's tiny model server."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from backend.service import Gateway
+from backend.settings import load_settings
+from ops.batch.inputs import Item
+from ops.batch.job import JobSpec, plan_parts, run_job
+from ops.batch.pacing import Pacer
+from ops.batch.progress import Progress
+from ops.procs import python_cmd
+from tests.backend.conftest import EMBED, INTENT
+from tests.backend.stack import ModelServer
+
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "while",
+    "dogs",
+    "ran",
+    "past",
+    "every",
+    "small",
+    "house",
+    "near",
+    "river",
+    "bank",
+]
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """Return ``n`` texts of 1 to 40 words (seeded)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(n)]
+
+
+def write_rows(path: Path, texts: list[str], extra: list[bytes] = ()) -> Path:  # type: ignore[assignment]
+    lines = [orjson.dumps({"id": f"doc-{i}", "text": t}) for i, t in enumerate(texts)]
+    path.write_bytes(b"\n".join([*lines, *extra]) + b"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(modelserver: ModelServer, model_base: Path, config_file: Path) -> dict[str, str]:
+    """Return the GATEWAY_* variables of a job against the session's model server."""
+    return {
+        "GATEWAY_TFS_GRPC": modelserver.grpc_target,
+        "GATEWAY_MODEL_BASE_PATH": str(model_base),
+        "GATEWAY_MODEL_CONFIG_FILE": str(config_file),
+        "GATEWAY_MAX_TEXT_CHARS": "2000",
+    }
+
+
+def settings_of(env: dict[str, str], **overrides: Any) -> Any:
+    return load_settings({"max_batch_size": 16, "group_in_flight": 0, **overrides}, environ=env)
+
+
+def read_parquet(folder: Path) -> dict[str, tuple[np.ndarray, str, int]]:
+    """Return id -> (vector, model, version) of every part; fails on a repeated id."""
+    rows: dict[str, tuple[np.ndarray, str, int]] = {}
+    for path in sorted(folder.glob("part-*.parquet")):
+        table = pq.read_table(path).to_pylist()
+        for row in table:
+            assert row["id"] not in rows, f"{row['id']} twice"
+            rows[row["id"]] = (np.asarray(row["embedding"]), row["model"], row["version"])
+    return rows
+
+
+def test_rows_become_parquet_stamped_with_the_version_and_bad_rows_become_error_lines(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    texts = corpus(40)
+    bad = [b"{not json", orjson.dumps({"text": "no id"}), orjson.dumps({"id": "e", "text": " "}),
+           orjson.dumps({"id": "long", "text": "x" * 2001})]  # fmt: skip
+    source = write_rows(tmp_path / "in.jsonl", texts, bad)
+    settings = settings_of(env)
+
+    summary = run_job(JobSpec(source, tmp_path / "out", model=EMBED, part_rows=16), settings,
+                      io.StringIO())  # fmt: skip
+
+    rows = read_parquet(tmp_path / "out")
+    assert sorted(rows) == sorted(f"doc-{i}" for i in range(40))
+    assert {(m, v) for _, m, v in rows.values()} == {(EMBED, 1)}
+    online = Gateway(settings)
+    try:
+        _, want = online.embeddings(EMBED, texts[:5], 1, None)
+    finally:
+        online.close()
+    np.testing.assert_allclose(np.stack([rows[f"doc-{i}"][0] for i in range(5)]), want,
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    errors = [orjson.loads(x) for x in (tmp_path / "out" / "errors.jsonl").read_bytes().split(b"\n")
+              if x]  # fmt: skip
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [
+        (None, 400), (None, 400), ("e", 422), ("long", 422)]  # fmt: skip
+    assert "2000" in errors[3]["response"]["body"]["error"]["message"]
+    assert summary.rows == 40 and summary.errors == {"400": 2, "422": 2}
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["models"] == {EMBED: {"model": EMBED, "version": 1}}
+    assert manifest["complete"] is True
+
+
+def test_parquet_rows_with_named_fields_are_read_like_jsonl_rows(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    import pyarrow as pa
+
+    texts = corpus(12, seed=9)
+    table = pa.table({"doc": [f"p{i}" for i in range(12)], "body": texts})
+    pq.write_table(table, tmp_path / "in.parquet")
+    jsonl = write_rows(tmp_path / "in.jsonl", texts)
+    settings = settings_of(env)
+
+    run_job(JobSpec(tmp_path / "in.parquet", tmp_path / "pq", model=f"{EMBED}@1", id_field="doc",
+                    text_field="body"), settings, io.StringIO())  # fmt: skip
+    run_job(JobSpec(jsonl, tmp_path / "js", model=EMBED), settings, io.StringIO())
+
+    from_parquet, from_jsonl = read_parquet(tmp_path / "pq"), read_parquet(tmp_path / "js")
+    assert sorted(from_parquet) == sorted(f"p{i}" for i in range(12))
+    for i in range(12):
+        np.testing.assert_allclose(from_parquet[f"p{i}"][0], from_jsonl[f"doc-{i}"][0],
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def batch_line(custom_id: str, url: str, body: Any, method: str = "POST") -> bytes:
+    return orjson.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
+
+
+def test_openai_batch_lines_answer_as_their_routes_and_bad_lines_carry_the_routes_errors(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    embed_url = f"/v1/models/{EMBED}:embed"
+    lines = [
+        batch_line("a", "/v1/embeddings", {"model": EMBED, "input": ["hello there", "a cat"]}),
+        batch_line("b", embed_url, {"texts": ["the dog ran"], "embedding_types": ["int8"]}),
+        batch_line("c", "/v1/embeddings", {"model": f"{EMBED}@1", "input": "one", "dimensions": 4}),
+        b"not json",
+        batch_line("d", "/v1/chat/completions", {"model": EMBED}),
+        batch_line("e", "/v1/embeddings", {"model": EMBED, "input": ["x"] * 300}),
+        batch_line("f", "/v1/embeddings", {"model": "no-such-model", "input": "hi"}),
+        batch_line("g", f"/v1/models/{INTENT}:embed", {"texts": ["hi"]}),
+        batch_line("a", "/v1/embeddings", {"model": EMBED, "input": "again"}),
+    ]
+    source = tmp_path / "batch.jsonl"
+    source.write_bytes(b"\n".join(lines) + b"\n")
+
+    summary = run_job(JobSpec(source, tmp_path / "out"), settings_of(env), io.StringIO())
+
+    out = {o["custom_id"]: o for o in map(orjson.loads, (tmp_path / "out" / "output.jsonl")
+                                          .read_bytes().splitlines())}  # fmt: skip
+    assert sorted(out) == ["a", "b", "c"]
+    a = out["a"]["response"]["body"]
+    assert a["model"] == f"{EMBED}@1" and [d["index"] for d in a["data"]] == [0, 1]
+    assert np.linalg.norm(a["data"][0]["embedding"]) == pytest.approx(1.0, abs=1e-5)
+    b = out["b"]["response"]["body"]
+    assert b["model"] == {"name": EMBED, "version": 1} and "embeddings" not in b
+    assert all(isinstance(x, int) for x in b["embeddings_by_type"]["int8"][0])
+    assert len(out["c"]["response"]["body"]["data"][0]["embedding"]) == 4
+    errors = {e["custom_id"]: e["response"] for e in map(orjson.loads, (
+        tmp_path / "out" / "errors.jsonl").read_bytes().splitlines())}  # fmt: skip
+    assert {k: v["status_code"] for k, v in errors.items()} == {
+        None: 400,
+        "d": 404,
+        "e": 413,
+        "f": 404,
+        "g": 422,
+        "a": 400,
+    }
+    assert errors["e"]["body"]["error"]["type"] == "invalid_request_error"  # OpenAI's shape
+    assert errors["g"]["body"]["error"]["code"] == "unprocessable"  # :embed's shape
+    assert summary.rows == 3 and summary.errors == {"400": 2, "404": 2, "413": 1, "422": 1}
+
+
+def test_three_shards_together_write_the_rows_of_one_run(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    source = write_rows(tmp_path / "in.jsonl", corpus(50, seed=3))
+    settings = settings_of(env)
+    run_job(JobSpec(source, tmp_path / "one", model=EMBED, part_rows=8), settings, io.StringIO())
+    for index in range(3):
+        spec = JobSpec(source, tmp_path / "three", model=EMBED, part_rows=8, shard=(index, 3))
+        run_job(spec, settings, io.StringIO())
+
+    one, three = read_parquet(tmp_path / "one"), read_parquet(tmp_path / "three")
+    assert sorted(one) == sorted(three) and len(one) == 50
+    for key, (vector, _, _) in one.items():
+        np.testing.assert_allclose(three[key][0], vector, rtol=1e-5, atol=1e-6)
+
+
+def test_a_job_killed_at_random_points_and_run_again_writes_each_row_once(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL at seeded random moments, several times; the restarted job's rows are exactly an
+    uninterrupted run's."""
+    source = write_rows(tmp_path / "in.jsonl", corpus(320, seed=5))
+    flags = ["--model", EMBED, "--part-rows", "8", "--call-rows", "8", "--max-batch", "8"]
+    run_job(JobSpec(source, tmp_path / "whole", model=EMBED, part_rows=8, call_rows=8),
+            settings_of(env, max_batch_size=8), io.StringIO())  # fmt: skip
+    cmd = python_cmd("-m", "ops.batch", str(source), "--output", str(tmp_path / "killed"), *flags)
+    rng = random.Random(51)
+    kills, written = 0, []
+    for round_ in range(4):  # each kill lands after a seeded number of parts, at a random moment
+        target = round_ * 9 + rng.randint(1, 8)
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        while proc.poll() is None and parts_in(tmp_path / "killed") < target:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.05))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        written.append(parts_in(tmp_path / "killed"))
+    done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    whole, killed = read_parquet(tmp_path / "whole"), read_parquet(tmp_path / "killed")
+    assert kills == 4 and written[-1] < 40, "the job ended before a kill: make it longer"
+    assert sorted(killed) == sorted(whole) and len(whole) == 320
+    assert json.loads(done.stdout)["rows"] == 320
+    for key, (vector, _, _) in whole.items():
+        np.testing.assert_allclose(killed[key][0], vector, rtol=1e-5, atol=1e-6)
+    print(f"\nkills: {kills}, parts after each: {written}, rows: {len(killed)}, missing: 0, "
+          "twice: 0")  # fmt: skip
+
+
+def parts_in(folder: Path) -> int:
+    """Return how many Parquet parts are in place in ``folder``."""
+    return len(list(folder.glob("part-*.parquet")))
+
+
+def test_parts_are_sorted_by_size_and_never_split_an_item() -> None:
+    items = [Item(i, str(i), "rows", "m", ["x" * n]) for i, n in enumerate([5, 1, 3, 1, 9])]
+
+    planned = plan_parts(items, 2)
+
+    assert [[i.index for i in part] for part in planned] == [[1, 3], [2, 0], [4]]
+
+
+def test_the_pacer_halves_its_duty_when_calls_slow_and_grows_it_back() -> None:
+    pacer = Pacer(slow_ratio=1.5, step=0.25)
+    assert pacer.after_call(0.1, 10, 100) == 0.0  # the quiet baseline: back to back
+    pause = pacer.after_call(0.3, 10, 100)  # 3x slower per token: online traffic is there
+    assert pacer.duty == 0.5 and pause == pytest.approx(0.3)
+    pacer.after_call(0.1, 10, 100)
+    assert pacer.duty == 0.75
+    capped = Pacer(max_rows_per_s=100)
+    assert capped.after_call(0.05, 10, 100) == pytest.approx(0.05)
+
+
+def test_progress_writes_plain_lines_with_rate_and_time_left_off_a_terminal() -> None:
+    stream = io.StringIO()
+    progress = Progress(100, stream=stream, every_s=0)
+    progress.add(50)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("50/100 rows")
+    assert "rows/s" in lines[0] and "left" in lines[0]
