@@ -161,6 +161,17 @@ class NotReady(UpstreamUnavailable):
     code = "not_ready"
 
 
+class UpstreamStatus(GatewayError):
+    """The model server's own error, kept as it answered it (the /tfs passthrough): its HTTP
+    status (TF Serving's mapping of its code) and its message."""
+
+    code = "upstream_status"
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
 class UpstreamTimeout(GatewayError):
     """HTTP 504: the model server did not answer within GATEWAY_TIMEOUT_S."""
 

@@ -23,8 +23,9 @@ import backend.clients.endpoints as endpoints
 from backend import tracing
 from backend.clients.base import Outputs, error_for_status
 from backend.clients.replicas import Replica, ReplicaHung, ReplicaSet
-from backend.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from backend.errors import GatewayError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from backend.tensors import fill_tensor_proto, from_tensor_proto
+from backend.tfs_json import HTTP_STATUS
 from modelformat.protos import serving_pb2
 from modelformat.status import VersionStatus, from_grpc
 
@@ -209,6 +210,35 @@ class GrpcClient:
                     raise self._mapped(exc, model) from exc
         finally:
             self.replicas.unwatch(replica, future)
+
+    def forward(
+        self, method: str, request: Any, *, model: str, version: int | None, timeout_s: float
+    ) -> Any:
+        """Return the reply of one ``predict``/``status``/``metadata`` call (the /tfs passthrough);
+        the model server's error comes back as ``UpstreamStatus``: its code's HTTP status (TF
+        Serving's table) and its message."""
+
+        def on(stubs: Stubs, left: float) -> Any:
+            try:
+                call = getattr(stubs, method)
+                return call(request, timeout=left, metadata=tracing.grpc_metadata())
+            except ValueError as exc:  # the channel was closed under us
+                raise UpstreamUnavailable(
+                    f"model server channel closed: {exc}", retry_after_s=self.retry_after_s
+                ) from exc
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                status = HTTP_STATUS.get(code.name, 500)
+                raise UpstreamStatus(details or code.name, status) from exc
+
+        if self.replicas is None:
+            assert self._single is not None
+            tracing.annotate("tfserving.replica", self.target)
+            return on(self._single, timeout_s)
+        return self.replicas.call(
+            model, version, lambda r, left: on(r.handle, left), time.monotonic() + timeout_s
+        )
 
     def signature(self, model: str, *, timeout_s: float) -> dict[str, Any]:
         """Return serving_default's input and output names from GetModelMetadata."""
