@@ -25,10 +25,13 @@ from backend.shadow import ShadowJob
 from backend.tensors import fill_tensor_proto, from_tensor_proto
 from backend.tfs_json import (
     TfsError,
+    classify_body,
     debug_string,
     decode_predict,
+    input_from_json,
     metadata_body,
     predict_body,
+    regress_body,
     request_size,
     status_body,
 )
@@ -158,11 +161,7 @@ class Passthrough:
             elif verb == "predict":
                 answer = self._grpc_predict(target, doc)
             else:
-                raise TfsError(
-                    f":{verb} goes through the REST upstream only (GATEWAY_UPSTREAM=rest); over "
-                    "gRPC the passthrough serves :predict, status and metadata",
-                    501,
-                )
+                answer = self._grpc_examples(verb, target, doc)
         if answer.version is None:
             answer.version = version
         clock = timing.current()
@@ -209,6 +208,28 @@ class Passthrough:
         with timing.stage("postprocess"):  # tensors → TF Serving's JSON
             outputs = {alias: from_tensor_proto(t) for alias, t in reply.outputs.items()}
             body = predict_body(outputs, row_format)
+        return Answer(200, body.encode(), reply.model_spec.version.value or None)
+
+    def _grpc_examples(self, verb: str, target: Target, doc: Any) -> Answer:
+        """Classify or Regress: the body's tf.Examples in one call, its result as TF Serving's
+        REST API writes it."""
+        with timing.stage("plan"):  # JSON → tf.Examples
+            request_input = input_from_json(doc)
+            name = doc.get("signature_name", "")
+            if not isinstance(name, str):
+                raise TfsError(
+                    f"JSON Value: {debug_string(doc)} not formatted correctly. 'signature_name' "
+                    "key must be a string value."
+                )
+            kind = serving_pb2.ClassificationRequest if verb == "classify" else (
+                serving_pb2.RegressionRequest
+            )  # fmt: skip
+            request = kind(input=request_input)
+            target.spec(request.model_spec, name)
+        reply = self._grpc(verb, request, target)
+        with timing.stage("postprocess"):
+            write = classify_body if verb == "classify" else regress_body
+            body = write(reply.result)
         return Answer(200, body.encode(), reply.model_spec.version.value or None)
 
     def predict_outputs(self, target: Target, doc: Any) -> dict[str, np.ndarray]:

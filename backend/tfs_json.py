@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 
-from modelformat.protos import tensor_pb2
+from modelformat.protos import serving_pb2, tensor_pb2
 
 DT = tensor_pb2.DataType
 _INT_RANGES: dict[int, tuple[int, int]] = {
@@ -474,3 +474,82 @@ def metadata_body(response: Any, signature_map: Any) -> str:
         '{\n"model_spec":' + proto_json(response.model_spec) + ",\n"
         '"metadata": {"signature_def": ' + proto_json(signature_map) + "}\n}\n"
     )
+
+
+# -- classify / regress (json_tensor.cc FillClassifyRegressRequestFromJson) -------------------
+
+
+def input_from_json(doc: Any) -> Any:
+    """Return the serving ``Input`` (tf.Examples, with context) of a classify/regress body."""
+    if not isinstance(doc, dict):
+        raise TfsError(f"JSON Value: {debug_string(doc)} Is not object")
+    if "examples" not in doc:  # TF Serving says "classify" here for regress too
+        raise TfsError(
+            f"JSON Value: {debug_string(doc)} When method is classify, key 'examples' "
+            "is expected and was not found"
+        )
+    examples = doc["examples"]
+    if not isinstance(examples, list):
+        raise TfsError(
+            f"JSON Value: {debug_string(doc)} Expecting 'examples' value to be an list/array"
+        )
+    if not examples:
+        raise TfsError(f"JSON Value: {debug_string(doc)} 'examples' value is an empty array")
+    request_input = serving_pb2.Input()
+    if "context" in doc:
+        target: Any = request_input.example_list_with_context
+        _fill_example(target.context, doc["context"])
+    else:
+        target = request_input.example_list
+    for value in examples:
+        _fill_example(target.examples.add(), value)
+    return request_input
+
+
+def _fill_example(example: Any, value: Any) -> None:
+    """Fill a tf.Example from a JSON object: the JSON token decides each feature's type."""
+    if not isinstance(value, dict):
+        raise TfsError(f"Example must be JSON object but got JSON {json_type(value)}")
+    for name, raw in value.items():
+        feature = example.features.feature[name]
+        values = raw if isinstance(raw, list) else [raw]
+        kinds = [_feature_kind(name, v) for v in values]
+        kind = kinds[0] if kinds else "bytes"
+        if any(other != kind for other in kinds):
+            raise TfsError(f"Unexpected element type in feature: {name} expecting type: {kind}")
+        if kind == "int64":
+            if any(not isinstance(v, bool) and v >= 2**63 for v in values):
+                raise TfsError(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+            feature.int64_list.value.extend(int(v) for v in values)
+        elif kind == "float":
+            feature.float_list.value.extend(float(v) for v in values)
+        else:
+            feature.bytes_list.value.extend(convert_leaf(v, DT.DT_STRING) for v in values)
+
+
+def _feature_kind(name: str, value: Any) -> str:
+    if isinstance(value, bool | int):
+        return "int64"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str) or _is_b64(value):
+        return "bytes"
+    raise TfsError(f"Feature: {name} has element with unexpected JSON type: {json_type(value)}")
+
+
+def regress_body(result: Any) -> str:
+    """Return ``{"results": [v, ...]}`` for a RegressionResult (single-line array)."""
+    values = np.array([r.value for r in result.regressions], dtype=np.float32)
+    return '{\n    "results": [' + ", ".join(format_floats(values)) + "\n    ]\n}"
+
+
+def classify_body(result: Any) -> str:
+    """Return ``{"results": [[[label, score], ...], ...]}`` for a ClassificationResult."""
+    rows = []
+    for classifications in result.classifications:
+        pairs = [
+            f"[{json.dumps(c.label, ensure_ascii=False)}, {format_float(c.score)}]"
+            for c in classifications.classes
+        ]
+        rows.append("[" + ", ".join(pairs) + "]")
+    return '{\n    "results": [' + ", ".join(rows) + "\n    ]\n}"

@@ -32,6 +32,8 @@ from modelformat.status import VersionStatus, from_grpc
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
 GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
+CLASSIFY = "/tensorflow.serving.PredictionService/Classify"
+REGRESS = "/tensorflow.serving.PredictionService/Regress"
 SIGNATURE = "serving_default"
 
 # TF Serving sends up to 2 GiB; grpc-python would refuse replies over 4 MiB by default.
@@ -57,12 +59,14 @@ Reply = TypeVar("Reply")
 
 @dataclass(frozen=True)
 class Stubs:
-    """One channel and the three calls the gateway makes on it."""
+    """One channel and the calls the gateway makes on it (classify and regress: /tfs only)."""
 
     channel: grpc.Channel
     predict: Any
     status: Any
     metadata: Any
+    classify: Any
+    regress: Any
 
     @classmethod
     def open(cls, target: str) -> Stubs:
@@ -83,6 +87,16 @@ class Stubs:
                 GET_MODEL_METADATA,
                 request_serializer=serving_pb2.GetModelMetadataRequest.SerializeToString,
                 response_deserializer=serving_pb2.GetModelMetadataResponse.FromString,
+            ),
+            channel.unary_unary(
+                CLASSIFY,
+                request_serializer=serving_pb2.ClassificationRequest.SerializeToString,
+                response_deserializer=serving_pb2.ClassificationResponse.FromString,
+            ),
+            channel.unary_unary(
+                REGRESS,
+                request_serializer=serving_pb2.RegressionRequest.SerializeToString,
+                response_deserializer=serving_pb2.RegressionResponse.FromString,
             ),
         )
 
@@ -214,9 +228,9 @@ class GrpcClient:
     def forward(
         self, method: str, request: Any, *, model: str, version: int | None, timeout_s: float
     ) -> Any:
-        """Return the reply of one ``predict``/``status``/``metadata`` call (the /tfs passthrough);
-        the model server's error comes back as ``UpstreamStatus``: its code's HTTP status (TF
-        Serving's table) and its message."""
+        """Return the reply of one call (``predict``, ``classify``, ``regress``, ``status``,
+        ``metadata``: the /tfs passthrough); the model server's error comes back as
+        ``UpstreamStatus``: its code's HTTP status (TF Serving's table) and its message."""
 
         def on(stubs: Stubs, left: float) -> Any:
             try:

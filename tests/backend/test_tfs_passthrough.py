@@ -124,11 +124,14 @@ CASES: list[tuple[str, str, str, Any]] = [
     ("both-keys", "POST", f"{HP2}:predict", {"instances": [[1.0]], "inputs": [[1.0]]}),
     ("regress", "POST", f"{HP2}:regress",
      {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}, {"x": 3.0}]}),
-    ("classify", "POST", f"{HP2}:classify",
+    ("classify", "POST", f"{HP2}/labels/stable:classify",
      {"signature_name": "classify_x_to_y", "examples": [{"x": 2.0}]}),
+    ("regress-context", "POST", f"{HP2}/versions/2:regress",
+     {"signature_name": "regress_x_to_y", "context": {"x": 5.0}, "examples": [{}, {"x": 1.0}]}),
+    ("regress-int-feature", "POST", f"{HP2}:regress",
+     {"signature_name": "regress_x_to_y", "examples": [{"x": 2}]}),
+    ("regress-no-examples", "POST", f"{HP2}:regress", {"signature_name": "regress_x_to_y"}),
 ]  # fmt: skip
-# Over gRPC the passthrough serves :predict, status and metadata (classify/regress: 501).
-REST_ONLY = {"regress", "classify"}
 
 
 def _send(base: str, method: str, path: str, body: Any) -> requests.Response:
@@ -143,10 +146,6 @@ def test_gateway_answers_as_the_model_server_does(
 ) -> None:
     direct = _send(tfs_stack["server"].rest_url + "/v1/models", method, path, body)
     through = _send(tfs_stack[upstream].url + "/tfs/v1/models", method, path, body)
-
-    if upstream == "grpc" and name in REST_ONLY:
-        assert through.status_code == 501 and "REST upstream" in through.json()["error"]
-        return
     assert (through.status_code, json.loads(through.content)) == (
         direct.status_code,
         json.loads(direct.content),
