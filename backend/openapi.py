@@ -34,7 +34,7 @@ from backend.schemas import (
     TokenizeResponse,
 )
 from backend.settings import Settings
-from modelformat.names import MODEL_NAME_PATTERN
+from modelformat.names import LABEL_PATTERN, MODEL_NAME_PATTERN
 
 REF = "#/components/schemas/{model}"
 _ERRORS = {
@@ -171,14 +171,11 @@ _TFS_ERRORS = {
     "504": "The model server did not answer within GATEWAY_TIMEOUT_S.",
 }
 _TFS_PARAMS = {
-    "model": {
-        "name": "model", "in": "path", "required": True,
-        "schema": {"type": "string", "pattern": "^[^/:]+$"},
-    },
+    "model": _MODEL_PARAM,
     "version": {"name": "version", "in": "path", "required": True,
                 "schema": {"type": "integer", "minimum": 0}},
     "label": {"name": "label", "in": "path", "required": True,
-              "schema": {"type": "string", "pattern": "^[^/:]+$"}},
+              "schema": {"type": "string", "pattern": LABEL_PATTERN, "maxLength": 128}},
     "verb": {"name": "verb", "in": "path", "required": True,
              "schema": {"type": "string", "enum": ["classify", "predict", "regress"]}},
 }  # fmt: skip

@@ -90,9 +90,34 @@ def parse_body(body: bytes) -> Any:
         value, _ = json.JSONDecoder().raw_decode(stripped)
     except json.JSONDecodeError as exc:
         message = _RAPIDJSON_MESSAGES.get(exc.msg, exc.msg + ".")
+        if exc.msg.startswith("Expecting ','"):
+            message = (
+                "Missing a comma or '}' after an object member."
+                if _innermost_open(stripped[: exc.pos]) == "{"
+                else "Missing a comma or ']' after an array element."
+            )
         offset = exc.pos + len(text) - len(stripped)
         raise TfsError(f"JSON Parse error: {message} at offset: {offset}") from None
     return value
+
+
+def _innermost_open(text: str) -> str:
+    """Return the innermost ``[`` or ``{`` still open at the end of ``text`` ('' if none)."""
+    depth: list[str] = []
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped = not escaped and char == "\\"
+            if char == '"' and not escaped:
+                in_string = False
+            continue
+        if char == '"':
+            in_string = True
+        elif char in "[{":
+            depth.append(char)
+        elif char in "]}" and depth:
+            depth.pop()
+    return depth[-1] if depth else ""
 
 
 def debug_string(value: Any) -> str:
@@ -130,7 +155,8 @@ def request_size(doc: Any) -> tuple[int, int]:
         return 0, 0
     for key in ("instances", "examples"):
         if isinstance(doc.get(key), list):
-            return len(doc[key]), count_elements(doc[key]) + count_elements(doc.get("context", 0))
+            context = count_elements(doc["context"]) if "context" in doc else 0
+            return len(doc[key]), count_elements(doc[key]) + context
     inputs = doc.get("inputs")
     first = next(iter(inputs.values()), None) if isinstance(inputs, dict) else inputs
     rows = len(first) if isinstance(first, list) else 1

@@ -3,17 +3,21 @@
 The models are exported here as users export them (Keras ``model.export``, ``tf.saved_model.save``)
 and served by the project's model server; each request goes to it directly (``/v1/...``) and
 through a gateway over gRPC and one over REST (``/tfs/v1/...``): same status, same JSON (over
-REST the same bytes).
+REST the same bytes). The gateways have API keys on and a routing file that sends half_plus_two's
+default traffic to v2 and shadows it on v1 (v2 is also the newest: direct answers are the same).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 
@@ -21,6 +25,13 @@ from tests.backend.stack import Gateway, ModelServer, model_config
 
 HP2, KERAS, DECODE = "half_plus_two", "keras_multi", "str_decode"
 MAX_ELEMENTS = 64
+# API keys: every model and version; half_plus_two's public scope only; one request a second
+KEYS = {"ops": {"versions": "all"}, "hp2": {"models": [HP2]}, "slow": {"rate": 0.2, "burst": 1}}
+ROUTING = f"{HP2}:\n  weights: {{2: 1}}\n  shadow: {{version: 1, share: 1.0}}\n"
+
+
+def key_header(name: str = "ops") -> dict[str, str]:
+    return {"Authorization": f"Bearer key-{name}"}
 
 
 def _export_keras(base: Path) -> None:
@@ -64,6 +75,12 @@ def tfs_stack(tmp_path_factory: pytest.TempPathFactory, hp2_base: Path) -> Itera
     config = root / "models.config"
     labels = {HP2: {"stable": 1, "canary": 2}}
     config.write_text(model_config(root, labels, [HP2, KERAS, DECODE]), encoding="utf-8")
+    (root / "routing.yaml").write_text(ROUTING, encoding="utf-8")
+    keys = [
+        {"name": name, "sha256": hashlib.sha256(f"key-{name}".encode()).hexdigest(), **entry}
+        for name, entry in KEYS.items()
+    ]
+    (root / "keys.json").write_text(json.dumps({"keys": keys}), encoding="utf-8")
     server = ModelServer(config, root)
     gateways: dict[str, Gateway] = {}
     try:
@@ -79,6 +96,8 @@ def tfs_stack(tmp_path_factory: pytest.TempPathFactory, hp2_base: Path) -> Itera
                 "GATEWAY_TFS_MAX_ELEMENTS": str(MAX_ELEMENTS),
                 "GATEWAY_MAX_REQUEST_ROWS": "16",
                 "GATEWAY_DEBUG_ENDPOINTS": "1",
+                "GATEWAY_API_KEYS_FILE": str(root / "keys.json"),
+                "GATEWAY_SHADOW_QUEUE": "8",
             }
             gateways[upstream] = Gateway(env, root, workers=1, threads=4)
         yield {"server": server, **gateways}
@@ -121,6 +140,8 @@ CASES: list[tuple[str, str, str, Any]] = [
     ("unknown-signature", "POST", f"{HP2}:predict", {"signature_name": "zz", "instances": [[1]]}),
     ("wrong-dtype", "POST", f"{HP2}:predict", {"instances": [["x"]]}),
     ("keras-missing-input", "POST", f"{KERAS}:predict", {"inputs": {"f": [[1.0, 2.0]]}}),
+    ("bad-json", "POST", f"{HP2}:predict", "RAW:{\"instances\": [[1.0] [2.0]]}"),
+    ("empty-body", "POST", f"{HP2}:predict", "RAW:"),
     ("both-keys", "POST", f"{HP2}:predict", {"instances": [[1.0]], "inputs": [[1.0]]}),
     ("regress", "POST", f"{HP2}:regress",
      {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}, {"x": 3.0}]}),
@@ -134,9 +155,15 @@ CASES: list[tuple[str, str, str, Any]] = [
 ]  # fmt: skip
 
 
-def _send(base: str, method: str, path: str, body: Any) -> requests.Response:
-    data = None if body is None else json.dumps(body).encode()
-    return requests.request(method, f"{base}/{path}", data=data, timeout=30)
+def _send(
+    base: str, method: str, path: str, body: Any, key: str | None = "ops"
+) -> requests.Response:
+    if isinstance(body, str) and body.startswith("RAW:"):
+        data: bytes | None = body.removeprefix("RAW:").encode()
+    else:
+        data = None if body is None else json.dumps(body).encode()
+    headers = key_header(key) if key else {}
+    return requests.request(method, f"{base}/{path}", data=data, headers=headers, timeout=30)
 
 
 @pytest.mark.parametrize("upstream", ["grpc", "rest"])
@@ -176,7 +203,7 @@ def test_metrics_name_configured_models_and_timing_headers_come_back(
     reply = _send(url + "/tfs/v1/models", "POST", f"{HP2}/versions/2:predict", {"instances": [[1]]})
     _send(url + "/tfs/v1/models", "GET", "some-model-nobody-serves", None)
     text = requests.get(url + "/metrics", timeout=10).text
-    modules = requests.get(url + "/debug/modules", timeout=10).json()
+    modules = requests.get(url + "/debug/modules", headers=key_header(), timeout=10).json()
 
     assert "Server-Timing" in reply.headers
     assert any(
@@ -186,3 +213,95 @@ def test_metrics_name_configured_models_and_timing_headers_come_back(
     )
     assert 'model="some-model-nobody-serves"' not in text and 'model="other"' in text
     assert modules["tensorflow"] == []
+
+
+@pytest.mark.parametrize("upstream", ["grpc", "rest"])
+def test_api_keys_scope_the_models_and_versions_in_tf_servings_error_shape(
+    tfs_stack: dict[str, Any], upstream: str
+) -> None:
+    base = tfs_stack[upstream].url + "/tfs/v1/models"
+    body = {"instances": [[1.0]]}
+    answers = {
+        "no key": _send(base, "POST", f"{HP2}:predict", body, key=None),
+        "other model": _send(base, "GET", f"{KERAS}/metadata", None, key="hp2"),
+        "unvetted version": _send(base, "POST", f"{HP2}/versions/2:predict", body, key="hp2"),
+        "public label": _send(base, "POST", f"{HP2}/labels/stable:predict", body, key="hp2"),
+        "default": _send(base, "POST", f"{HP2}:predict", body, key="hp2"),
+    }
+    slow = [_send(base, "GET", HP2, None, key="slow") for _ in range(2)]
+
+    statuses = {name: reply.status_code for name, reply in answers.items()}
+    assert statuses == {
+        "no key": 401, "other model": 403, "unvetted version": 403, "public label": 200,
+        "default": 200,
+    }  # fmt: skip
+    assert set(answers["other model"].json()) == {"error"}  # TF Serving's shape
+    assert answers["public label"].json() == {"predictions": [[2.5]]}  # v1: 0.5x + 2
+    assert answers["default"].json() == {"predictions": [[3.5]]}  # the routing file's v2
+    assert [r.status_code for r in slow] == [200, 429] and "Retry-After" in slow[1].headers
+
+
+def _allclose_series(url: str) -> tuple[float, float]:
+    """Return (count, sum) of half_plus_two's v2-vs-v1 shadow allclose series (0, 0 before any)."""
+    wanted = ('measure="allclose"', 'model="half_plus_two"', 'served_version="2"',
+              'shadow_version="1"')  # fmt: skip
+    values = {"count": 0.0, "sum": 0.0}
+    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
+        for kind in values:
+            if line.startswith(f"gateway_shadow_agreement_{kind}{{") and all(
+                part in line for part in wanted
+            ):
+                values[kind] = float(line.split()[-1])
+    return values["count"], values["sum"]
+
+
+def test_the_shadow_compares_raw_outputs_with_allclose(tfs_stack: dict[str, Any]) -> None:
+    url = tfs_stack["grpc"].url
+    count, total = _allclose_series(url)
+    # default traffic: served by v2 (0.5x + 3), shadowed on v1 (0.5x + 2): they disagree
+    _send(url + "/tfs/v1/models", "POST", f"{HP2}:predict", {"instances": [[1.0], [2.0]]})
+    deadline = time.monotonic() + 10
+    after = _allclose_series(url)
+    while after[0] == count and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = _allclose_series(url)
+
+    assert after == (count + 1, total)  # one output compared, not allclose
+
+
+def test_compare_raw_agrees_within_the_stated_tolerances() -> None:
+    from backend.shadow import RAW_ATOL, RAW_RTOL, compare_raw
+
+    served = {"y": np.array([[1.0, 100.0]])}
+    close = {"y": served["y"] * (1 + RAW_RTOL / 2) + RAW_ATOL / 2}
+    far = {"y": served["y"] + 0.5}
+
+    assert compare_raw(served, close) == {"allclose": [1.0]}
+    assert compare_raw(served, far) == {"allclose": [0.0]}
+    assert compare_raw(served, {"z": served["y"]}) == {"allclose": [0.0]}
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(9000000, "9e+06"), (999999, "999999.0"), (0.5, "0.5"), (0.00003, "3e-05"),
+     (555557.5, "555557.5"), (3, "3.0"), (1 / 3, "0.333333343"), (-0.0, "-0.0"),
+     (float("nan"), "NaN"), (float("-inf"), "-Infinity")],
+)  # fmt: skip
+def test_floats_are_written_as_tf_serving_writes_float32(value: float, text: str) -> None:
+    from backend.tfs_json import format_float
+
+    assert format_float(float(np.float32(value))) == text
+
+
+@pytest.mark.parametrize(
+    ("doc", "size"),
+    [({"instances": [[1.0, 2.0], [3.0, 4.0]]}, (2, 4)),
+     ({"instances": [{"a": [1, 2], "s": b64("x")}]}, (1, 3)),
+     ({"inputs": {"a": [[1], [2], [3]], "b": [0.5, 1, 2]}}, (3, 6)),
+     ({"inputs": 7}, (1, 1)),
+     ({"examples": [{"x": [1.0, 2.0]}, {}], "context": {"c": "z"}}, (2, 3))],
+)  # fmt: skip
+def test_rows_and_elements_are_counted_before_the_call(doc: Any, size: tuple[int, int]) -> None:
+    from backend.tfs_json import request_size
+
+    assert request_size(doc) == size
