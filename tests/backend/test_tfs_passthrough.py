@@ -14,6 +14,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,8 @@ def tfs_stack(tmp_path_factory: pytest.TempPathFactory, hp2_base: Path) -> Itera
     server = ModelServer(config, root)
     gateways: dict[str, Gateway] = {}
     try:
-        for model, version in ((HP2, 1), (HP2, 2), (KERAS, 1), (DECODE, 1)):
-            server.wait_available(model, version)
-        for upstream in ("grpc", "rest"):
-            env = {
+        envs = {
+            upstream: {
                 "GATEWAY_UPSTREAM": upstream,
                 "GATEWAY_TFS_GRPC": server.grpc_target,
                 "GATEWAY_TFS_REST": server.rest_url,
@@ -99,7 +98,21 @@ def tfs_stack(tmp_path_factory: pytest.TempPathFactory, hp2_base: Path) -> Itera
                 "GATEWAY_API_KEYS_FILE": str(root / "keys.json"),
                 "GATEWAY_SHADOW_QUEUE": "8",
             }
-            gateways[upstream] = Gateway(env, root, workers=1, threads=4)
+            for upstream in ("grpc", "rest")
+        }
+        # the gateways start while the model server loads (they need nothing of it to start)
+        with ThreadPoolExecutor(2) as pool:
+            started = {u: pool.submit(Gateway, env, root, 1, 4) for u, env in envs.items()}
+            for model, version in ((HP2, 1), (HP2, 2), (KERAS, 1), (DECODE, 1)):
+                server.wait_available(model, version)
+            failed = None
+            for upstream, future in started.items():  # each one that started is stopped below
+                try:
+                    gateways[upstream] = future.result()
+                except Exception as exc:  # re-raised once all are collected
+                    failed = exc
+            if failed is not None:
+                raise failed
         yield {"server": server, **gateways}
     finally:
         for gateway in gateways.values():
