@@ -173,7 +173,7 @@ _TFS_ERRORS = {
 _TFS_PARAMS = {
     "model": _MODEL_PARAM,
     "version": {"name": "version", "in": "path", "required": True,
-                "schema": {"type": "integer", "minimum": 0}},
+                "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}},
     "label": {"name": "label", "in": "path", "required": True,
               "schema": {"type": "string", "pattern": LABEL_PATTERN, "maxLength": 128}},
     "verb": {"name": "verb", "in": "path", "required": True,

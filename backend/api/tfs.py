@@ -13,7 +13,7 @@ from flask import Blueprint, Response, g
 
 from backend import timing
 from backend.api import current_gateway, request_body
-from backend.errors import ERROR_SHAPES, GatewayError
+from backend.errors import ERROR_SHAPES, PATH_SHAPES, GatewayError
 from backend.passthrough import Answer, Target
 from backend.tfs_json import TfsError, error_body, parse_body
 
@@ -26,6 +26,8 @@ def tfs_error(error: GatewayError) -> dict[str, Any]:
 
 
 ERROR_SHAPES[bp.name] = tfs_error
+PATH_SHAPES["/tfs/"] = tfs_error
+INT64_MAX = 2**63 - 1
 
 VERB = "<any(predict, classify, regress):verb>"
 
@@ -35,6 +37,8 @@ VERB = "<any(predict, classify, regress):verb>"
 @bp.get("/<name:model>/labels/<name:label>")
 def status(model: str, version: int | None = None, label: str | None = None) -> Response:
     """TF Serving's model status: every version's state (or the one named)."""
+    if _too_big(version):
+        return _error(_version_error(version))
     return _answered(lambda p: p.status(Target(model, version, label)), model)
 
 
@@ -43,6 +47,8 @@ def status(model: str, version: int | None = None, label: str | None = None) -> 
 @bp.get("/<name:model>/labels/<name:label>/metadata")
 def metadata(model: str, version: int | None = None, label: str | None = None) -> Response:
     """TF Serving's model metadata: the model spec and its signature_def map."""
+    if _too_big(version):
+        return _error(_version_error(version))
     return _answered(lambda p: p.metadata(Target(model, version, label)), model)
 
 
@@ -54,6 +60,8 @@ def infer(model: str, verb: str, version: int | None = None, label: str | None =
     passthrough = current_gateway().passthrough()
     with timing.stage("validate"):
         body = request_body()
+        if _too_big(version):
+            return _error(_version_error(version))
         try:
             doc = parse_body(body)
         except TfsError as exc:
@@ -86,6 +94,15 @@ def _answered_raw(call: Any, model: str) -> Answer | Response:
     if answer.version is not None and g.served_model != "other":
         g.served_version = answer.version
     return answer
+
+
+def _too_big(version: int | None) -> bool:
+    return version is not None and version > INT64_MAX
+
+
+def _version_error(version: int | None) -> TfsError:
+    """TF Serving's answer to a version over int64 (SimpleAtoi fails)."""
+    return TfsError(f"Failed to convert version: {version} to numeric.")
 
 
 def _error(exc: TfsError) -> Response:

@@ -153,6 +153,8 @@ CASES: list[tuple[str, str, str, Any]] = [
     ("unknown-signature", "POST", f"{HP2}:predict", {"signature_name": "zz", "instances": [[1]]}),
     ("wrong-dtype", "POST", f"{HP2}:predict", {"instances": [["x"]]}),
     ("keras-missing-input", "POST", f"{KERAS}:predict", {"inputs": {"f": [[1.0, 2.0]]}}),
+    ("version-over-int64", "POST", f"{HP2}/versions/99999999999999999999:predict",
+     {"instances": [[1.0]]}),
     ("bad-json", "POST", f"{HP2}:predict", "RAW:{\"instances\": [[1.0] [2.0]]}"),
     ("empty-body", "POST", f"{HP2}:predict", "RAW:"),
     ("both-keys", "POST", f"{HP2}:predict", {"instances": [[1.0]], "inputs": [[1.0]]}),
@@ -193,6 +195,16 @@ def test_gateway_answers_as_the_model_server_does(
     assert through.headers["Content-Type"] == "application/json"
     if upstream == "rest":
         assert through.content == direct.content  # TF Serving's own bytes
+
+
+@pytest.mark.parametrize("upstream", ["grpc", "rest"])
+def test_unknown_paths_under_the_prefix_answer_in_tf_servings_shape(
+    tfs_stack: dict[str, Any], upstream: str
+) -> None:
+    base = tfs_stack[upstream].url + "/tfs/v1/models"
+    reply = _send(base, "POST", f"{HP2}:PREDICT", {"instances": [[1.0]]})
+
+    assert reply.status_code == 404 and set(reply.json()) == {"error"}
 
 
 @pytest.mark.parametrize("upstream", ["grpc", "rest"])
