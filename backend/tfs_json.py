@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 import numpy as np
+import orjson
 from google.protobuf import json_format
 
 from modelformat.protos import serving_pb2, tensor_pb2
@@ -82,6 +83,10 @@ def dtype_name(dtype: int) -> str:
 
 def parse_body(body: bytes) -> Any:
     """Return a request body's JSON like rapidjson: NaN/Infinity tokens, trailing bytes ignored."""
+    try:
+        return orjson.loads(body)  # the common case, ~5x faster than the json module
+    except orjson.JSONDecodeError:
+        pass  # NaN/Infinity, trailing bytes, ints over 64 bits, or an error to word as rapidjson
     text = body.decode("utf-8", errors="replace")
     stripped = text.lstrip()
     if not stripped:
