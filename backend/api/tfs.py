@@ -13,7 +13,7 @@ from flask import Blueprint, Response, g
 
 from backend import timing
 from backend.api import current_gateway, request_body
-from backend.errors import ERROR_SHAPES, PATH_SHAPES, GatewayError
+from backend.errors import ERROR_SHAPES, PATH_SHAPES, GatewayError, UpstreamStatus
 from backend.passthrough import Answer, Target
 from backend.tfs_json import TfsError, error_body, parse_body
 
@@ -91,6 +91,8 @@ def _answered_raw(call: Any, model: str) -> Answer | Response:
         answer: Answer = call(passthrough)
     except TfsError as exc:
         return _error(exc)
+    except UpstreamStatus as exc:  # the model server's own error (gRPC): TF Serving's REST bytes
+        return _error(TfsError(exc.message, exc.status_code))
     if answer.version is not None and g.served_model != "other":
         g.served_version = answer.version
     return answer
