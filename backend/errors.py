@@ -161,6 +161,17 @@ class NotReady(UpstreamUnavailable):
     code = "not_ready"
 
 
+class UpstreamStatus(GatewayError):
+    """The model server's own error, kept as it answered it (the /tfs passthrough): its HTTP
+    status (TF Serving's mapping of its code) and its message."""
+
+    code = "upstream_status"
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
 class UpstreamTimeout(GatewayError):
     """HTTP 504: the model server did not answer within GATEWAY_TIMEOUT_S."""
 
@@ -172,11 +183,19 @@ class UpstreamTimeout(GatewayError):
 # request shapes answer errors the way their clients parse them); routes of any other blueprint
 # answer ``to_dict()``.
 ERROR_SHAPES: dict[str, Callable[[GatewayError], dict[str, Any]]] = {}
+# Path prefix -> the error body of a route family, for what no route of it matched (an unknown
+# verb under /tfs answers in TF Serving's shape, like the family's routes).
+PATH_SHAPES: dict[str, Callable[[GatewayError], dict[str, Any]]] = {}
 
 
 def error_response(error: GatewayError) -> Response:
     """Return the Flask response for ``error``, in the shape of the request's route family."""
-    shape = ERROR_SHAPES.get(request.blueprint or "") if has_request_context() else None
+    shape = None
+    if has_request_context():
+        shape = ERROR_SHAPES.get(request.blueprint or "") or next(
+            (found for prefix, found in PATH_SHAPES.items() if request.path.startswith(prefix)),
+            None,
+        )
     response = jsonify(shape(error) if shape is not None else error.to_dict())
     response.status_code = error.status_code
     for name, value in error.headers.items():

@@ -34,7 +34,7 @@ from backend.schemas import (
     TokenizeResponse,
 )
 from backend.settings import Settings
-from modelformat.names import MODEL_NAME_PATTERN
+from modelformat.names import LABEL_PATTERN, MODEL_NAME_PATTERN
 
 REF = "#/components/schemas/{model}"
 _ERRORS = {
@@ -145,6 +145,73 @@ _MODEL_PARAM = {
     "required": True,
     "schema": {"type": "string", "pattern": MODEL_NAME_PATTERN, "maxLength": 128},
 }
+
+
+_TFS_ERROR = {
+    "application/json": {
+        "schema": {
+            "type": "object",
+            "properties": {"error": {"type": "string"}},
+            "required": ["error"],
+        }
+    }
+}
+_ANY_JSON = {"application/json": {"schema": {"type": "object"}}}
+_TFS_ERRORS = {
+    "400": "TF Serving's own 400 (bad JSON, input or signature), passed on.",
+    "401": "No API key, or an unknown one (API keys on).",
+    "403": "The API key may not use this model, version or label.",
+    "404": "TF Serving's own 404: no such model or version.",
+    "413": "Body over GATEWAY_MAX_BODY_BYTES, rows over GATEWAY_MAX_REQUEST_ROWS or tensor "
+    "elements over GATEWAY_TFS_MAX_ELEMENTS.",
+    "429": "The API key is over its rate (Retry-After), or TF Serving's RESOURCE_EXHAUSTED.",
+    "500": "TF Serving's own 500 (an error inside the model's graph), passed on.",
+    "501": "TF Serving's own 501 (a dtype its JSON can't carry), passed on.",
+    "503": "The model server is unreachable or overloaded (Retry-After).",
+    "504": "The model server did not answer within GATEWAY_TIMEOUT_S.",
+}
+_TFS_PARAMS = {
+    "model": _MODEL_PARAM,
+    "version": {"name": "version", "in": "path", "required": True,
+                "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}},
+    "label": {"name": "label", "in": "path", "required": True,
+              "schema": {"type": "string", "pattern": LABEL_PATTERN, "maxLength": 128}},
+    "verb": {"name": "verb", "in": "path", "required": True,
+             "schema": {"type": "string", "enum": ["classify", "predict", "regress"]}},
+}  # fmt: skip
+
+
+def _tfs_paths() -> dict[str, Any]:
+    """Return the /tfs passthrough's paths: TF Serving's REST API, bodies as TF Serving's."""
+    out: dict[str, Any] = {}
+    for scope, names in (("", ["model"]), ("/versions/{version}", ["model", "version"]),
+                         ("/labels/{label}", ["model", "label"])):  # fmt: skip
+        base = "/tfs/v1/models/{model}" + scope
+
+        def operation(summary: str, ok: str, params: list[str], codes: list[str]) -> Any:
+            responses: dict[str, Any] = {"200": {"description": ok, "content": _ANY_JSON}}
+            for code in codes:
+                responses[code] = {"description": _TFS_ERRORS[code], "content": _TFS_ERROR}
+            return {
+                "summary": summary,
+                "parameters": [_TFS_PARAMS[name] for name in params],
+                "responses": responses,
+            }
+
+        gets = ["400", "401", "403", "404", "429", "503", "504"]
+        out[base] = {"get": operation("TF Serving's model status", "Its status JSON", names, gets)}
+        out[base + "/metadata"] = {
+            "get": operation("TF Serving's model metadata", "Its metadata JSON", names, gets)
+        }
+        post = operation(
+            "TF Serving's :predict, :classify or :regress (its request and answer bodies)",
+            "TF Serving's answer",
+            [*names, "verb"],
+            ["400", "401", "403", "404", "413", "429", "500", "501", "503", "504"],
+        )
+        post["requestBody"] = {"required": True, "content": _ANY_JSON}
+        out[base + ":{verb}"] = {"post": post}
+    return out
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
@@ -259,6 +326,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     },
                 }
             },
+            **_tfs_paths(),
         },
         "components": {"schemas": _with_limits(_schemas(), settings)},
     }

@@ -35,6 +35,7 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.grouping import UpstreamGroups
+from backend.passthrough import Passthrough
 from backend.plan import Call, Choice, Encoder, Plan, chunk_inputs
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
 from backend.readiness import Readiness
@@ -90,6 +91,7 @@ class Gateway:
         # own there (client, version states, assets), made by the shadow thread on first use
         self._shadow_settings = settings.shadow_settings()
         self._shadow_upstream: Gateway | None = None
+        self._passthrough: Passthrough | None = None
         self.groups = (
             UpstreamGroups(settings.max_batch_size, settings.group_in_flight)
             if settings.group_in_flight
@@ -104,6 +106,12 @@ class Gateway:
         self.client.close()
         if self._shadow_upstream is not None:
             self._shadow_upstream.close()
+
+    def passthrough(self) -> Passthrough:
+        """Return this worker's state of the /tfs passthrough routes (made on first use)."""
+        if self._passthrough is None:
+            self._passthrough = Passthrough(self)
+        return self._passthrough
 
     def shadow_upstream(self) -> Gateway:
         """Return the gateway shadow calls go through: this one, or one on the shadow target."""

@@ -49,6 +49,9 @@ class Settings:
     # either, before any row is built
     max_request_tokens: int = 262_144
     max_request_rows: int = 1024
+    # tensor elements (numbers, strings) one /tfs body may hold, counted before the call: a
+    # :predict body can ask the model server for a tensor far over what its bytes suggest
+    tfs_max_elements: int = 1_000_000
     bucketing: bool = True
     grpc_retries: int = 2
     retry_after_s: int = 1
@@ -99,7 +102,7 @@ class Settings:
         if self.shadow_queue_size < 0 or self.group_in_flight < 0:
             raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
         limits = ("max_texts_per_request", "max_text_chars", "max_token_ids",
-                  "max_request_tokens", "max_request_rows")  # fmt: skip
+                  "max_request_tokens", "max_request_rows", "tfs_max_elements")  # fmt: skip
         if min(getattr(self, name) for name in limits) < 1:
             raise SettingsError(f"{', '.join(limits)} must be at least 1")
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
@@ -169,6 +172,7 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_MAX_TOKEN_IDS": "max_token_ids",
     "GATEWAY_MAX_REQUEST_TOKENS": "max_request_tokens",
     "GATEWAY_MAX_REQUEST_ROWS": "max_request_rows",
+    "GATEWAY_TFS_MAX_ELEMENTS": "tfs_max_elements",
     "GATEWAY_BUCKETING": "bucketing",
     "GATEWAY_GRPC_RETRIES": "grpc_retries",
     "GATEWAY_RETRY_AFTER_S": "retry_after_s",

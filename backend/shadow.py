@@ -104,10 +104,31 @@ def compare_token_labels(
     return {"tokens": [float(v) for v in np.mean(names_s == names_h, axis=1)]}
 
 
+# The passthrough's shadow (task "tfs"): raw outputs agree when np.allclose holds with these.
+RAW_RTOL = 1e-3
+RAW_ATOL = 1e-5
+
+
+def compare_raw(
+    served: dict[str, np.ndarray], shadow: dict[str, np.ndarray]
+) -> dict[str, list[float]]:
+    """Return ``allclose``: per served output, 1.0 when the shadow's has its shape and
+    ``np.allclose`` holds within RAW_RTOL/RAW_ATOL, else 0.0."""
+    agree = []
+    for name, array in served.items():
+        other = shadow.get(name)
+        same = other is not None and other.shape == array.shape
+        close = same and bool(np.allclose(array, other, rtol=RAW_RTOL, atol=RAW_ATOL))  # type: ignore[arg-type]
+        agree.append(float(close))
+    return {"allclose": agree}
+
+
 def compare(
     job: ShadowJob, labels: Sequence[str], outputs: dict[str, np.ndarray]
 ) -> dict[str, list[float]]:
     """Return the measures of ``job``'s served answer against the shadow's."""
+    if job.task == "tfs":
+        return compare_raw(job.outputs, outputs)
     if job.task == "embed":
         return compare_embeddings(job.outputs["embedding"], outputs["embedding"])
     if job.task == "tag":

@@ -33,7 +33,7 @@ _FROM_DT_WIRE = {dt: np_dtype.newbyteorder("<") for dt, np_dtype in _FROM_DT.ite
 _LITTLE_ENDIAN = sys.byteorder == "little"
 # The enum values as plain ints: ``DT.DT_HALF`` goes through protobuf's EnumTypeWrapper
 # (~2.5 µs a lookup), and the hot path below compares a few of them per tensor.
-_HALF, _BFLOAT16 = int(DT.DT_HALF), int(DT.DT_BFLOAT16)
+_HALF, _BFLOAT16, _STRING = int(DT.DT_HALF), int(DT.DT_BFLOAT16), int(DT.DT_STRING)
 
 # Which typed *_val field carries each dtype when tensor_content is empty.
 _VAL_FIELD: dict[int, str] = {
@@ -67,6 +67,14 @@ def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
 def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
     """Write ``array`` into an empty ``proto`` in place (a map entry of a request: no copy)."""
     array = np.asarray(array)
+    if array.dtype.kind in "OSU":  # strings: bytes in string_val (tensor_content can't hold them)
+        proto.dtype = DT.DT_STRING
+        for size in array.shape:
+            proto.tensor_shape.dim.add(size=size)
+        proto.string_val.extend(
+            v if isinstance(v, bytes) else str(v).encode() for v in array.ravel().tolist()
+        )
+        return
     dtype = _TO_DT.get(array.dtype)
     if dtype is None:
         dtype = _TO_DT.get(array.dtype.newbyteorder("="))
@@ -90,6 +98,10 @@ def from_tensor_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
     dtype = proto.dtype
     if dtype == _BFLOAT16:
         return _bfloat16_to_float32(proto, shape, count)
+    if dtype == _STRING:
+        strings = np.empty(len(proto.string_val), dtype=object)
+        strings[:] = list(proto.string_val)
+        return _fill(strings, shape, count)
     wire = _FROM_DT_WIRE.get(dtype)
     if wire is None:
         raise TensorConversionError(f"unsupported tensor dtype {DT.Name(dtype)}")

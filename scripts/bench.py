@@ -37,6 +37,7 @@ MODULES = [
     "architectures_bench",
     "gateway_cost_bench",
     "batch_bench",
+    "tfs_passthrough_bench",
 ]
 
 

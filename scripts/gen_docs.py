@@ -90,6 +90,9 @@ SETTING_MEANINGS: dict[str, str] = {
     "checked right after tokenization, before any row is built: 413 naming the numbers",
     "GATEWAY_MAX_REQUEST_ROWS": "upstream rows one request may cause (texts, pairs, the windows "
     "of `long_text` chunk and `:tag`; TEI's `max_client_batch_size`): 413 past it, as above",
+    "GATEWAY_TFS_MAX_ELEMENTS": "tensor elements (numbers, strings, b64 values) one `/tfs` body "
+    "may hold, counted before the call: 413 naming it past that "
+    "([coming from TF Serving](../guides/coming-from-other-servers.md))",
     "GATEWAY_BUCKETING": "pad length-sorted chunks to 16/32/64/… buckets (`0`: pad to the longest)",
     "GATEWAY_GRPC_RETRIES": "retries (with jitter) on UNAVAILABLE only",
     "GATEWAY_RETRY_AFTER_S": "the `Retry-After` of a 503",
@@ -242,7 +245,7 @@ def route_rows() -> list[tuple[str, str, str]]:
     paths = openapi_document(load_settings({}))["paths"]
     rows = []
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
-        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
+        path = re.sub(r"<(?:[^<>]*:)?(\w+)>", r"{\1}", rule.rule)  # <any(a, b):verb> too
         methods = sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
         operations = paths.get(path, {})
         summary = next(

@@ -23,14 +23,17 @@ import backend.clients.endpoints as endpoints
 from backend import tracing
 from backend.clients.base import Outputs, error_for_status
 from backend.clients.replicas import Replica, ReplicaHung, ReplicaSet
-from backend.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from backend.errors import GatewayError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
 from backend.tensors import fill_tensor_proto, from_tensor_proto
+from backend.tfs_json import HTTP_STATUS
 from modelformat.protos import serving_pb2
 from modelformat.status import VersionStatus, from_grpc
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
 GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
+CLASSIFY = "/tensorflow.serving.PredictionService/Classify"
+REGRESS = "/tensorflow.serving.PredictionService/Regress"
 SIGNATURE = "serving_default"
 
 # TF Serving sends up to 2 GiB; grpc-python would refuse replies over 4 MiB by default.
@@ -56,12 +59,14 @@ Reply = TypeVar("Reply")
 
 @dataclass(frozen=True)
 class Stubs:
-    """One channel and the three calls the gateway makes on it."""
+    """One channel and the calls the gateway makes on it (classify and regress: /tfs only)."""
 
     channel: grpc.Channel
     predict: Any
     status: Any
     metadata: Any
+    classify: Any
+    regress: Any
 
     @classmethod
     def open(cls, target: str) -> Stubs:
@@ -82,6 +87,16 @@ class Stubs:
                 GET_MODEL_METADATA,
                 request_serializer=serving_pb2.GetModelMetadataRequest.SerializeToString,
                 response_deserializer=serving_pb2.GetModelMetadataResponse.FromString,
+            ),
+            channel.unary_unary(
+                CLASSIFY,
+                request_serializer=serving_pb2.ClassificationRequest.SerializeToString,
+                response_deserializer=serving_pb2.ClassificationResponse.FromString,
+            ),
+            channel.unary_unary(
+                REGRESS,
+                request_serializer=serving_pb2.RegressionRequest.SerializeToString,
+                response_deserializer=serving_pb2.RegressionResponse.FromString,
             ),
         )
 
@@ -209,6 +224,35 @@ class GrpcClient:
                     raise self._mapped(exc, model) from exc
         finally:
             self.replicas.unwatch(replica, future)
+
+    def forward(
+        self, method: str, request: Any, *, model: str, version: int | None, timeout_s: float
+    ) -> Any:
+        """Return the reply of one call (``predict``, ``classify``, ``regress``, ``status``,
+        ``metadata``: the /tfs passthrough); the model server's error comes back as
+        ``UpstreamStatus``: its code's HTTP status (TF Serving's table) and its message."""
+
+        def on(stubs: Stubs, left: float) -> Any:
+            try:
+                call = getattr(stubs, method)
+                return call(request, timeout=left, metadata=tracing.grpc_metadata())
+            except ValueError as exc:  # the channel was closed under us
+                raise UpstreamUnavailable(
+                    f"model server channel closed: {exc}", retry_after_s=self.retry_after_s
+                ) from exc
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                status = HTTP_STATUS.get(code.name, 500)
+                raise UpstreamStatus(details or code.name, status) from exc
+
+        if self.replicas is None:
+            assert self._single is not None
+            tracing.annotate("tfserving.replica", self.target)
+            return on(self._single, timeout_s)
+        return self.replicas.call(
+            model, version, lambda r, left: on(r.handle, left), time.monotonic() + timeout_s
+        )
 
     def signature(self, model: str, *, timeout_s: float) -> dict[str, Any]:
         """Return serving_default's input and output names from GetModelMetadata."""

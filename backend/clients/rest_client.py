@@ -136,6 +136,32 @@ class RestClient:
         }
         return decoded, int(version) if version is not None else -1
 
+    def forward(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        *,
+        model: str,
+        version: int | None,
+        timeout_s: float,
+    ) -> tuple[int, bytes]:
+        """Return (status, body) of one request to TF Serving's REST API, as it answered it (the
+        /tfs passthrough); only a model server that can't be reached or answer in time is a
+        gateway error."""
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        tracing.inject(headers)
+
+        def at(url: str, left: float) -> tuple[int, bytes]:
+            tracing.annotate("tfserving.replica", url)
+            return self._exchange(url, method, path, body, headers, left)
+
+        if self.replicas is None:
+            return at(self.base_url, timeout_s)
+        return self.replicas.call(
+            model, version, lambda r, left: at(r.handle, left), time.monotonic() + timeout_s
+        )
+
     def model_status(self, model: str, *, timeout_s: float) -> list[VersionStatus]:
         """Return every version's state from GET /v1/models/{model}, newest first (merged over
         the replicas when there are several)."""

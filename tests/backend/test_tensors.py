@@ -63,6 +63,9 @@ def test_wrong_value_count_is_an_error() -> None:
         from_tensor_proto(proto)
 
 
-def test_string_tensors_are_not_sent() -> None:
-    with pytest.raises(TensorConversionError):
-        to_tensor_proto(np.array(["a"]))
+def test_string_tensors_round_trip_in_string_val() -> None:
+    # the /tfs passthrough sends models' string inputs (bytes, or text as UTF-8)
+    proto = to_tensor_proto(np.array([[b"a\xff", "\u00e9"]], dtype=object))
+
+    assert list(proto.string_val) == [b"a\xff", "\u00e9".encode()] and not proto.tensor_content
+    assert from_tensor_proto(proto).tolist() == [[b"a\xff", "\u00e9".encode()]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -179,7 +180,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> FlaskClient:
 def test_openapi_is_3_1_and_lists_every_public_route(client: FlaskClient) -> None:
     doc = client.get("/openapi.json").get_json()
     rules = {
-        r.rule.replace("<model>", "{model}").replace("<name:model>", "{model}")
+        re.sub(r"<(?:[^<>]*:)?(\w+)>", r"{\1}", r.rule)  # <name:model>, <any(...):verb>
         for r in client.application.url_map.iter_rules()
         if not r.rule.startswith("/debug")
     }
