@@ -14,7 +14,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 import numpy as np
@@ -38,7 +38,25 @@ from backend.tfs_json import (
 from modelformat.protos import serving_pb2
 
 if TYPE_CHECKING:
-    from backend.service import Gateway
+    from backend.clients import PredictClient
+    from backend.routing import RoutingTable
+    from backend.settings import Settings
+    from backend.versions import LabelTable
+
+
+class Upstream(Protocol):
+    """What the passthrough reads of the worker's gateway (backend/service.py's ``Gateway``,
+    which owns this object: naming it here would make the two modules import each other)."""
+
+    settings: Settings
+    client: PredictClient
+    labels: LabelTable
+    routing: RoutingTable
+
+    def shadow_upstream(self) -> Any: ...
+
+    def passthrough(self) -> Passthrough: ...
+
 
 SIGNATURE = "serving_default"
 VERBS = ("predict", "classify", "regress")
@@ -85,7 +103,7 @@ class Answer:
 class Passthrough:
     """Per-worker state of the passthrough routes: signatures the gRPC upstream looked up."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Upstream) -> None:
         self.gateway = gateway
         self.settings = gateway.settings
         self._signatures: dict[tuple[str, int | None, str | None], tuple[float, Any]] = {}
