@@ -33,8 +33,9 @@ from backend.settings import Settings
 
 MAX_INT = 2**63 - 1  # pydantic's (and TF Serving's) int64
 # Strings, lists and objects a body may hold: this many per GATEWAY_MAX_TEXTS, and a margin for
-# the other fields (a pair is 3 values, a document object 3, a list of ids 1).
-VALUES_PER_TEXT = 8
+# the other fields (a pair is 3 values, a list of ids 1, a document object 3 and 2 per other
+# field it carries: Cohere's and Jina's clients send some).
+VALUES_PER_TEXT = 32
 VALUES_MARGIN = 256
 FIRST_WINDOW = 1 << 16
 MAX_DEPTH = 16  # no route's body nests deeper than 4; a deeper one is cut here (and refused)
@@ -97,10 +98,11 @@ def _cut(raw: bytes, most: int) -> bytes | None:
     if end == len(raw):
         return None
     cut = raw[:end].rstrip()
+    if cut.endswith(b":"):  # a member whose value was cut: the member goes (its key too)
+        key_start = head.rfind(b'"', 0, head.rfind(b'"', 0, len(cut)))
+        cut = raw[:key_start].rstrip()
     if cut.endswith(b","):
         cut = cut[:-1]
-    elif cut.endswith(b":"):
-        cut += b"null"  # a member's value was cut: the member stays, its value null
     closers = {ord("["): b"]", ord("{"): b"}"}
     return cut + b"".join(closers[opened] for opened in reversed(stack))
 

@@ -689,6 +689,8 @@ def parse_request(kind: type[ModelT], raw: bytes, settings: Settings) -> ModelT:
     for field, (check, required) in LISTS[kind].items():
         if field in body:
             check(body[field], field, limits)
+        elif not whole:  # it may be past the cut
+            raise PayloadTooLarge(inputs.values_message(settings))
         elif required:
             raise BadRequest(f"field '{field}' is required: {_NOUNS[field]}")
     if not whole:  # every list was within its limits: the values are in the others

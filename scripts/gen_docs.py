@@ -84,7 +84,7 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_MAX_CONCURRENT_CHUNKS": "upstream calls in flight per request",
     "GATEWAY_MAX_BODY_BYTES": "larger bodies get 413",
     "GATEWAY_MAX_TEXTS": "more texts (or pairs, documents with the query, lists of token ids) "
-    "get 413, counted before any item is read; a body may hold 8 strings, lists and objects per "
+    "get 413, counted before any item is read; a body may hold 32 strings, lists and objects per "
     "text, and 256",
     "GATEWAY_MAX_TEXT_CHARS": "longer texts get 422",
     "GATEWAY_MAX_REQUEST_TOKENS": "tokens one request may send upstream once tokenized (every "

@@ -359,7 +359,7 @@ def test_tokenize_and_detokenize_spend_the_request_budget(gateway: Gateway, case
 
 # Every list a request takes, as (path, the rest of a valid body, the list's field); ``speed``
 # goes with two texts so its count matches and its items are read.
-LIST_FIELDS = [
+LIST_FIELDS: list[tuple[str, dict[str, Any], str]] = [
     (f"/v1/models/{CROSS}:classify", {}, "texts"),
     (f"/v1/models/{CROSS}:classify", {}, "pairs"),
     (f"/v1/models/{CROSS}:classify", {"texts": ["a", "b"]}, "speed"),
@@ -454,7 +454,9 @@ def test_every_list_of_every_route_is_counted_and_named_before_validation(
     order, under the body cap: each costs the worker at most 50 ms of CPU and 20 MiB, and its
     4xx names the first bad item (or the limit a list is over). Before the one rule, a first
     item that was a text skipped the pre-checks: seconds of CPU and hundreds of MiB."""
-    worst_cpu, worst_rss, failures = 0.0, 0.0, []
+    worst_cpu: tuple[float, str] = (0.0, "")
+    worst_rss: tuple[float, str] = (0.0, "")
+    failures = []
     session = requests.Session()
     session.get(f"{gateway.url}/healthz", timeout=10)
     worker = _worker(gateway)
@@ -466,7 +468,8 @@ def test_every_list_of_every_route_is_counted_and_named_before_validation(
             if cpu <= CPU_SHAPE_BOUND_S:  # the memory is the first time's (later ones reuse it)
                 break
             cpu = min(cpu, _measured_cpu(session, url, data, worker)[1])
-        worst_cpu, worst_rss = max(worst_cpu, cpu), max(worst_rss, grown)
+        worst_cpu = max(worst_cpu, (cpu, case))
+        worst_rss = max(worst_rss, (grown, case))
         bad = next((i for i in range(len(items)) if not _valid_item(field, items, i)), None)
         message = _message(reply) if reply.status_code < 500 else reply.text[:200]
         named = (bad is not None and f"{field}[{bad}]" in message) or (
@@ -476,5 +479,41 @@ def test_every_list_of_every_route_is_counted_and_named_before_validation(
                 and grown <= RSS_SHAPE_BOUND_MIB):  # fmt: skip
             failures.append(f"{case}: {reply.status_code} {message[:120]!r}, CPU {cpu * 1000:.0f}"
                             f" ms, RSS +{grown:.1f} MiB")  # fmt: skip
-    print(f"worst of the generated bodies: CPU {worst_cpu * 1000:.0f} ms, RSS +{worst_rss:.1f} MiB")
+    print(f"worst of the generated bodies: CPU {worst_cpu[0] * 1000:.0f} ms ({worst_cpu[1]}), "
+          f"RSS +{worst_rss[0]:.1f} MiB ({worst_rss[1]})")  # fmt: skip
     assert not failures, f"{len(failures)} bodies:\n" + "\n".join(failures[:40])
+
+
+def test_a_body_over_its_values_is_read_only_up_to_them_and_named_or_refused() -> None:
+    """In process: a body of more strings, lists and objects than 32 per text (+256) is parsed
+    only up to that many; the rule names its first bad item when the part read shows it, and a
+    field or member past the cut is never said to be missing or null (a 413 naming the count)."""
+    from backend.errors import BadRequest, GatewayError
+    from backend.schemas import EmbeddingsRequest, RerankRequest, parse_request
+
+    settings = Settings(max_texts_per_request=256)
+
+    def answer(kind: Any, body: dict[str, Any]) -> tuple[int, str]:
+        try:
+            parse_request(kind, orjson.dumps(body), settings)
+        except GatewayError as exc:
+            return exc.status_code, exc.message
+        return 200, ""
+
+    nested = {"model": "m", "input": ["a", ["b"] * 190_000]}
+    assert answer(EmbeddingsRequest, nested) == (422, "input[1] is a list: give a text (a string)")
+    status, message = answer(EmbeddingsRequest, {"model": "m", "input": [[]] * 300_000})
+    assert status == 413 and "'input' has at least" in message, message
+    for body in (
+        {"model": "m", "junk": [[]] * 300_000, "input": ["a"]},  # input past the cut
+        {"model": "m", "junk": ["s"] * 8_447, "user": "cut here", "input": "hi"},  # a cut value
+    ):
+        status, message = answer(EmbeddingsRequest, body)
+        assert status == 413 and "strings, lists and objects" in message, message
+    fields = {f"field{i}": "v" for i in range(10)}  # a document's other fields are values too
+    documents = {"model": "m", "query": "q", "documents": [{"text": "x", **fields}] * 255}
+    assert answer(RerankRequest, documents) == (200, "")
+    escaped = {"model": "m", "input": ['say \\"[hi]\\" {'] * 256}  # brackets in strings
+    assert answer(EmbeddingsRequest, escaped) == (200, "")
+    with pytest.raises(BadRequest, match="not valid JSON"):  # in the part read: a 400 still
+        parse_request(EmbeddingsRequest, b'{"input": [1, ]' + b"[]," * 10_000, settings)
