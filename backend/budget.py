@@ -2,10 +2,12 @@
 upstream rows (text-embeddings-inference's ``max_batch_tokens`` / ``max_client_batch_size`` as the
 analogy) and its deadline, checked by the tokenizer as it goes and by post-processing loops.
 
-The gateway's ``_infer_once`` tokenizes within a fresh budget (``scope``); the tokenizer spends
-from it right after each tokenization, before windows or pairs are built (``spend``), and its
-loops call ``check_deadline``. Outside that scope (training, tests of the tokenizer alone, the
-rest of the request) there is no budget and both are no-ops; post-processing checks the
+The gateway opens one budget per request (``scope``: the inference routes around every attempt,
+so a retry on another version spends the same budget; ``:tokenize`` and ``:detokenize`` around
+their work); the tokenizer checks the rows it is given before it tokenizes them (``expect``),
+spends rows and tokens right after each tokenization, before windows, pairs or per-token lists
+are built (``spend``), and its loops call ``check_deadline``. Outside a scope (training, tests of
+the tokenizer alone) there is no budget and all three are no-ops; post-processing checks the
 request's deadline itself (``past_deadline``).
 """
 
@@ -48,6 +50,18 @@ class Budget:
             )
         self.check_deadline()
 
+    def expect(self, rows: int) -> None:
+        """413 when ``rows`` more upstream rows would be over the limit (known before their
+        tokens are: nothing is spent, ``spend`` counts them with their tokens); 504 past the
+        deadline."""
+        if self.rows + rows > self.max_rows:
+            raise PayloadTooLarge(
+                f"the request needs {self.rows + rows} upstream rows (texts, pairs or windows; "
+                f"so far), over the limit of {self.max_rows} per request "
+                "(GATEWAY_MAX_REQUEST_ROWS)"
+            )
+        self.check_deadline()
+
     def check_deadline(self) -> None:
         """504 once the request's deadline has passed."""
         past_deadline(self.deadline)
@@ -64,7 +78,12 @@ _active: ContextVar[Budget | None] = ContextVar("gateway_budget", default=None)
 
 @contextmanager
 def scope(settings: Settings, deadline: float) -> Iterator[Budget]:
-    """Run the enclosed tokenization within a fresh budget of ``settings``' limits."""
+    """Run the enclosed work within the running request's budget, or a fresh one of
+    ``settings``' limits and ``deadline`` when none runs (a retry spends the request's)."""
+    running = _active.get()
+    if running is not None:
+        yield running
+        return
     budget = Budget(settings.max_request_tokens, settings.max_request_rows, deadline)
     token = _active.set(budget)
     try:
@@ -78,6 +97,14 @@ def spend(rows: int, tokens: int) -> None:
     budget = _active.get()
     if budget is not None:
         budget.spend(rows, tokens)
+
+
+def expect(rows: int) -> None:
+    """Check ``rows`` more upstream rows against the running request's budget before they are
+    tokenized (no-op outside a request)."""
+    budget = _active.get()
+    if budget is not None:
+        budget.expect(rows)
 
 
 def check_deadline() -> None:

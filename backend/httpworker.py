@@ -43,6 +43,7 @@ import contextlib
 import errno
 import heapq
 import itertools
+import os
 import select
 import selectors
 import socket
@@ -53,16 +54,19 @@ from typing import Any
 from gunicorn import util
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
-# How often a lingering thread looks up from its socket to check whether the pool still has a
-# free thread and the worker is still running: the longest a new connection can wait for a
-# thread when every other one lingers.
-LINGER_SLICE_S = 0.01
+# A lingering thread waits on its socket and on the worker's wake pipe, which is readable while
+# the pool has no free thread or the worker stops: it sleeps until one of them stirs, not in
+# 10 ms slices (with 30 threads lingering on idle pooled connections, 3,000 wake-ups a second,
+# each taking the GIL from the requests being served). It still looks up this often, in case
+# the worker stopped by a path that wakes no one (its parent gone).
+LINGER_CHECK_S = 1.0
 # How long a closed connection's socket waits for the client's FIN after the server's, reading
 # and dropping what the client still sends (so the kernel does not answer it with a reset that
 # could cut off the last answer): gunicorn's close_graceful waits as long, but blocking.
 CLOSE_LINGER_S = 2.0
 CLOSE_DRAIN_BYTES = 65536
 READ_BYTES = 65536
+MAX_READ_BYTES = 1 << 22  # one recv() of a body's rest, at most
 
 # handle()'s results besides gthread's True (keep-alive) and False (close):
 WAIT = "wait"  # the request is not whole yet: the poller waits for more, a thread does not
@@ -106,6 +110,25 @@ def request_complete(data: bytes, max_head: int, max_body: int) -> bool:
     if chunked:
         return chunked_complete(body, max_body)
     return length > max_body or len(body) >= length
+
+
+def request_end(data: bytes) -> int | None:
+    """Return how many bytes of ``data`` the request at its start takes, head and body, when its
+    head is in and announces a body by ``Content-Length`` alone (None otherwise: no head yet,
+    chunked, ``Expect``, a malformed length): the rest of it is then counted, not parsed."""
+    start = len(data) - len(data.lstrip(b"\r\n"))
+    end = data.find(b"\r\n\r\n", start)
+    if end < 0:
+        return None
+    length = 0
+    for line in data[start:end].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip()
+        if name == b"content-length" and value.isdigit():
+            length = int(value)
+        elif name in (b"content-length", b"transfer-encoding", b"expect"):
+            return None
+    return end + 4 + length
 
 
 def chunked_complete(body: bytes, max_body: int) -> bool:
@@ -174,6 +197,7 @@ class GuardedThreadWorker(ThreadWorker):
         """Start the clocks of ``conn``'s next request (none of its bytes have come)."""
         conn.gw_started = None  # monotonic time of the request's first byte
         conn.gw_head_done = None  # and of its head's end
+        conn.gw_end = None  # its length in bytes once its head says (request_end)
         conn.gw_entry = None  # its current entry in a heap of the loop (waiting, closing)
 
     def _deadline(self, conn: Any) -> float:
@@ -207,16 +231,26 @@ class GuardedThreadWorker(ThreadWorker):
         unreader = conn.parser.unreader
         conn.sock.setblocking(False)
         while True:
-            data = unreader.buf.getvalue()
-            now = time.monotonic()
-            if data and conn.gw_started is None:
-                conn.gw_started = now
-            if data and conn.gw_head_done is None and b"\r\n\r\n" in data.lstrip(b"\r\n"):
-                conn.gw_head_done = now
-            if data and request_complete(data, self._max_head, self.max_body_bytes):
-                return True
+            buf = unreader.buf
+            buf.seek(0, 2)
+            have = buf.tell()
+            if conn.gw_end is not None:  # the head said how long: count, don't copy the body
+                if have >= conn.gw_end:
+                    return True
+            else:
+                data = buf.getvalue()
+                now = time.monotonic()
+                if data and conn.gw_started is None:
+                    conn.gw_started = now
+                if data and conn.gw_head_done is None and b"\r\n\r\n" in data.lstrip(b"\r\n"):
+                    conn.gw_head_done = now
+                if data and request_complete(data, self._max_head, self.max_body_bytes):
+                    return True
+                if conn.gw_head_done is not None:
+                    conn.gw_end = request_end(data)
+            wanted = READ_BYTES if conn.gw_end is None else conn.gw_end - have
             try:
-                chunk = conn.sock.recv(READ_BYTES)
+                chunk = conn.sock.recv(min(max(wanted, READ_BYTES), MAX_READ_BYTES))
             except (BlockingIOError, InterruptedError):
                 return WAIT
             except OSError:
@@ -356,11 +390,57 @@ class LingeringThreadWorker(GuardedThreadWorker):
         super().__init__(*args, **kwargs)
         self._busy = 0  # pool threads inside handle(), lingering ones included
         self._busy_lock = threading.Lock()
+        # readable while lingering must stop: the pool is full, or the worker stops (made after
+        # fork, in init_process: each worker its own)
+        self._wake_r, self._wake_w = -1, -1
+        self._woken = False  # a byte is in the pipe for a full pool (under _busy_lock)
+        self._stopping = False
+
+    def init_process(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        super().init_process()
+
+    def _full(self, full: bool) -> None:
+        """Make the wake pipe readable while the pool is full (call with ``_busy_lock`` held)."""
+        if full == self._woken or self._stopping:
+            return
+        self._woken = full
+        with contextlib.suppress(OSError):
+            if full:
+                os.write(self._wake_w, b"x")
+            else:
+                os.read(self._wake_r, 64)
+
+    def _wake_for_stop(self) -> None:
+        """Wake every lingering thread for good: the worker stops."""
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"s")
+
+    def handle_exit(self, sig: Any, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        self._wake_for_stop()
+
+    def handle_quit(self, sig: Any, frame: Any) -> None:
+        self._wake_for_stop()
+        super().handle_quit(sig, frame)
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        """gthread's (and the guard's); a worker that stops after it (max_requests) wakes the
+        lingering threads."""
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            if not self.alive and not self._stopping:
+                self._wake_for_stop()
 
     def handle(self, conn: Any) -> Any:
         """Serve ``conn``'s request, then its next ones while they come soon enough."""
         with self._busy_lock:
             self._busy += 1
+            self._full(self._busy >= self.cfg.threads)
         try:
             keep = super().handle(conn)
             while keep is True:
@@ -377,6 +457,7 @@ class LingeringThreadWorker(GuardedThreadWorker):
         finally:
             with self._busy_lock:
                 self._busy -= 1
+                self._full(self._busy >= self.cfg.threads)
 
     def _linger(self, conn: Any) -> bool | None:
         """Wait on ``conn`` for its next request while lingering is free: True when it came,
@@ -386,11 +467,15 @@ class LingeringThreadWorker(GuardedThreadWorker):
         if conn.parser.unreader.buf.getvalue():
             return True  # read ahead already (a pipelined request or a drained body's excess)
         poller = select.poll()
-        poller.register(conn.sock, select.POLLIN)
+        sock = conn.sock.fileno()
+        poller.register(sock, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         deadline = time.monotonic() + self.cfg.keepalive
         while self.alive and self._busy < self.cfg.threads:
-            if poller.poll(LINGER_SLICE_S * 1000):
-                return True
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return False
+            events = poller.poll(min(left, LINGER_CHECK_S) * 1000)
+            if any(fd == sock for fd, _ in events):
+                return True
         return None

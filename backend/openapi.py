@@ -40,7 +40,8 @@ REF = "#/components/schemas/{model}"
 _ERRORS = {
     "400": "Malformed JSON, a wrong type or an unknown field.",
     "404": "Unknown model, version or label.",
-    "413": "Body over GATEWAY_MAX_BODY_BYTES, or more than GATEWAY_MAX_TEXTS texts (or lists "
+    "413": "Body over GATEWAY_MAX_BODY_BYTES, a request over GATEWAY_MAX_REQUEST_TOKENS tokens "
+    "or GATEWAY_MAX_REQUEST_ROWS upstream rows, or more than GATEWAY_MAX_TEXTS texts (or lists "
     "of token ids).",
     "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, a list "
     "of token ids over GATEWAY_MAX_TOKEN_IDS or with an id outside the vocabulary, "
@@ -52,7 +53,8 @@ _ERRORS = {
     "not unit vectors (normalize=false on a model that doesn't normalize).",
     "502": "The model server answered with an error.",
     "503": "The model server is unreachable (with Retry-After).",
-    "504": "The model server did not answer within GATEWAY_TIMEOUT_S.",
+    "504": "The model server did not answer within GATEWAY_TIMEOUT_S, or the request ran past "
+    "its deadline (GATEWAY_TIMEOUT_S from its start).",
 }
 
 

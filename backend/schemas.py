@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
-import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
-from backend.early_exit import valid_speed
-from backend.errors import BadRequest, PayloadTooLarge, UnprocessableInput
+from backend import inputs
+from backend.errors import BadRequest, PayloadTooLarge
+from backend.inputs import MAX_INT, NOT_BLANK
 from backend.settings import Settings
 from modelformat.names import LABEL_PATTERN, MODEL_NAME_PATTERN
 
@@ -22,12 +21,6 @@ MODEL_SPEC = re.compile(MODEL_SPEC_PATTERN)
 ModelSpec = Annotated[
     str, Field(min_length=1, max_length=128 + 1 + 128, pattern=MODEL_SPEC_PATTERN)
 ]
-
-# What "empty" means, the same for the gateway's check and the schema's pattern: no character
-# outside JavaScript's \s (the class JSON Schema patterns use; Python's \s also has \x1c-\x1f).
-BLANK = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-NOT_BLANK = f"[^{BLANK}]"
-_NOT_BLANK = re.compile(NOT_BLANK)
 
 
 def _integral(value: Any) -> Any:
@@ -40,7 +33,6 @@ def _integral(value: Any) -> Any:
 # An integer as JSON Schema means it: 3 and 3.0, never "3" or true. (The bound goes before
 # the validator: after it, pydantic writes "ge" into the JSON schema instead of "minimum".)
 Int = Annotated[int, BeforeValidator(_integral)]
-MAX_INT = 2**63 - 1  # pydantic's (and TF Serving's) int64
 NonNegative = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(_integral)]
 Positive = Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(_integral)]
 # A text the gateway takes: at least one character that isn't whitespace.
@@ -656,69 +648,53 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-RequestModel = TypeVar("RequestModel", bound=_Inputs)
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
+# Every list (and text) of every request, by the field that holds it: each goes through the one
+# rule (backend/inputs.py) before pydantic sees the body. True: the field is required.
+_TEXTS: dict[str, tuple[inputs.Checker, bool]] = {"texts": (inputs.texts_field, True)}
+_RERANK: dict[str, tuple[inputs.Checker, bool]] = {
+    "query": (inputs.query_field, True), "documents": (inputs.documents_field, True)
+}  # fmt: skip
+_EMBEDDING_TYPES: dict[str, tuple[inputs.Checker, bool]] = {
+    "embedding_types": (inputs.embedding_types_field, False)
+}
+LISTS: dict[type[BaseModel], dict[str, tuple[inputs.Checker, bool]]] = {
+    ClassifyRequest: {},  # texts or pairs (and speed): _check_classify
+    EmbedRequest: {**_TEXTS, **_EMBEDDING_TYPES},
+    TagRequest: _TEXTS,
+    TokenizeRequest: _TEXTS,
+    DetokenizeRequest: {"ids": (inputs.ids_field, True)},
+    EmbeddingsRequest: {"input": (inputs.openai_input, True)},
+    CohereEmbedRequest: {**_TEXTS, **_EMBEDDING_TYPES},
+    RerankRequest: _RERANK,
+    ModelRerankRequest: _RERANK,
+}
+_NOUNS = {"texts": "a list of strings", "ids": "a list of lists of token ids",
+          "input": "a text or a list of texts or token ids", "query": "a text",
+          "documents": "a list of texts"}  # fmt: skip
 
-def parse_request(kind: type[RequestModel], raw: bytes, settings: Settings) -> RequestModel:
-    """Return the validated request in ``raw``; 400 / 413 / 422 errors name the field and limit."""
-    body = load_json_object(raw, "body must be a JSON object with a 'texts' list")
-    check_fields(kind, body)
-    if "pairs" in kind.model_fields and "pairs" in body:
-        if "texts" in body:
-            raise BadRequest("give 'texts' or 'pairs', not both")
-        check_pairs(body["pairs"], settings)
-        count = len(body["pairs"])
-    else:
-        check_texts(body.get("texts"), settings)
-        count = len(body["texts"])
-    if "speed" in kind.model_fields and body.get("speed") is not None:
-        check_speed(body["speed"], count)
-    try:
-        request = kind.model_validate(body)
-    except ValidationError as exc:
-        raise BadRequest(first_error(exc)) from None
-    if request.version is not None and request.label is not None:
-        raise BadRequest("give 'version' or 'label', not both")
-    if getattr(request, "prompt_name", None) is not None and getattr(request, "input_type", None):
-        raise BadRequest("give 'prompt_name' or 'input_type', not both")
-    return request
 
-
-def load_json_object(raw: bytes, what: str = "body must be a JSON object") -> dict[str, Any]:
-    """Return the JSON object in ``raw``; 400 naming the problem otherwise."""
-    try:
-        body: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
+def parse_request(kind: type[ModelT], raw: bytes, settings: Settings) -> ModelT:
+    """Return the validated request in ``raw``; 400 / 413 / 422 errors name the field and limit
+    (the first bad item of a list: ``texts[3]``), every list counted and read by the one rule
+    before pydantic sees the body (a bad body costs what its first bad item costs to find)."""
+    body, whole = inputs.load_bounded(raw, inputs.value_limit(settings))
     if not isinstance(body, dict):
-        raise BadRequest(what)
-    return body
-
-
-def validate_body(
-    kind: type[ModelT],
-    raw: bytes,
-    what: str,
-    settings: Settings,
-    texts: Callable[[dict[str, Any]], Any] | None = None,
-    ids: Callable[[dict[str, Any]], Any] | None = None,
-) -> ModelT:
-    """Return ``raw`` validated as ``kind``; 400 naming the first problem (and 'version' with
-    'label'). ``texts`` picks the body's texts (when they are strings) to check first, so an
-    empty or oversized text gets the same 413/422 on every route; ``ids`` picks its lists of
-    token ids, whose count and lengths are checked before any id is (``check_token_ids``)."""
-    body = load_json_object(raw, f"body must be a JSON object with '{what}'")
+        raise BadRequest("body must be a JSON object")
     check_fields(kind, body)
-    token_ids = ids(body) if ids is not None else None
-    picked = texts(body) if texts is not None and token_ids is None else None
-    if token_ids is not None:
-        check_token_ids(token_ids, settings, field=what, flat=isinstance(token_ids, OneInput))
-    elif isinstance(picked, list):
-        # counted whatever its items are: pydantic would validate (and fail) each of them
-        check_count(picked, settings, field=what)
-        if all(isinstance(t, str) for t in picked):
-            check_texts(picked, settings, field=what)
+    limits = inputs.Limits(settings, whole)
+    if kind is ClassifyRequest:
+        _check_classify(body, limits)
+    for field, (check, required) in LISTS[kind].items():
+        if field in body:
+            check(body[field], field, limits)
+        elif not whole:  # it may be past the cut
+            raise PayloadTooLarge(inputs.values_message(settings))
+        elif required:
+            raise BadRequest(f"field '{field}' is required: {_NOUNS[field]}")
+    if not whole:  # every list was within its limits: the values are in the others
+        raise PayloadTooLarge(inputs.values_message(settings))
     try:
         request = kind.model_validate(body)
     except ValidationError as exc:
@@ -730,35 +706,19 @@ def validate_body(
     return request
 
 
-def check_texts(texts: Any, settings: Settings, field: str = "texts") -> None:
-    """Raise the right error for a missing, oversized, empty or non-string list of texts (the
-    same limits on every route; ``field`` names it in the messages)."""
-    if texts is None:
-        raise BadRequest(f"field '{field}' is required: a list of strings")
-    if not isinstance(texts, list):
-        raise BadRequest(f"field '{field}' must be a list of strings")
-    if len(texts) > settings.max_texts_per_request:
-        raise PayloadTooLarge(
-            f"{len(texts)} texts is over the limit of {settings.max_texts_per_request} "
-            "(GATEWAY_MAX_TEXTS)"
-        )
-    if not texts:
-        raise UnprocessableInput(f"field '{field}' is empty: send at least one text")
-    for index, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise UnprocessableInput(f"{field}[{index}] is not a string")
-        if not _NOT_BLANK.search(text):
-            raise UnprocessableInput(f"{field}[{index}] is empty")
-        if len(text) > settings.max_text_chars:
-            raise UnprocessableInput(
-                f"{field}[{index}] has {len(text)} characters, over the limit of "
-                f"{settings.max_text_chars} (GATEWAY_MAX_TEXT_CHARS)"
-            )
-
-
-class OneInput(list):  # type: ignore[type-arg]
-    """One input's token ids given as a flat list, wrapped as a list of one list by an ``ids``
-    picker (``check_token_ids`` then names its items ``field[j]``)."""
+def _check_classify(body: dict[str, Any], limits: inputs.Limits) -> None:
+    """A classify body's 'texts' or 'pairs' (one of them), then its 'speed' (one per input)."""
+    if "pairs" in body:
+        if "texts" in body:
+            raise BadRequest("give 'texts' or 'pairs', not both")
+        inputs.pairs_field(body["pairs"], "pairs", limits)
+        count = len(body["pairs"])
+    elif "texts" in body:
+        inputs.texts_field(body["texts"], "texts", limits)
+        count = len(body["texts"])
+    else:
+        raise BadRequest("field 'texts' is required: a list of strings (or 'pairs')")
+    inputs.speed_field(body.get("speed"), "speed", limits, count)
 
 
 def check_fields(kind: type[BaseModel], body: dict[str, Any]) -> None:
@@ -769,99 +729,6 @@ def check_fields(kind: type[BaseModel], body: dict[str, Any]) -> None:
     for key in body:
         if key not in kind.model_fields:
             raise BadRequest(f"unknown field '{key}'")
-
-
-def check_count(items: list[Any], settings: Settings, field: str = "texts") -> None:
-    """413 for a list of more than GATEWAY_MAX_TEXTS items, whatever the items are."""
-    if len(items) > settings.max_texts_per_request:
-        raise PayloadTooLarge(
-            f"{len(items)} {field} is over the limit of {settings.max_texts_per_request} "
-            "(GATEWAY_MAX_TEXTS)"
-        )
-
-
-def is_token_id(value: Any) -> bool:
-    """True for what the schema takes as a token id: an int, or a float with no fraction (JSON
-    Schema's integer), from 0 to 2^63 - 1; never a bool."""
-    kind = type(value)
-    if kind is float:
-        return value.is_integer() and 0 <= value <= MAX_INT
-    return kind is int and 0 <= value <= MAX_INT
-
-
-def check_token_ids(lists: Any, settings: Settings, field: str = "ids", flat: bool = False) -> None:
-    """Check lists of token ids before pydantic sees one id: 413 for more lists than
-    GATEWAY_MAX_TEXTS, 422 for a list longer than GATEWAY_MAX_TOKEN_IDS (integral floats count:
-    they are ids to the schema), 400 naming the first item that is not a list or not an id.
-    Each check stops at the first bad item: pydantic would build an error per item, and a 1 MiB
-    body holds 500k of them. ``flat``: the lists are one input's ids (``field[j]`` in errors).
-    Anything that is not a list is left to the schema's validation."""
-    if not isinstance(lists, list):
-        return
-    check_count(lists, settings, field=f"lists of token ids in '{field}'")
-    for index, ids in enumerate(lists):
-        if not isinstance(ids, list):
-            raise BadRequest(f"field '{field}[{index}]': give a list of token ids")
-        if len(ids) > settings.max_token_ids:
-            where = field if flat else f"{field}[{index}]"
-            raise UnprocessableInput(
-                f"{where} has {len(ids)} token ids, over the limit of "
-                f"{settings.max_token_ids} (GATEWAY_MAX_TOKEN_IDS)"
-            )
-    for index, ids in enumerate(lists):
-        for position, value in enumerate(ids):
-            if not is_token_id(value):
-                where = f"{field}[{position}]" if flat else f"{field}[{index}][{position}]"
-                raise BadRequest(
-                    f"field '{where}': {_short(value)} is not a token id (an integer from 0 "
-                    "to 2^63 - 1)"
-                )
-
-
-def check_pairs(pairs: Any, settings: Settings) -> None:
-    """Raise the right error for a bad list of sentence pairs: 400 for a wrong shape, then the
-    limits of ``check_texts`` (count 413; empty, non-string or oversized segment 422)."""
-    if not isinstance(pairs, list):
-        raise BadRequest("field 'pairs' must be a list of [text_a, text_b] pairs")
-    if len(pairs) > settings.max_texts_per_request:
-        check_texts(pairs, settings, field="pairs")  # the 413, before any pair is looked at
-    for index, pair in enumerate(pairs):
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise BadRequest(f"pairs[{index}] must be a list of two texts [text_a, text_b]")
-    if not pairs:
-        raise UnprocessableInput("field 'pairs' is empty: send at least one pair")
-    for index, pair in enumerate(pairs):
-        check_texts(pair, settings, field=f"pairs[{index}]")
-
-
-def check_speed(speed: Any, count: int) -> None:
-    """Raise 422 unless ``speed`` is a number in [0, 1] or a list of ``count`` of them.
-
-    Every bad speed is a 422, wrong types included (a string, a bool), though the gateway
-    answers 400 for a wrong type elsewhere: issue 11 asks one status for every bad speed.
-    """
-    if isinstance(speed, list):
-        if len(speed) != count:
-            raise UnprocessableInput(
-                f"field 'speed' has {len(speed)} values for {count} texts: give one per text, "
-                "or one number for all"
-            )
-        for index, value in enumerate(speed):
-            if not valid_speed(value):
-                raise UnprocessableInput(
-                    f"speed[{index}] is {_short(value)}: not a number in [0, 1]"
-                )
-    elif not valid_speed(speed):
-        raise UnprocessableInput(
-            f"field 'speed' is {_short(speed)}: give a number in [0, 1] "
-            "or a list of them, one per text"
-        )
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    """Return ``repr(value)`` cut to ``limit`` characters (it goes into an error message)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def first_error(exc: ValidationError) -> str:

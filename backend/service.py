@@ -297,6 +297,7 @@ class Gateway:
         def encode(assets: ModelAssets) -> list[Encoded]:
             windows.clear()
             stride = window_stride(assets.max_seq_len)
+            budget.expect(len(request.texts))  # a row each at least, before any is tokenized
             for text in request.texts:
                 windows.append(assets.tokenizer.tag_windows(text, stride, truncate=cut))
             return [window.encoded for text_windows in windows for window in text_windows]
@@ -394,15 +395,17 @@ class Gateway:
     ) -> tuple[ModelAssets, list[dict[str, Any]]]:
         """Return the assets of the version that would serve, and each text's tokens with their
         character offsets in the text (no call to the model server beyond version resolution)."""
-        assets = self._assets_for(model, version, label)
-        return assets, assets.tokenizer.describe(texts)
+        with budget.scope(self.settings, time.monotonic() + self._timeout()):
+            assets = self._assets_for(model, version, label)
+            return assets, assets.tokenizer.describe(texts)
 
     def detokenize(
         self, model: str, ids: Sequence[Sequence[int]], version: int | None, label: str | None
     ) -> tuple[ModelAssets, list[dict[str, Any]]]:
         """Return the assets of the version that would serve, and each id list's text."""
-        assets = self._assets_for(model, version, label)
-        return assets, assets.tokenizer.decode(ids)
+        with budget.scope(self.settings, time.monotonic() + self._timeout()):
+            assets = self._assets_for(model, version, label)
+            return assets, assets.tokenizer.decode(ids)
 
     def _assets_for(self, model: str, version: int | None, label: str | None) -> ModelAssets:
         self._check_reach(model, version, label)
@@ -450,12 +453,14 @@ class Gateway:
         plan.deadline = time.monotonic() + self._timeout()
         choice: Choice | None = None  # the first time: resolve's own (reach, routing file)
         refreshed = False
-        while True:
-            try:
-                self._stages(plan, choice)
-                break
-            except NotFound as exc:
-                choice, refreshed = self._next_choice(plan, exc, refreshed)
+        # one budget for the request: an attempt on the next version spends from the same
+        with budget.scope(self.settings, plan.deadline):
+            while True:
+                try:
+                    self._stages(plan, choice)
+                    break
+                except NotFound as exc:
+                    choice, refreshed = self._next_choice(plan, exc, refreshed)
         if plan.route is not None:
             self._plan_shadow(plan.route, plan)
         return plan
@@ -484,7 +489,8 @@ class Gateway:
         """The stages from resolve to reassemble, each timed under its name (backend/timing.py)."""
         with timing.stage("resolve"):
             self._resolve(plan, choice)
-        # the tokenizer spends from the request's budget as it goes (backend/budget.py)
+        # the tokenizer spends from the request's budget as it goes (backend/budget.py): the
+        # request's own (``_infer``), or a fresh one for a shadow's plan
         with timing.stage("tokenize"), budget.scope(self.settings, plan.deadline):
             encode = plan.encode
             plan.encoded = (

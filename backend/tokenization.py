@@ -188,6 +188,7 @@ class TextTokenizer:
         head (<specials> head ... <specials>), ``left`` the tail; None: the tokenizer's side."""
         side = self._side(direction)
         keep = self.max_seq_len - self.layout.single_specials
+        budget.expect(len(texts))
         bodies = self._bodies(texts)
         specials = self.layout.single_specials
         budget.spend(len(bodies), sum(min(len(b), keep) + specials for b in bodies))
@@ -206,6 +207,7 @@ class TextTokenizer:
         specials = self.layout.single_specials
         bodies: list[list[int]] = []
         plans: list[list[int]] = []
+        budget.expect(len(texts))
         # a group of texts at a time, each group's rows and tokens spent before the next is
         # tokenized and before any window is built: a request far over the budget stops early
         for group in _groups(texts, GROUP_CHARS):
@@ -243,6 +245,7 @@ class TextTokenizer:
         """
         side = self._side(direction)
         layout = self.layout
+        budget.expect(len(pairs))
         firsts = self._first_segments(pairs)
         lead = len(layout.pair_prefix.ids) + len(layout.middle.ids)
         if refuse_long_first:  # before a second segment is tokenized
@@ -349,11 +352,19 @@ class TextTokenizer:
         """Return, per text, the tokens the model would get: ids, tokens, (start, end)
         character offsets into the text as given ((0, 0) on specials), which are special
         tokens, and whether the text is cut (only the kept tokens are listed, as ``encode``
-        sends them with the tokenizer's truncation side)."""
+        sends them with the tokenizer's truncation side). The rows and the kept tokens are
+        spent from the request's budget before any text's lists are built."""
         head_off, head_tok, head_sp = self._specials_of(self.layout.prefix)
         tail_off, tail_tok, tail_sp = self._specials_of(self.layout.suffix)
+        budget.expect(len(texts))
+        encodings = self._bodies_of(texts)
+        specials = self.layout.single_specials
+        budget.spend(len(encodings), sum(
+            stop - start + specials for start, stop in (self._kept(len(e.ids)) for e in encodings)
+        ))  # fmt: skip
         out: list[dict[str, object]] = []
-        for encoding in self._bodies_of(texts):
+        for encoding in encodings:
+            budget.check_deadline()
             n = len(encoding.ids)
             start, stop = self._kept(n)
             ids = [*self.layout.prefix.ids, *encoding.ids[start:stop], *self.layout.suffix.ids]
@@ -388,9 +399,12 @@ class TextTokenizer:
         return out
 
     def decode(self, token_ids: Sequence[Sequence[int]]) -> list[dict[str, object]]:
-        """Return each id list's text (special tokens dropped) and its tokens."""
+        """Return each id list's text (special tokens dropped) and its tokens; the lists and
+        their ids are spent from the request's budget before any is decoded."""
+        budget.spend(len(token_ids), sum(map(len, token_ids)))
         out: list[dict[str, object]] = []
         for index, ids in enumerate(token_ids):
+            budget.check_deadline()
             bad = [i for i in ids if not 0 <= i < self.vocab_size]
             if bad:
                 raise ValueError(

@@ -83,13 +83,19 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_MAX_BATCH": "texts per upstream call",
     "GATEWAY_MAX_CONCURRENT_CHUNKS": "upstream calls in flight per request",
     "GATEWAY_MAX_BODY_BYTES": "larger bodies get 413",
-    "GATEWAY_MAX_TEXTS": "more texts get 413",
+    "GATEWAY_MAX_TEXTS": "more texts (or pairs, documents with the query, lists of token ids) "
+    "get 413, counted before any item is read; a body may hold 32 strings, lists and objects per "
+    "text, and 256",
     "GATEWAY_MAX_TEXT_CHARS": "longer texts get 422",
     "GATEWAY_MAX_REQUEST_TOKENS": "tokens one request may send upstream once tokenized (every "
     "row's, specials and the overlaps of `long_text` windows counted; TEI's `max_batch_tokens`); "
-    "checked right after tokenization, before any row is built: 413 naming the numbers",
+    "checked right after tokenization, before any row is built: 413 naming the numbers; "
+    "`:tokenize` (the tokens it lists) and `:detokenize` (the ids it decodes) spend it too, and "
+    "a retry on another version within a request spends the same budget",
     "GATEWAY_MAX_REQUEST_ROWS": "upstream rows one request may cause (texts, pairs, the windows "
-    "of `long_text` chunk and `:tag`; TEI's `max_client_batch_size`): 413 past it, as above",
+    "of `long_text` chunk and `:tag`, `:tokenize`'s texts, `:detokenize`'s lists; TEI's "
+    "`max_client_batch_size`): 413 past it, as above, rows known before tokenizing checked "
+    "before it",
     "GATEWAY_TFS_MAX_ELEMENTS": "tensor elements (numbers, strings, b64 values) one `/tfs` body "
     "may hold, counted before the call: 413 naming it past that "
     "([coming from TF Serving](../guides/coming-from-other-servers.md))",

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 from flask import Response, current_app, g, request
 
 from backend.errors import BadRequest, Forbidden, PayloadTooLarge
-from backend.schemas import MODEL_SPEC, ModelT, validate_body
+from backend.schemas import MODEL_SPEC, ModelT, parse_request
 from backend.service import Gateway
 from backend.settings import Settings
 from backend.worker import get_gateway
@@ -59,16 +58,10 @@ def current_gateway() -> Gateway:
     return get_gateway(current_app)
 
 
-def body_as(
-    kind: type[ModelT],
-    what: str,
-    texts: Callable[[dict[str, Any]], Any] | None = None,
-    ids: Callable[[dict[str, Any]], Any] | None = None,
-) -> ModelT:
-    """Return the request body validated as ``kind`` (400 naming the problem); ``texts`` picks
-    its texts and ``ids`` its lists of token ids, to check first with the limits every route
-    shares (413/422)."""
-    return validate_body(kind, request_body(), what, current_settings(), texts, ids)
+def body_as(kind: type[ModelT]) -> ModelT:
+    """Return the request body validated as ``kind``: 400 naming the problem, 413/422 past the
+    limits every route shares (backend/inputs.py: the one rule for every list)."""
+    return parse_request(kind, request_body(), current_settings())
 
 
 def named_model(spec: str) -> tuple[str, int | None, str | None]:

@@ -27,7 +27,7 @@ ERROR_SHAPES[bp.name] = cohere_error
 def embed_v2() -> Response:
     """Embed texts (Cohere v2 request and answer: embeddings by type)."""
     with timing.stage("validate"):
-        body = body_as(CohereEmbedRequest, "texts", lambda raw: raw.get("texts"))
+        body = body_as(CohereEmbedRequest)
         name, version, label = named_model(body.model)
     direction = {"START": "left", "END": "right"}.get(body.truncate)
     done, vectors = current_gateway().embeddings(

@@ -8,10 +8,8 @@ from backend import timing
 from backend.api import (
     body_as,
     current_gateway,
-    current_settings,
     json_response,
     note_served,
-    request_body,
 )
 from backend.api.rerank import checked_body, rank
 from backend.errors import UnprocessableInput
@@ -22,7 +20,6 @@ from backend.schemas import (
     ModelRerankRequest,
     TagRequest,
     TokenizeRequest,
-    parse_request,
 )
 
 bp = Blueprint("models", __name__)
@@ -32,7 +29,7 @@ bp = Blueprint("models", __name__)
 def classify(model: str) -> Response:
     """Classify texts with a classification model: label, score and top-k per text."""
     with timing.stage("validate"):
-        body = parse_request(ClassifyRequest, request_body(), current_settings())
+        body = body_as(ClassifyRequest)
     answer = current_gateway().classify(model, body)
     note_served(model, answer["model"]["version"])
     with timing.stage("answer"):
@@ -43,7 +40,7 @@ def classify(model: str) -> Response:
 def embed(model: str) -> Response:
     """Embed texts with an embedding model (L2-normalized unless normalize=false)."""
     with timing.stage("validate"):
-        body = parse_request(EmbedRequest, request_body(), current_settings())
+        body = body_as(EmbedRequest)
     answer = current_gateway().embed(model, body)
     note_served(model, answer["model"]["version"])
     with timing.stage("answer"):
@@ -54,7 +51,7 @@ def embed(model: str) -> Response:
 def tag(model: str) -> Response:
     """Tag texts with a token-classification model: entities with character offsets."""
     with timing.stage("validate"):
-        body = parse_request(TagRequest, request_body(), current_settings())
+        body = body_as(TagRequest)
     answer = current_gateway().tag(model, body)
     note_served(model, answer["model"]["version"])
     with timing.stage("answer"):
@@ -82,7 +79,7 @@ def rerank(model: str) -> Response:
 @bp.post("/v1/models/<model>:tokenize")
 def tokenize(model: str) -> Response:
     """Tokens of each text as the serving version's vocabulary cuts them, with character offsets."""
-    body = body_as(TokenizeRequest, "texts", lambda raw: raw.get("texts"))
+    body = body_as(TokenizeRequest)
     assets, tokens = current_gateway().tokenize(model, body.texts, body.version, body.label)
     return json_response(
         {"model": {"name": model, "version": assets.version}, "max_seq_len": assets.max_seq_len,
@@ -93,7 +90,7 @@ def tokenize(model: str) -> Response:
 @bp.post("/v1/models/<model>:detokenize")
 def detokenize(model: str) -> Response:
     """The text of token ids, with the serving version's vocabulary."""
-    body = body_as(DetokenizeRequest, "ids", ids=lambda raw: raw.get("ids"))
+    body = body_as(DetokenizeRequest)
     try:
         assets, texts = current_gateway().detokenize(model, body.ids, body.version, body.label)
     except ValueError as exc:

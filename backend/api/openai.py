@@ -30,11 +30,11 @@ from backend.api import (
 from backend.errors import (
     ERROR_SHAPES,
     GatewayError,
-    PayloadTooLarge,
     UnprocessableInput,
 )
+from backend.inputs import openai_inputs
 from backend.reloading import ReloadingFile
-from backend.schemas import EmbeddingsRequest, OneInput, check_texts
+from backend.schemas import EmbeddingsRequest
 from backend.service import typed_embeddings
 from backend.settings import Settings
 from modelformat import layout, serverconfig
@@ -98,29 +98,9 @@ def _embeddings_request() -> tuple[
 ]:
     """Return the validated body, its model (name, version, label) and its texts or token ids
     (413/422 past the limits every route shares)."""
-    settings = current_settings()
-    req = body_as(EmbeddingsRequest, "input", _input_texts, _input_ids)
+    req = body_as(EmbeddingsRequest)
     name, version, label = named_model(req.model)
-    texts: list[str] = []
-    token_ids: list[list[int]] | None = None
-    if isinstance(req.input, str):
-        texts = [req.input]
-    elif req.input and all(isinstance(x, int) for x in req.input):
-        token_ids = [list(req.input)]  # type: ignore[arg-type]
-    elif req.input and all(isinstance(x, list) for x in req.input):
-        token_ids = [list(x) for x in req.input]  # type: ignore[arg-type]
-    else:
-        texts = list(req.input)  # type: ignore[arg-type]
-    if token_ids is not None:
-        if len(token_ids) > settings.max_texts_per_request:
-            raise PayloadTooLarge(
-                f"{len(token_ids)} inputs is over the limit of {settings.max_texts_per_request} "
-                "(GATEWAY_MAX_TEXTS)"
-            )
-        if any(not ids for ids in token_ids):
-            raise UnprocessableInput("field 'input' has an empty list of token ids")
-    else:
-        check_texts(texts, settings, field="input")
+    texts, token_ids = openai_inputs(req.input)
     return req, name, version, label, texts, token_ids
 
 
@@ -135,29 +115,6 @@ def _shortened(vectors: np.ndarray, dimensions: int) -> np.ndarray:
     vectors = vectors[:, :dimensions]
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
-
-
-def _input_texts(body: dict[str, Any]) -> Any:
-    """Return the body's texts (anything but token ids: counted, then checked as texts)."""
-    value = body.get("input")
-    return [value] if isinstance(value, str) else value
-
-
-def _input_ids(body: dict[str, Any]) -> Any:
-    """Return the body's token-id inputs as lists (one list of numbers is one input), or None
-    when it is not token ids. Its first item decides, whatever the others are: a number (int or
-    integral float: both are ids to the schema) or a list of them; the check then names the
-    first item that does not fit, instead of pydantic erring on each item against each kind
-    of input."""
-    value = body.get("input")
-    if not isinstance(value, list) or not value:
-        return None
-    first = value[0]
-    if isinstance(first, list):
-        return value
-    if isinstance(first, int | float) and not isinstance(first, bool):
-        return OneInput([value])
-    return None
 
 
 def _encode(vector: np.ndarray, encoding: str) -> Any:

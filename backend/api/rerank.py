@@ -26,17 +26,12 @@ from backend import timing
 from backend.api import (
     body_as,
     current_gateway,
-    current_settings,
     json_response,
     named_model,
     note_served,
 )
 from backend.errors import ERROR_SHAPES, GatewayError
-from backend.schemas import (
-    RerankFields,
-    RerankRequest,
-    check_texts,
-)
+from backend.schemas import RerankFields, RerankRequest
 
 bp = Blueprint("rerank", __name__)
 RerankT = TypeVar("RerankT", bound=RerankFields)
@@ -74,22 +69,7 @@ def rank(
 def checked_body(kind: type[RerankT]) -> RerankT:
     """Return a rerank request's body as ``kind``, its query and documents checked against the
     limits every route shares (the view's ``validate`` stage)."""
-    body = body_as(kind, "documents", query_and_documents)
-    settings = current_settings()
-    check_texts([body.query], settings, field="query")  # its length (the schema says it too)
-    if len(body.documents) + 1 > settings.max_texts_per_request:
-        texts = [d if isinstance(d, str) else d.text for d in body.documents]
-        check_texts([body.query, *texts], settings, field="documents")  # the 413
-    return body
-
-
-def query_and_documents(body: dict[str, Any]) -> Any:
-    """The documents' texts of a rerank body, checked like every route's texts (the query, one
-    more text, counts against GATEWAY_MAX_TEXTS too, and the schema checks it)."""
-    documents = body.get("documents")
-    if not isinstance(documents, list):
-        return None
-    return [d.get("text") if isinstance(d, dict) else d for d in documents]
+    return body_as(kind)
 
 
 def _standard(api_version: str) -> Response:

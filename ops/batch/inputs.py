@@ -22,15 +22,14 @@ from typing import Any
 
 import orjson
 
-from backend.api.openai import _input_ids, _input_texts, openai_error
-from backend.errors import BadRequest, GatewayError, NotFound, PayloadTooLarge, UnprocessableInput
+from backend import inputs
+from backend.api.openai import openai_error
+from backend.errors import BadRequest, GatewayError, NotFound, UnprocessableInput
 from backend.schemas import (
     MODEL_SPEC,
     EmbeddingsRequest,
     EmbedRequest,
-    check_texts,
     parse_request,
-    validate_body,
 )
 from backend.settings import Settings
 
@@ -139,26 +138,9 @@ def _batch_line(index: int, raw: bytes, settings: Settings, seen: dict[str, int]
 
 def _openai_item(index: int, custom_id: str, raw: bytes, settings: Settings) -> Item:
     """Return a /v1/embeddings body as an Item (the route's checks: backend/api/openai.py)."""
-    req = validate_body(EmbeddingsRequest, raw, "input", settings, _input_texts, _input_ids)
+    req = parse_request(EmbeddingsRequest, raw, settings)  # the one rule for every list
     split_spec(req.model)
-    texts: list[str] = []
-    token_ids: list[list[int]] | None = None
-    if isinstance(req.input, str):
-        texts = [req.input]
-    elif req.input and all(isinstance(x, int) for x in req.input):
-        token_ids = [list(req.input)]  # type: ignore[arg-type]
-    elif req.input and all(isinstance(x, list) for x in req.input):
-        token_ids = [list(x) for x in req.input]  # type: ignore[arg-type]
-    else:
-        texts = list(req.input)  # type: ignore[arg-type]
-    if token_ids is not None:
-        if len(token_ids) > settings.max_texts_per_request:
-            raise PayloadTooLarge(
-                f"{len(token_ids)} inputs is over the limit of {settings.max_texts_per_request} "
-                "(GATEWAY_MAX_TEXTS)"
-            )
-    else:
-        check_texts(texts, settings, field="input")
+    texts, token_ids = inputs.openai_inputs(req.input)
     options = ("openai", req.model, token_ids is not None, req.truncation_direction,
                req.prompt_name, req.input_type)  # fmt: skip
     return Item(index, custom_id, "openai", req.model, texts, token_ids, req, options)
@@ -194,7 +176,7 @@ def read_rows(
             yield Bad(index, None, 400, error.to_dict())
             continue
         try:
-            check_texts([text], settings, field=text_field)
+            inputs.text(text, f"row {index + 1}: field {text_field!r}", inputs.Limits(settings))
         except GatewayError as exc:
             yield Bad(index, str(ident), exc.status_code, exc.to_dict())
             continue

@@ -120,3 +120,37 @@ def test_a_connection_quiet_for_the_keep_alive_is_closed_as_gthread_closes_it(
         started = time.monotonic()
         assert sock.recv(65536) == b""  # the server closes it: docker/gunicorn.conf.py keepalive
         assert 4.5 < time.monotonic() - started < 9.0  # 5 s, not a linger and a keep-alive more
+
+
+def _wakeups(pid: int) -> int:
+    """Return how often the threads of process ``pid`` have gone to sleep and been woken."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        total += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    return total
+
+
+def test_a_thread_lingering_on_an_idle_connection_sleeps_until_something_comes(
+    two_threads: Gateway,
+) -> None:
+    """A lingering thread used to look up every 10 ms (100 wake-ups a second each, each taking
+    the GIL from the requests being served): idle, it now sleeps until its socket or the
+    worker's wake pipe stirs (and looks up once a second)."""
+    master = two_threads.process.pid
+    worker = int(Path(f"/proc/{master}/task/{master}/children").read_text().split()[0])
+    conn = http.client.HTTPConnection("127.0.0.1", two_threads.port, timeout=10)
+    try:
+        assert _get(conn) == 200  # answered, then quiet: its thread lingers on it
+        time.sleep(0.2)
+        before = _wakeups(worker)
+        time.sleep(2.0)
+        woken = _wakeups(worker) - before
+        assert _get(conn) == 200  # the lingering thread serves the next request at once
+    finally:
+        conn.close()
+    # the worker's main loop wakes once a second, a lingering thread as often: well under 100
+    assert woken < 40, f"{woken} wake-ups of the worker's threads in 2 s"

@@ -71,24 +71,35 @@ def test_label_whose_version_was_unloaded_is_resolved_again_not_404(
     served: tuple[Path, Path, int, int, ServerProcess], upstream: str
 ) -> None:
     base, config, grpc_port, rest_port, server = served
-    app = create_app(
-        {
-            "upstream": upstream,
-            "tfs_grpc_target": f"127.0.0.1:{grpc_port}",
-            "tfs_rest_url": f"http://127.0.0.1:{rest_port}",
-            "model_base_path": str(base),
-            "model_config_file": str(config),
-            "labels_cache_s": 3600,  # this worker would not look at the file again by itself
-        }
-    )
-    client = app.test_client()
+    settings = {
+        "upstream": upstream,
+        "tfs_grpc_target": f"127.0.0.1:{grpc_port}",
+        "tfs_rest_url": f"http://127.0.0.1:{rest_port}",
+        "model_base_path": str(base),
+        "model_config_file": str(config),
+        "labels_cache_s": 3600,  # this worker would not look at the file again by itself
+    }
+    app = create_app(settings)
+    # the same worker with room for 3 upstream rows per request: its retry spends the request's
+    # budget, not a fresh one (2 rows tried on v1, then 2 more on v2: 4)
+    tight = create_app({**settings, "max_request_rows": 3})
+    client, tight_client = app.test_client(), tight.test_client()
     body = {"texts": ["hello world"], "label": "stable"}
     try:
         first = client.post(f"/v1/models/{MODEL}:classify", json=body)
         assert first.status_code == 200 and first.get_json()["model"]["version"] == 1
+        warm = tight_client.post(f"/v1/models/{MODEL}:classify", json=body)
+        assert warm.status_code == 200 and warm.get_json()["model"]["version"] == 1
 
         config.write_text(_config(base, [2], stable=2))  # rollback: label moves, v1 leaves
         server.wait_until(lambda: _available(rest_port) == [2], 60)
+
+        retried = tight_client.post(
+            f"/v1/models/{MODEL}:classify", json={**body, "texts": ["hello", "world"]}
+        )
+        assert retried.status_code == 413, retried.get_json()
+        message = retried.get_json()["error"]["message"]
+        assert "4 upstream rows" in message and "GATEWAY_MAX_REQUEST_ROWS" in message, message
 
         second = client.post(f"/v1/models/{MODEL}:classify", json=body)
         assert second.status_code == 200, second.get_json()
@@ -99,3 +110,4 @@ def test_label_whose_version_was_unloaded_is_resolved_again_not_404(
         assert explicit.status_code == 404  # a version the caller named is still their 404
     finally:
         stop_worker(app)
+        stop_worker(tight)

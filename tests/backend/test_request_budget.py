@@ -178,7 +178,8 @@ def test_integral_floats_are_token_ids_for_the_limit_too(gateway: Gateway) -> No
 
 FILLING = {
     "a rerank's query": (
-        "/v1/rerank", {"model": CROSS, "query": "!" * 20_000, "documents": ["!" * 3000] * 255}),
+        # 99 documents: the rows are within the budget (more are refused before tokenizing)
+        "/v1/rerank", {"model": CROSS, "query": "!" * 20_000, "documents": ["!" * 3000] * 99}),
     "one first segment in every pair": (
         f"/v1/models/{CROSS}:classify", {"pairs": [["!" * 19_000, "?"]] * 52}),
 }  # fmt: skip
@@ -264,6 +265,8 @@ _DEADLINE_CALLS: dict[str, Any] = {
     "pairs": lambda tokenizer: tokenizer.encode_pairs([("hi", "there")]),
     "texts": lambda tokenizer: tokenizer.encode(["hi"]),
     "ids": lambda tokenizer: tokenizer.encode_ids([[5, 6]]),
+    "describe": lambda tokenizer: tokenizer.describe(["hi"]),
+    "decode": lambda tokenizer: tokenizer.decode([[5, 6]]),
 }
 
 
@@ -285,3 +288,236 @@ def test_the_tokenizer_checks_the_deadline_as_it_goes(name: str) -> None:
         call()
         call()  # one row is within it (a text, a pair): the second is not
     call()  # the scope is over: no check
+
+
+def test_rows_known_before_tokenizing_are_counted_before_it() -> None:
+    """Texts, pairs and :tokenize's texts over the rows left are refused before the tokenizer
+    reads one of them; a scope inside a request's is the request's (a retry spends it)."""
+    tokenizer = BertTokenizer(dict((t, i) for i, t in enumerate(tiny_vocab())), max_seq_len=16)
+    real = tokenizer._tokenizer
+    seen: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def encode(self, text: str, **kwargs: Any) -> Any:
+            seen.append(text)
+            return real.encode(text, **kwargs)
+
+        def encode_batch(self, texts: list[str], **kwargs: Any) -> Any:
+            seen.extend(texts)
+            return real.encode_batch(texts, **kwargs)
+
+    tokenizer._tokenizer = Counting()
+    calls = {
+        "texts": lambda: tokenizer.encode(["hi", "there"]),
+        "windows": lambda: tokenizer.windows(["hi", "there"]),
+        "pairs": lambda: tokenizer.encode_pairs([("hi", "a"), ("there", "b")]),
+        "describe": lambda: tokenizer.describe(["hi", "there"]),
+    }
+    one_row = Settings(max_request_tokens=10**9, max_request_rows=1)
+    for name, call in calls.items():
+        with (
+            budget.scope(one_row, deadline=time.monotonic() + 60),
+            pytest.raises(PayloadTooLarge, match="2 upstream rows"),
+        ):
+            call()
+        assert seen == [], name
+    two_rows = Settings(max_request_tokens=10**9, max_request_rows=2)
+    with budget.scope(two_rows, deadline=time.monotonic() + 60) as request:
+        tokenizer.encode(["hi", "there"])
+        with budget.scope(two_rows, deadline=time.monotonic() + 60) as attempt:
+            assert attempt is request
+            with pytest.raises(PayloadTooLarge, match="4 upstream rows"):
+                tokenizer.encode(["hi", "there"])
+
+
+TOKENIZE = f"/v1/models/{EMBED}:tokenize"
+DETOKENIZE = f"/v1/models/{EMBED}:detokenize"
+TOKENIZE_OVER_BUDGET = {
+    "tokenize: tokens": (TOKENIZE, {"texts": [LONG[:600]] * 80}, {"texts": [LONG[:600]] * 2},
+                         "GATEWAY_MAX_REQUEST_TOKENS"),
+    "tokenize: rows": (TOKENIZE, {"texts": ["hi"] * 120}, {"texts": ["hi"] * 100},
+                       "GATEWAY_MAX_REQUEST_ROWS"),
+    "detokenize: tokens": (DETOKENIZE, {"ids": [[5] * 4001]}, {"ids": [[5] * 4000]},
+                           "GATEWAY_MAX_REQUEST_TOKENS"),
+    "detokenize: rows": (DETOKENIZE, {"ids": [[5]] * 120}, {"ids": [[5]] * 100},
+                         "GATEWAY_MAX_REQUEST_ROWS"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TOKENIZE_OVER_BUDGET))
+def test_tokenize_and_detokenize_spend_the_request_budget(gateway: Gateway, case: str) -> None:
+    """:tokenize listed up to GATEWAY_MAX_TEXTS x max_seq_len tokens (8x the default budget for
+    a ModernBERT-length model) and :detokenize any number of ids: both are held to the budget."""
+    path, over, within, setting = TOKENIZE_OVER_BUDGET[case]
+    reply = requests.post(f"{gateway.url}{path}", json=over, timeout=30)
+    assert reply.status_code == 413, reply.text[:300]
+    assert setting in _message(reply), _message(reply)
+    served = requests.post(f"{gateway.url}{path}", json=within, timeout=30)
+    assert served.status_code == 200, served.text[:300]
+
+
+# -- 4. one rule for every list of every route: generated shapes --------------------------------
+
+# Every list a request takes, as (path, the rest of a valid body, the list's field); ``speed``
+# goes with two texts so its count matches and its items are read.
+LIST_FIELDS: list[tuple[str, dict[str, Any], str]] = [
+    (f"/v1/models/{CROSS}:classify", {}, "texts"),
+    (f"/v1/models/{CROSS}:classify", {}, "pairs"),
+    (f"/v1/models/{CROSS}:classify", {"texts": ["a", "b"]}, "speed"),
+    (f"/v1/models/{EMBED}:embed", {}, "texts"),
+    (f"/v1/models/{EMBED}:embed", {"texts": ["a"]}, "embedding_types"),
+    (f"/v1/models/{TAGGER}:tag", {}, "texts"),
+    (f"/v1/models/{EMBED}:rerank", {"query": "q"}, "documents"),
+    (f"/v1/models/{EMBED}:tokenize", {}, "texts"),
+    (f"/v1/models/{EMBED}:detokenize", {}, "ids"),
+    ("/v1/embeddings", {"model": EMBED}, "input"),
+    ("/v2/embed", {"model": EMBED}, "texts"),
+    ("/v2/embed", {"model": EMBED, "texts": ["a"]}, "embedding_types"),
+    ("/v1/rerank", {"model": EMBED, "query": "q"}, "documents"),
+]
+# An item of every JSON type, nested ones included.
+ITEMS: list[Any] = ["a", "", " ", 7, 0.5, -1, True, None, {}, {"text": "x"}, [], ["b"], [7]]
+CPU_SHAPE_BOUND_S = 0.05  # the worker's CPU per generated body
+RSS_SHAPE_BOUND_MIB = 20.0  # and its peak above its RSS before
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _id(value: Any) -> bool:
+    return type(value) in (int, float) and value >= 0 and float(value).is_integer()
+
+
+def _valid_item(field: str, items: list[Any], index: int) -> bool:
+    """Whether ``items[index]`` is a valid item of ``field`` (OpenAI's input: as its first item
+    decides: texts, one input's token ids, or lists of them)."""
+    value = items[index]
+    if field == "input":
+        first = items[0]
+        if _text(first):
+            return _text(value)
+        if _id(first):
+            return _id(value)
+        return isinstance(first, list) and isinstance(value, list) \
+            and 0 < len(value) <= 20_000 and all(map(_id, value))  # fmt: skip
+    if field == "pairs":
+        return isinstance(value, list) and len(value) == 2 and all(map(_text, value))
+    if field == "ids":
+        return isinstance(value, list) and len(value) <= 20_000 and all(map(_id, value))
+    if field == "documents":
+        return _text(value) or (isinstance(value, dict) and _text(value.get("text")))
+    if field == "speed":
+        return type(value) in (int, float) and 0 <= value <= 1
+    if field == "embedding_types":
+        return value in ("float", "int8", "uint8", "binary", "ubinary")
+    return _text(value)
+
+
+def _shapes() -> Iterator[tuple[str, str, bytes, str, list[Any]]]:
+    """Yield (case, path, body, field, the list's first items) for bodies just under the 1 MiB
+    cap: for each list field and each item type (the filler), one first item (every type in
+    turn) then as many fillers as fit, nested as the list's second item, and as its own items.
+    The bodies are built as bytes (JSON's own repetition), the items kept are what the check
+    of the answer reads (past 300 items a list is over every limit but GATEWAY_MAX_TOKEN_IDS,
+    which its count of fillers is over too)."""
+    for f, (path, rest, field) in enumerate(LIST_FIELDS):
+        head = orjson.dumps({**rest, field: None})[: -len(b"null}")]
+        room = MIB - len(head) - 64
+        for n, filler in enumerate(ITEMS):
+            first = ITEMS[(f + n) % len(ITEMS)]
+            one = orjson.dumps(filler)
+            count = (room - len(orjson.dumps(first))) // (len(one) + 1)
+            fillers = b",".join([one] * count)
+            start = b"[" + orjson.dumps(first) + b","
+            yield (f"{path} {field}: {first!r}, then [{filler!r}...] nested", path,
+                   head + start + b"[" + fillers + b"]]}", field,
+                   [first, [filler] * count])  # fmt: skip
+            yield (f"{path} {field}: {first!r}, then {filler!r}...", path,
+                   head + start + fillers + b"]}", field, [first, *[filler] * 300])  # fmt: skip
+
+
+def _measured_cpu(session: requests.Session, url: str, data: bytes, worker: int) -> tuple[
+        requests.Response, float, float]:  # fmt: skip
+    """Send ``data``; return the answer, the worker's CPU seconds and its peak growth, MiB."""
+    with PeakRss(worker) as peak:
+        cpu = cpu_s(worker)
+        reply = session.post(url, data=data, timeout=60,
+                             headers={"Content-Type": "application/json"})  # fmt: skip
+        cpu = cpu_s(worker) - cpu
+    return reply, cpu, peak.grown_mib
+
+
+def test_every_list_of_every_route_is_counted_and_named_before_validation(
+    gateway: Gateway,
+) -> None:
+    """Bodies of every route's lists, with items of every JSON type, nested, mixed and in every
+    order, under the body cap: each costs the worker at most 50 ms of CPU and 20 MiB, and its
+    4xx names the first bad item (or the limit a list is over). Before the one rule, a first
+    item that was a text skipped the pre-checks: seconds of CPU and hundreds of MiB."""
+    worst_cpu: tuple[float, str] = (0.0, "")
+    worst_rss: tuple[float, str] = (0.0, "")
+    failures = []
+    session = requests.Session()
+    session.get(f"{gateway.url}/healthz", timeout=10)
+    worker = _worker(gateway)
+    for case, path, data, field, items in _shapes():
+        assert len(data) <= MIB, (case, len(data))
+        url = f"{gateway.url}{path}"
+        reply, cpu, grown = _measured_cpu(session, url, data, worker)
+        for _ in range(2):  # over the CPU bound: measured again (10 ms ticks, a busy machine);
+            if cpu <= CPU_SHAPE_BOUND_S:  # the memory is the first time's (later ones reuse it)
+                break
+            cpu = min(cpu, _measured_cpu(session, url, data, worker)[1])
+        worst_cpu = max(worst_cpu, (cpu, case))
+        worst_rss = max(worst_rss, (grown, case))
+        bad = next((i for i in range(len(items)) if not _valid_item(field, items, i)), None)
+        message = _message(reply) if reply.status_code < 500 else reply.text[:200]
+        named = (bad is not None and f"{field}[{bad}]" in message) or (
+            f"field '{field}' has" in message  # its count, over its limit
+        )
+        if not (400 <= reply.status_code < 500 and named and cpu <= CPU_SHAPE_BOUND_S
+                and grown <= RSS_SHAPE_BOUND_MIB):  # fmt: skip
+            failures.append(f"{case}: {reply.status_code} {message[:120]!r}, CPU {cpu * 1000:.0f}"
+                            f" ms, RSS +{grown:.1f} MiB")  # fmt: skip
+    print(f"worst of the generated bodies: CPU {worst_cpu[0] * 1000:.0f} ms ({worst_cpu[1]}), "
+          f"RSS +{worst_rss[0]:.1f} MiB ({worst_rss[1]})")  # fmt: skip
+    assert not failures, f"{len(failures)} bodies:\n" + "\n".join(failures[:40])
+
+
+def test_a_body_over_its_values_is_read_only_up_to_them_and_named_or_refused() -> None:
+    """In process: a body of more strings, lists and objects than 32 per text (+256) is parsed
+    only up to that many; the rule names its first bad item when the part read shows it, and a
+    field or member past the cut is never said to be missing or null (a 413 naming the count)."""
+    from backend.errors import BadRequest, GatewayError
+    from backend.schemas import EmbeddingsRequest, RerankRequest, parse_request
+
+    settings = Settings(max_texts_per_request=256)
+
+    def answer(kind: Any, body: dict[str, Any]) -> tuple[int, str]:
+        try:
+            parse_request(kind, orjson.dumps(body), settings)
+        except GatewayError as exc:
+            return exc.status_code, exc.message
+        return 200, ""
+
+    nested = {"model": "m", "input": ["a", ["b"] * 190_000]}
+    assert answer(EmbeddingsRequest, nested) == (422, "input[1] is a list: give a text (a string)")
+    status, message = answer(EmbeddingsRequest, {"model": "m", "input": [[]] * 300_000})
+    assert status == 413 and "'input' has at least" in message, message
+    for body in (
+        {"model": "m", "junk": [[]] * 300_000, "input": ["a"]},  # input past the cut
+        {"model": "m", "junk": ["s"] * 8_447, "user": "cut here", "input": "hi"},  # a cut value
+    ):
+        status, message = answer(EmbeddingsRequest, body)
+        assert status == 413 and "strings, lists and objects" in message, message
+    fields = {f"field{i}": "v" for i in range(10)}  # a document's other fields are values too
+    documents = {"model": "m", "query": "q", "documents": [{"text": "x", **fields}] * 255}
+    assert answer(RerankRequest, documents) == (200, "")
+    escaped = {"model": "m", "input": ['say \\"[hi]\\" {'] * 256}  # brackets in strings
+    assert answer(EmbeddingsRequest, escaped) == (200, "")
+    with pytest.raises(BadRequest, match="not valid JSON"):  # in the part read: a 400 still
+        parse_request(EmbeddingsRequest, b'{"input": [1, ]' + b"[]," * 10_000, settings)
