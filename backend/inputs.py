@@ -1,4 +1,4 @@
-"""The one rule every list of a request body goes through (docs/architecture.md: bounded cost per request).
+"""The one rule every list of a request body goes through (docs/architecture.md: bounded cost).
 
 Two steps, both before any pydantic validator sees the body:
 
