@@ -104,7 +104,8 @@ def chunk_inputs(
     an early-exit model, in the chunk's row order)."""
     rows = [encoded[i] for i in chunk.indices]
     types = [e.type_ids for e in rows] if any(e.type_ids is not None for e in rows) else None
-    inputs = pad_batch([e.ids for e in rows], chunk.seq_len, pad_id, types)
+    masks = [e.attention for e in rows] if any(e.attention is not None for e in rows) else None
+    inputs = pad_batch([e.ids for e in rows], chunk.seq_len, pad_id, types, masks)
     if speeds is not None:
         inputs[SPEED_INPUT] = chunk_speeds(speeds, chunk.indices)
     return inputs

@@ -49,6 +49,10 @@ class Settings:
     # either, before any row is built
     max_request_tokens: int = 262_144
     max_request_rows: int = 1024
+    # bytes of the answer one :embed may build (multi-vectors are rows x dims numbers, sparse
+    # answers indices and weights): estimated from the tokenized rows before the model runs;
+    # a 413 past it (backend/outputs/)
+    max_answer_bytes: int = 33_554_432
     bucketing: bool = True
     grpc_retries: int = 2
     retry_after_s: int = 1
@@ -99,7 +103,7 @@ class Settings:
         if self.shadow_queue_size < 0 or self.group_in_flight < 0:
             raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
         limits = ("max_texts_per_request", "max_text_chars", "max_token_ids",
-                  "max_request_tokens", "max_request_rows")  # fmt: skip
+                  "max_request_tokens", "max_request_rows", "max_answer_bytes")  # fmt: skip
         if min(getattr(self, name) for name in limits) < 1:
             raise SettingsError(f"{', '.join(limits)} must be at least 1")
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
@@ -169,6 +173,7 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_MAX_TOKEN_IDS": "max_token_ids",
     "GATEWAY_MAX_REQUEST_TOKENS": "max_request_tokens",
     "GATEWAY_MAX_REQUEST_ROWS": "max_request_rows",
+    "GATEWAY_MAX_ANSWER_BYTES": "max_answer_bytes",
     "GATEWAY_BUCKETING": "bucketing",
     "GATEWAY_GRPC_RETRIES": "grpc_retries",
     "GATEWAY_RETRY_AFTER_S": "retry_after_s",
