@@ -26,6 +26,7 @@ from backend.errors import (
     ModelAssetsError,
     ModelNotFound,
     NotFound,
+    PayloadTooLarge,
     TaskMismatch,
     TextTooLong,
     UnprocessableInput,
@@ -35,6 +36,7 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.grouping import UpstreamGroups
+from backend.outputs import KINDS, Options, dense, multivector, sparse
 from backend.plan import Call, Choice, Encoder, Plan, chunk_inputs
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
 from backend.readiness import Readiness
@@ -52,6 +54,8 @@ from backend.versions import (
     VersionResolver,
     check_model_name,
 )
+from modelformat.outputs import DENSE_OUTPUT, TOKEN_VECTORS_OUTPUT
+from modelformat.outputs import Outputs as ModelOutputs
 from modelformat.routing import ModelRoute
 
 
@@ -170,28 +174,124 @@ class Gateway:
             histogram.observe(layer)
 
     def embed(self, model: str, request: EmbedRequest) -> dict[str, Any]:
-        """Return the :embed answer for ``request`` (embeddings as a float32 array, and as
-        each of ``embedding_types`` asked)."""
-        if request.long_text == "chunk":
-            answer = self._embed_chunked(model, request)
-        else:
-            done, embeddings = self.embeddings(
-                model, request.texts, request.version, request.label, request.truncate,
-                normalize=request.normalize, direction=request.truncation_direction,
-                prompt_name=request.prompt_name, input_type=request.input_type,
-            )  # fmt: skip
-            answer = {
-                "model": self._model_ref(done),
-                "embeddings": embeddings,
-                "dim": int(embeddings.shape[-1]),
-                "truncated": done.truncated,
-            }
+        """Return the :embed answer for ``request``: the output kinds asked (dense vectors as a
+        float32 array, and as each of ``embedding_types``; sparse vectors; multi-vectors)."""
+        options = embed_options(request)
+        plan = Plan(model, request.texts, request.version, request.label, request.truncate,
+                    options=options)  # fmt: skip
+        plan.encode = self._embed_encoder(plan, request)
+        done = self._infer(plan)
+        with timing.stage("postprocess"):
+            answer = self._embed_answer(done, request)
         types = request.embedding_types
-        if types is not None:
+        if types is not None and "embeddings" in answer:
             answer["embeddings_by_type"] = typed_embeddings(answer["embeddings"], types)
             if "float" not in types:
                 del answer["embeddings"]
         return answer
+
+    def _embed_encoder(self, plan: Plan, request: EmbedRequest) -> Encoder:
+        """Return :embed's encoder: the prompted texts (in windows with long_text=chunk, each
+        window's input in ``plan.owners``), cut and marked as the model's query or document
+        side (ColBERT: backend/outputs/multivector.py)."""
+        chunked = request.long_text == "chunk"
+        is_query = plan.options is not None and plan.options.is_query
+
+        def encode(assets: ModelAssets) -> list[Encoded]:
+            texts = with_prompt(request.texts, _prompt(assets, request.prompt_name,
+                                                       request.input_type))  # fmt: skip
+            spec = assets.outputs.multivector if assets.outputs is not None else None
+            side = multivector.side_of(spec, is_query) if spec is not None else None
+            most = multivector.max_tokens(side, assets.max_seq_len)
+            tokenizer = assets.tokenizer
+            if chunked:
+                plan.owners = []
+                encoded = []
+                for index, windows in enumerate(tokenizer.windows(texts, max_len=most)):
+                    plan.owners.extend([index] * len(windows))
+                    encoded.extend(windows)
+            else:
+                encoded = tokenizer.encode(texts, direction=request.truncation_direction,
+                                           max_len=most)  # fmt: skip
+            if side is None:
+                return encoded
+            marked = multivector.mark(encoded, side, is_query)
+            extra = sum(
+                m.ids.shape[0] - e.ids.shape[0] for m, e in zip(marked, encoded, strict=True)
+            )
+            budget.spend(0, extra)  # the markers and a query's expansions are tokens too
+            return marked
+
+        return encode
+
+    def _embed_answer(self, done: Plan, request: EmbedRequest) -> dict[str, Any]:
+        """Return the :embed answer of a finished plan: each kind asked, post-processed by its
+        module (backend/outputs/); windows merged per text."""
+        options = done.options or Options()
+        spec = done.assets.outputs or ModelOutputs()
+        owners, texts = done.owners, len(request.texts)
+        answer: dict[str, Any] = {"model": self._model_ref(done)}
+        if "dense" in done.kinds:
+            vectors = self._output(done, DENSE_OUTPUT)
+            normalize = request.normalize
+            if normalize is None:
+                normalize = done.assets.embedding.normalize_by_default
+            if owners is None:
+                pooled = dense.vectors(vectors, normalize)
+            else:  # each window's unit vector, weighted by its tokens
+                specials = done.assets.tokenizer.layout.single_specials
+                weights = np.asarray(done.token_counts, dtype=np.float32) - float(specials)
+                pooled = dense.pool(dense.vectors(vectors, True), owners, weights, texts)
+                pooled = dense.vectors(pooled, normalize)
+            answer["embeddings"] = pooled
+            answer["dim"] = int(pooled.shape[-1])
+        rows = [e.ids for e in done.encoded]
+        if "sparse" in done.kinds and spec.sparse is not None:
+            idf = done.assets.sparse_idf
+            if done.from_idf and idf is not None:
+                found = sparse.from_idf(rows, idf)
+            else:
+                try:
+                    found = sparse.extract(spec.sparse, done.outputs, rows)
+                except KeyError as exc:
+                    raise UpstreamError(f"the model returned no {exc.args[0]!r} output") from None
+            if owners is not None:
+                found = sparse.merge(found, owners, texts)
+            tokenizer = done.assets.tokenizer
+            answer["sparse"] = []
+            for vector in found:
+                vector = sparse.limit(vector, options.top_k, options.min_weight)
+                words = tokenizer.vocab_tokens(vector.indices.tolist()) if options.with_tokens \
+                    else None  # fmt: skip
+                answer["sparse"].append(sparse.answer(vector, words))
+        if "multivector" in done.kinds and spec.multivector is not None:
+            try:
+                matrices = multivector.extract(spec.multivector, done.outputs, done.encoded,
+                                               [options.is_query] * len(done.encoded))  # fmt: skip
+            except KeyError as exc:
+                raise UpstreamError(f"the model returned no {exc.args[0]!r} output") from None
+            if owners is not None:
+                matrices = multivector.merge(matrices, owners, texts)
+            try:
+                answer["multivectors"] = [multivector.answer(m, options.types, quantize)
+                                          for m in matrices]  # fmt: skip
+            except ValueError as exc:
+                raise UnprocessableInput(str(exc)) from None
+            answer["multivector_dim"] = int(done.outputs[TOKEN_VECTORS_OUTPUT].shape[-1])
+        if owners is None:
+            answer["truncated"] = done.truncated
+        else:
+            answer["truncated"] = [False] * texts
+            answer["windows"] = np.bincount(owners, minlength=texts).tolist()
+        return answer
+
+    @staticmethod
+    def _output(done: Plan, name: str) -> np.ndarray:
+        """Return the model's output ``name``; 502 when it returned none."""
+        value = done.outputs.get(name)
+        if value is None:
+            raise UpstreamError(f"the model returned no {name!r} output")
+        return value
 
     def embeddings(
         self,
@@ -233,46 +333,6 @@ class Gateway:
             if normalize:
                 embeddings = l2_normalize(embeddings)
             return done, np.ascontiguousarray(embeddings, dtype=np.float32)
-
-    def _embed_chunked(self, model: str, request: EmbedRequest) -> dict[str, Any]:
-        """:embed with long_text=chunk: every window of every text in one inference, then each
-        text's windows mean-pooled, weighted by their tokens."""
-        owners: list[int] = []
-
-        def encode(assets: ModelAssets) -> list[Encoded]:
-            owners.clear()
-            out: list[Encoded] = []
-            prompt = _prompt(assets, request.prompt_name, request.input_type)
-            texts = with_prompt(request.texts, prompt)
-            for index, windows in enumerate(assets.tokenizer.windows(texts)):
-                owners.extend([index] * len(windows))
-                out.extend(windows)
-            return out
-
-        # Each window's unit vector (what the model answers for it alone), weighted by its tokens.
-        done, vectors = self.embeddings(
-            model, request.texts, request.version, request.label, True, normalize=True,
-            encode=encode,
-        )  # fmt: skip
-        specials = done.assets.tokenizer.layout.single_specials
-        weights = np.asarray(done.token_counts, dtype=np.float32) - float(specials)
-        pooled = np.zeros((len(request.texts), vectors.shape[1]), dtype=np.float32)
-        np.add.at(pooled, np.asarray(owners), vectors * weights[:, None])
-        totals = np.bincount(owners, weights=weights, minlength=len(request.texts))
-        pooled /= np.maximum(totals, 1.0)[:, None].astype(np.float32)
-        normalize = request.normalize
-        if normalize is None:
-            normalize = done.assets.embedding.normalize_by_default
-        if normalize:
-            pooled = l2_normalize(pooled)
-        counts = np.bincount(owners, minlength=len(request.texts))
-        return {
-            "model": self._model_ref(done),
-            "embeddings": np.ascontiguousarray(pooled, dtype=np.float32),
-            "dim": int(pooled.shape[-1]),
-            "truncated": [False] * len(request.texts),
-            "windows": counts.tolist(),
-        }
 
     def tag(self, model: str, request: TagRequest) -> dict[str, Any]:
         """Return the :tag answer: each text's entities with character offsets into it."""
@@ -476,6 +536,11 @@ class Gateway:
                 encode(plan.assets) if encode is not None
                 else plan.assets.tokenizer.encode(plan.texts)
             )  # fmt: skip
+            if plan.options is not None:
+                self._check_answer_bytes(plan)
+        if plan.from_idf:  # inference-free sparse queries: postprocess reads the IDF table
+            plan.calls, plan.results, plan.outputs = [], [], {}
+            return
         with timing.stage("plan"):
             self._plan(plan)
         with timing.stage("call"):
@@ -530,7 +595,33 @@ class Gateway:
             )
         if plan.check is not None:
             plan.check(assets)
+        if plan.options is not None and assets.outputs is not None:
+            plan.kinds = answered_kinds(model, assets.outputs, plan.options)
+            plan.from_idf = (
+                plan.options.is_query and plan.kinds == ("sparse",)
+                and assets.sparse_idf is not None
+            )  # fmt: skip
         plan.served, plan.assets = served, assets
+
+    def _check_answer_bytes(self, plan: Plan) -> None:
+        """413 when the answer the plan's kinds make of its tokenized rows would be over
+        GATEWAY_MAX_ANSWER_BYTES (each kind's estimate: backend/outputs/), before any call."""
+        outputs, options = plan.assets.outputs, plan.options
+        if outputs is None or options is None:
+            return
+        lengths = [e.ids.shape[0] for e in plan.encoded]
+        plan.answer_bytes = sum(
+            KINDS[kind].answer_bytes(getattr(outputs, kind), lengths, options)
+            for kind in plan.kinds
+        )
+        most = self.settings.max_answer_bytes
+        if plan.answer_bytes > most:
+            raise PayloadTooLarge(
+                f"the answer would take about {plan.answer_bytes} bytes ({', '.join(plan.kinds)} "
+                f"of {len(lengths)} rows, {sum(lengths)} tokens), over the limit of {most} "
+                "(GATEWAY_MAX_ANSWER_BYTES): send fewer or shorter texts, fewer outputs, or "
+                "int8/binary embedding_types"
+            )
 
     def _plan(self, plan: Plan) -> None:
         """Stage ``plan``: each input's speed, the chunks and their tensors; 413 for a text over
@@ -704,6 +795,45 @@ def _prompt(assets: ModelAssets, prompt_name: str | None, input_type: str | None
         return prompt_for(assets.embedding, prompt_name, input_type)
     except ValueError as exc:
         raise UnprocessableInput(f"{exc} (model {assets.model!r})") from None
+
+
+def embed_options(request: EmbedRequest) -> Options:
+    """Return :embed's output options: the kinds asked, the query side (``is_query``, else
+    Cohere's input_type search_query), the sparse limits and the output types; 422 for an
+    is_query that contradicts input_type."""
+    is_query = request.input_type == "search_query"
+    if request.is_query is not None:
+        if request.input_type is not None and request.is_query != is_query:
+            raise UnprocessableInput(
+                f"is_query {str(request.is_query).lower()} contradicts input_type "
+                f"{request.input_type!r}: give one of them"
+            )
+        is_query = request.is_query
+    return Options(
+        kinds=tuple(dict.fromkeys(request.outputs)) if request.outputs else None,
+        is_query=is_query, top_k=request.top_k, min_weight=request.min_weight or 0.0,
+        with_tokens=request.return_tokens, types=tuple(request.embedding_types or ("float",)),
+    )  # fmt: skip
+
+
+def answered_kinds(model: str, outputs: ModelOutputs, options: Options) -> tuple[str, ...]:
+    """Return the output kinds a request gets of a version with ``outputs``; 422 for a kind
+    it lacks (naming those it has) or a sparse top_k over a SPLADE model's own."""
+    kinds = options.kinds or outputs.default_kinds()
+    missing = [kind for kind in kinds if kind not in outputs.kinds]
+    if missing:
+        raise UnprocessableInput(
+            f"field 'outputs': model {model!r} has no {missing[0]} output (its outputs: "
+            f"{', '.join(outputs.kinds)})"
+        )
+    spec = outputs.sparse
+    topk = spec is not None and spec.form == "topk" and "sparse" in kinds
+    if topk and spec is not None and options.top_k is not None and options.top_k > spec.top_k:
+        raise UnprocessableInput(
+            f"field 'top_k': {options.top_k} is over model {model!r}'s own top-k of "
+            f"{spec.top_k} sparse entries"
+        )
+    return tuple(kinds)
 
 
 def typed_embeddings(vectors: np.ndarray, types: Sequence[str]) -> dict[str, np.ndarray]:

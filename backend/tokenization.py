@@ -208,11 +208,15 @@ class TextTokenizer:
         whose strings can collide)."""
         return self._vocab_tokens(ids)
 
-    def windows(self, texts: Sequence[str], overlap: float = 0.25) -> list[list[Encoded]]:
-        """Return each text as windows of at most max_seq_len tokens (specials around each)
-        that overlap by ``overlap`` of a window, on token boundaries; a text that fits is one
-        window. The last window ends at the text's last token."""
-        size = self.max_seq_len - self.layout.single_specials
+    def windows(
+        self, texts: Sequence[str], overlap: float = 0.25, max_len: int | None = None
+    ) -> list[list[Encoded]]:
+        """Return each text as windows of at most max_seq_len tokens (or ``max_len``, when
+        less; specials around each) that overlap by ``overlap`` of a window, on token
+        boundaries; a text that fits is one window. The last window ends at the text's last
+        token."""
+        most = self.max_seq_len if max_len is None else min(max_len, self.max_seq_len)
+        size = most - self.layout.single_specials
         step = max(1, size - int(size * overlap))
         specials = self.layout.single_specials
         bodies: list[list[int]] = []
@@ -232,7 +236,7 @@ class TextTokenizer:
         for body, starts in zip(bodies, plans, strict=True):
             budget.check_deadline()
             full = len(body) + self.layout.single_specials
-            if full <= self.max_seq_len:
+            if full <= most:
                 out.append([self._encoded(body, full, False)])
                 continue
             out.append([self._encoded(body[s : s + size], full, False) for s in starts])

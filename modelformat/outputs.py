@@ -184,13 +184,14 @@ def _side(entry: Any, what: str) -> MarkerSide | None:
 def parse_outputs(info: Mapping[str, Any]) -> Outputs | None:
     """Return an embed version's output kinds from model.json (None for other tasks).
 
-    A version exported before ``outputs`` existed answers dense only. Raises ValueError for a
+    A version exported before ``outputs`` existed answers dense only (its ``outputs`` is
+    the list of the signature's output names, ``["embedding"]``). Raises ValueError for a
     malformed entry (the gateway's unreadable assets, never a guess).
     """
     if info.get("task", "classify") != "embed":
         return None
     entry = info.get("outputs")
-    if entry is None:
+    if entry is None or isinstance(entry, list):  # a list: the signature's output names
         return Outputs(dense=DenseOutput(dim=int(info.get("dim", 0) or 0)))
     if not isinstance(entry, Mapping) or not entry:
         raise ValueError("model.json outputs must be a non-empty object")
