@@ -29,6 +29,7 @@ from backend.api import (
     models,
     openai,
     rerank,
+    tei,
 )
 from backend.errors import NotFound, RateLimited, Unauthorized, register_error_handlers
 from backend.settings import SettingsError, load_settings
@@ -54,7 +55,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["gateway_lock"] = threading.Lock()
     register_error_handlers(app)
     app.url_map.converters["name"] = ModelNameConverter
-    for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp, cohere.bp):
+    for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp, cohere.bp, tei.bp):
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
     app.before_request(_split_ports)

@@ -674,7 +674,11 @@ class RankedDocument(BaseModel):
 
     index: int
     relevance_score: float = Field(
-        description="Embedding models: (1 + cosine) / 2, in [0, 1]. Cross-encoders (sentence-"
+        description="Embedding models: (1 + cosine) / 2, in [0, 1]. Multi-vector models "
+        "(ColBERT, BGE-M3): MaxSim, the sum (ColBERT) or mean (BGE-M3) over the query's token "
+        "vectors of each one's best dot product with the document's (not within [0, 1]); with "
+        "'weights' (BGE-M3), the weighted sum of dense, sparse and MaxSim scores. Sparse-only "
+        "models (SPLADE): the dot product of the sparse vectors. Cross-encoders (sentence-"
         "pair models): the head's score of (query, document): one logit: its sigmoid (the raw "
         "value for a regression head); several labels: the positive label's probability."
     )

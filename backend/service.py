@@ -54,7 +54,7 @@ from backend.versions import (
     VersionResolver,
     check_model_name,
 )
-from modelformat.outputs import DENSE_OUTPUT, TOKEN_VECTORS_OUTPUT
+from modelformat.outputs import DENSE_OUTPUT, TOKEN_VECTORS_OUTPUT, MultiVectorOutput
 from modelformat.outputs import Outputs as ModelOutputs
 from modelformat.routing import ModelRoute
 
@@ -323,7 +323,8 @@ class Gateway:
                 prompted = with_prompt(texts, _prompt(assets, prompt_name, input_type))
                 return assets.tokenizer.encode(prompted, direction=direction)
 
-        done = self._infer(Plan(model, texts, version, label, truncate, encode=encode))
+        done = self._infer(Plan(model, texts, version, label, truncate, encode=encode,
+                                check=_dense_only(model)))  # fmt: skip
         with timing.stage("postprocess"):
             embeddings = done.outputs.get("embedding")
             if embeddings is None:
@@ -389,10 +390,14 @@ class Gateway:
         version: int | None,
         label: str | None,
         direction: str | None = None,
+        weights: Sequence[float] | None = None,
     ) -> tuple[Plan, np.ndarray]:
         """Return the inference and each document's relevance score (float32, documents'
-        order): an embedding model's (1 + cosine) / 2 with the query, or a cross-encoder's
-        score of each (query, document) pair, all pairs in one inference."""
+        order), all inputs in one inference: an embedding model's (1 + cosine) / 2 with the
+        query; a multi-vector model's MaxSim (ColBERT: the query and documents each on their
+        side; ``weights`` [dense, sparse, colbert] on a model with all three: FlagEmbedding's
+        weighted sum); a sparse-only model's lexical match; or a cross-encoder's score of
+        each (query, document) pair."""
 
         def check(assets: ModelAssets) -> None:
             if assets.task == "classify":
@@ -402,8 +407,18 @@ class Gateway:
                         "embedding model or a cross-encoder (a sentence-pair model)"
                     )
                 _positive(model, assets)
+            outputs = assets.outputs
+            if weights is not None and (outputs is None or len(outputs.kinds) < 3):
+                kinds = ", ".join(outputs.kinds) if outputs is not None else "classify"
+                raise UnprocessableInput(
+                    f"field 'weights': model {model!r} has not dense, sparse and multi-vector "
+                    f"outputs to weigh (its outputs: {kinds})"
+                )
 
         def encode(assets: ModelAssets) -> list[Encoded]:
+            spec = assets.outputs.multivector if assets.outputs is not None else None
+            if spec is not None and spec.query is not None and spec.document is not None:
+                return _colbert_sides(assets, spec, query, documents, direction)
             if assets.task == "embed":  # the model's query and document prompts, if any
                 ask = give = ""
                 if assets.embedding.include_prompt:
@@ -427,6 +442,9 @@ class Gateway:
             if done.assets.task == "classify":
                 scores = head_scores(done.outputs, done.assets.head.activation)
                 return done, scores[:, _positive(model, done.assets)].astype(np.float32)
+            outputs = done.assets.outputs
+            if outputs is not None and (outputs.multivector is not None or outputs.dense is None):
+                return done, _retrieval_scores(done, outputs, weights)
             vectors = done.outputs.get("embedding")
             if vectors is None:
                 raise UpstreamError("the model returned no 'embedding' output")
@@ -843,6 +861,79 @@ def typed_embeddings(vectors: np.ndarray, types: Sequence[str]) -> dict[str, np.
         return {kind: quantize(vectors, kind) for kind in types}
     except ValueError as exc:
         raise UnprocessableInput(str(exc)) from None
+
+
+def _colbert_sides(
+    assets: ModelAssets,
+    spec: MultiVectorOutput,
+    query: str,
+    documents: Sequence[str],
+    direction: str | None,
+) -> list[Encoded]:
+    """Return a rerank's query on ColBERT's query side and its documents on the document side
+    (markers, lengths, expansions: backend/outputs/multivector.py)."""
+    tokenizer, out = assets.tokenizer, []
+    for is_query, texts in ((True, [query]), (False, documents)):
+        side = multivector.side_of(spec, is_query)
+        if side is None:  # for mypy: the caller checked both sides exist
+            raise ModelAssetsError(f"model {assets.model!r} has no ColBERT query/document side")
+        most = multivector.max_tokens(side, assets.max_seq_len)
+        encoded = tokenizer.encode(texts, direction=direction, max_len=most)
+        marked = multivector.mark(encoded, side, is_query)
+        budget.spend(0, sum(m.ids.shape[0] - e.ids.shape[0]
+                            for m, e in zip(marked, encoded, strict=True)))  # fmt: skip
+        out.extend(marked)
+    return out
+
+
+def _retrieval_scores(
+    done: Plan, outputs: ModelOutputs, weights: Sequence[float] | None
+) -> np.ndarray:
+    """Return each document's score against the query (row 0) of a retrieval model: MaxSim
+    (``score`` mean or sum) where it has multi-vectors, else the sparse lexical match; with
+    ``weights``, FlagEmbedding's (w0 * dense + w1 * sparse + w2 * colbert) / sum(w)."""
+    rows = [e.ids for e in done.encoded]
+    count = len(rows) - 1
+    colbert = lexical = np.zeros(count, dtype=np.float32)
+    try:
+        if outputs.multivector is not None:
+            spec = outputs.multivector
+            flags = [True] + [False] * count
+            matrices = multivector.extract(spec, done.outputs, done.encoded, flags)
+            colbert = np.asarray([multivector.maxsim(matrices[0], m, spec.score)
+                                  for m in matrices[1:]], dtype=np.float32)  # fmt: skip
+            if weights is None:
+                return colbert
+        if outputs.sparse is not None:
+            found = sparse.extract(outputs.sparse, done.outputs, rows)
+            if done.assets.sparse_idf is not None:  # inference-free: the query from the table
+                found[0] = sparse.from_idf(rows[:1], done.assets.sparse_idf)[0]
+            lexical = np.asarray([sparse.lexical(found[0], v) for v in found[1:]], np.float32)
+            if weights is None:
+                return lexical
+        vectors = l2_normalize(done.outputs[DENSE_OUTPUT])
+    except KeyError as exc:
+        raise UpstreamError(f"the model returned no {exc.args[0]!r} output") from None
+    dense_scores = (vectors[1:] @ vectors[0]).astype(np.float32)
+    w = [float(x) for x in weights or (1.0, 1.0, 1.0)]
+    if sum(w) <= 0:
+        raise UnprocessableInput("field 'weights': their sum must be above 0")
+    return ((w[0] * dense_scores + w[1] * lexical + w[2] * colbert) / sum(w)).astype(np.float32)
+
+
+def _dense_only(model: str) -> Callable[[ModelAssets], None]:
+    """Return the check of the dense-only routes (OpenAI's and Cohere's embeddings): 422 for a
+    model without dense vectors, pointing to :embed."""
+
+    def check(assets: ModelAssets) -> None:
+        outputs = assets.outputs
+        if outputs is not None and outputs.dense is None:
+            raise UnprocessableInput(
+                f"model {model!r} answers {', '.join(outputs.kinds)} only, no dense vectors: "
+                f"this shape is dense; use POST /v1/models/{model}:embed"
+            )
+
+    return check
 
 
 def _directed(texts: Sequence[str], direction: str | None) -> Encoder | None:

@@ -131,6 +131,13 @@ def merge(vectors: Sequence[SparseVector], owners: Sequence[int], texts: int) ->
     return out
 
 
+def lexical(a: SparseVector, b: SparseVector) -> float:
+    """Return the lexical match of two vectors: the shared ids' weights multiplied, summed
+    (FlagEmbedding's ``compute_lexical_matching_score``; SPLADE's dot product)."""
+    _, left, right = np.intersect1d(a.indices, b.indices, assume_unique=True, return_indices=True)
+    return float(np.dot(a.values[left].astype(np.float64), b.values[right]))
+
+
 def answer(vector: SparseVector, tokens: Sequence[str] | None) -> dict[str, Any]:
     """Return one text's answer: indices and values (largest first), and with ``tokens`` (the
     vocabulary's token per index) the ``tokens`` map {token: weight} Elasticsearch's
