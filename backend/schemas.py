@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from backend.early_exit import valid_speed
@@ -562,7 +562,7 @@ class TeiSparseRequest(BaseModel):
     """Body of POST /embed_sparse (text-embeddings-inference's request; the gateway's default
     model)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # TEI's other fields: ignored
     inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(
         description="A text or a list of texts; limits as :embed's texts (token ids are not "
         "taken here)."
@@ -585,6 +585,10 @@ class TeiSparseValue(BaseModel):
 
     index: int
     value: float
+
+
+class TeiSparseResponse(RootModel[list[list[TeiSparseValue]]]):
+    """Answer of POST /embed_sparse (TEI's shape): per input its non-zero entries, by index."""
 
 
 class EmbedResponse(BaseModel):
@@ -756,6 +760,13 @@ class CohereErrorResponse(BaseModel):
 
     message: str
     code: str
+
+
+class TeiErrorResponse(BaseModel):
+    """Errors of /embed_sparse (text-embeddings-inference's shape)."""
+
+    error: str
+    error_type: str
 
 
 class ModelStatusResponse(BaseModel):

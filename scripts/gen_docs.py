@@ -90,6 +90,9 @@ SETTING_MEANINGS: dict[str, str] = {
     "checked right after tokenization, before any row is built: 413 naming the numbers",
     "GATEWAY_MAX_REQUEST_ROWS": "upstream rows one request may cause (texts, pairs, the windows "
     "of `long_text` chunk and `:tag`; TEI's `max_client_batch_size`): 413 past it, as above",
+    "GATEWAY_MAX_ANSWER_BYTES": "bytes the answer of one `:embed` may take, estimated per output "
+    "kind from the tokenized rows before the model runs (multi-vectors: rows × dims numbers per "
+    "output type; sparse: an index and a weight per entry): 413 past it",
     "GATEWAY_BUCKETING": "pad length-sorted chunks to 16/32/64/… buckets (`0`: pad to the longest)",
     "GATEWAY_GRPC_RETRIES": "retries (with jitter) on UNAVAILABLE only",
     "GATEWAY_RETRY_AFTER_S": "the `Retry-After` of a 503",
