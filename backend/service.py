@@ -557,6 +557,7 @@ class Gateway:
             if plan.options is not None:
                 self._check_answer_bytes(plan)
         if plan.from_idf:  # inference-free sparse queries: postprocess reads the IDF table
+            _check_truncation(plan)
             plan.calls, plan.results, plan.outputs = [], [], {}
             return
         with timing.stage("plan"):
@@ -653,14 +654,7 @@ class Gateway:
                 )
             except ValueError as exc:
                 raise UnprocessableInput(f"field 'speed': {exc}") from None
-        if not plan.truncate:
-            first = next((i for i, e in enumerate(encoded) if e.truncated), None)
-            if first is not None:
-                raise TextTooLong(
-                    f"{plan.what}[{first}] needs {encoded[first].full_length} tokens, over "
-                    f"max_seq_len {assets.max_seq_len} of model {plan.model!r}; send "
-                    "truncate=true to cut it"
-                )
+        _check_truncation(plan)
         lengths = [e.ids.shape[0] for e in encoded]
         tokens = sum(lengths)
         metrics.TEXTS_PER_REQUEST.observe(len(encoded))
@@ -813,6 +807,20 @@ def _prompt(assets: ModelAssets, prompt_name: str | None, input_type: str | None
         return prompt_for(assets.embedding, prompt_name, input_type)
     except ValueError as exc:
         raise UnprocessableInput(f"{exc} (model {assets.model!r})") from None
+
+
+def _check_truncation(plan: Plan) -> None:
+    """422 for an input the tokenizer cut when the request may not be cut (truncate false)."""
+    if plan.truncate:
+        return
+    encoded = plan.encoded
+    first = next((i for i, e in enumerate(encoded) if e.truncated), None)
+    if first is not None:
+        raise TextTooLong(
+            f"{plan.what}[{first}] needs {encoded[first].full_length} tokens, over "
+            f"max_seq_len {plan.assets.max_seq_len} of model {plan.model!r}; send "
+            "truncate=true to cut it"
+        )
 
 
 def embed_options(request: EmbedRequest) -> Options:
