@@ -245,8 +245,8 @@ class Gateway:
                 pooled = dense.vectors(pooled, normalize)
             answer["embeddings"] = pooled
             answer["dim"] = int(pooled.shape[-1])
-        rows = [e.ids for e in done.encoded]
         if "sparse" in done.kinds and spec.sparse is not None:
+            rows = [e.ids for e in done.encoded]
             idf = done.assets.sparse_idf
             if done.from_idf and idf is not None:
                 found = sparse.from_idf(rows, idf)
@@ -554,7 +554,7 @@ class Gateway:
                 encode(plan.assets) if encode is not None
                 else plan.assets.tokenizer.encode(plan.texts)
             )  # fmt: skip
-            if plan.options is not None:
+            if plan.options is not None and plan.kinds != ("dense",):  # dense: texts x dim
                 self._check_answer_bytes(plan)
         if plan.from_idf:  # inference-free sparse queries: postprocess reads the IDF table
             _check_truncation(plan)
