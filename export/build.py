@@ -38,6 +38,13 @@ from export.hardware import CpuInfo, cpu_info
 from export.heads import resolve_head
 from export.precision import CHOICES, PrecisionChoice, choose_precision, verified_on, visible_gpus
 from export.sentence_modules import SentenceModules, read_sentence_modules
+from export.splade import (
+    choose_top_k,
+    model_json_entries,
+    splade_checkpoint,
+    splade_spec,
+    write_idf_asset,
+)
 from modelformat.heads import SINGLE, Head
 from modelformat.layout import LABELS_TXT, MODEL_JSON, VOCAB_TXT
 from modelformat.publish import (
@@ -142,6 +149,7 @@ def build(
     default_speed: float = 0.0,
     problem_type: str | None = None,
     text_pair: bool | None = None,
+    top_k: int | None = None,
 ) -> BuildResult:
     """Export ``checkpoint`` as ``<base_path>/<name>/<version>`` and return what was published.
 
@@ -155,7 +163,10 @@ def build(
     ``thresholds`` and ``text_pair`` come from the
     checkpoint's config.json unless ``problem_type`` / ``text_pair`` are given here.
     ``max_seq_len`` None: ``DEFAULT_MAX_SEQ_LEN``, or the tokenizer's ``model_max_length`` where
-    that is lower (model.json's ``max_seq_len_source`` says which).
+    that is lower (model.json's ``max_seq_len_source`` says which). A SPLADE checkpoint
+    (sentence-transformers ``SparseEncoder``, inference-free ``Router`` too: export/splade.py),
+    exported with task ``embed``, answers the ``top_k`` (default 256, at most the vocabulary)
+    largest pooled weights per text.
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
@@ -183,7 +194,9 @@ def build(
     version = choose_version(model_dir, version)
 
     say(f"reading weights from {checkpoint}")
-    ckpt = read_checkpoint(checkpoint, labels=labels, do_lower_case=do_lower_case)
+    splade = splade_checkpoint(checkpoint, task, top_k)
+    where = checkpoint if splade is None else splade.model_dir
+    ckpt = read_checkpoint(where, labels=labels, do_lower_case=do_lower_case)
     max_seq_len, length_source = choose_max_seq_len(max_seq_len, ckpt)
     say(f"max_seq_len {max_seq_len} ({length_source})")
     if max_seq_len > ckpt.config.max_position:
@@ -217,7 +230,21 @@ def build(
             "`python -m finetune distill-exits --checkpoint ...` and export that checkpoint"
         )
     exits = ckpt.exits if early_exit else None
-    sentence = _sentence_modules(checkpoint, ckpt, task, pooling)
+    sentence = None if splade is not None else _sentence_modules(checkpoint, ckpt, task, pooling)
+    spec = None
+    if splade is not None:
+        if pooling is not None:
+            raise ExportError(
+                f"{checkpoint}: a SPLADE model pools as its SpladePooling says "
+                f"({splade.pooling}), not --pooling {pooling}: drop --pooling"
+            )
+        top_k = choose_top_k(top_k, ckpt.config.vocab_size)
+        say(f"SPLADE: {splade.pooling} pooling of {splade.activation}, top {top_k} of "
+            f"{ckpt.config.vocab_size}"
+            + (f"; queries from the IDF table {splade.query_source}" if splade.inference_free
+               else ""))  # fmt: skip
+        spec = splade_spec(splade, ckpt.config, ckpt.weights["embeddings/word"], top_k)
+        pooling = f"splade_{splade.pooling}"
     if sentence is not None:
         say(f"sentence-transformers modules: {'+'.join(sentence.poolings)} pooling, "
             f"{len(sentence.dense)} dense, normalize {sentence.normalize}, "
@@ -239,6 +266,7 @@ def build(
         exits,
         head.activation,
         sentence,
+        spec,
     )
     probe = _probe_batch(ckpt, max_seq_len, exits is not None)
     expected = _run(reference.serve, probe)
@@ -260,6 +288,7 @@ def build(
                 verified=verified_on(cpu, gpus),
                 early_exit=_early_exit_info(exits, ckpt, default_speed), exit_probes=at_speeds,
                 sentence=sentence,
+                splade=None if splade is None else (splade, spec),
             )  # fmt: skip
     except OSError as exc:  # disk full, read-only, permissions: the temp dir is already gone
         where = exc.filename or model_dir
@@ -293,6 +322,7 @@ def _build_modules(
     exits: dict[str, Any] | None = None,
     activation: str = "softmax",
     sentence: SentenceModules | None = None,
+    splade: Any = None,
 ) -> tuple[Any, Any, list[str], float | None]:
     """Return (FP32 reference module, module to save, labels, zero-shot scale or None)."""
     from export.model import EncoderModule, run
@@ -326,7 +356,7 @@ def _build_modules(
         return EncoderModule(
             ckpt.config, ckpt.weights, task=task, precision=prec, pooling=pooling,
             label_embeddings=label_vectors, zero_shot_scale=scale or ZERO_SHOT_SCALE,
-            early_exit=exits, activation=activation, sentence_head=head,
+            early_exit=exits, activation=activation, sentence_head=head, splade=splade,
         )  # fmt: skip
 
     reference = make("fp32")
@@ -449,6 +479,7 @@ def _write_version(
     head: Head | None = None,
     exit_probes: Sequence[gates.ExitProbe] = (),
     sentence: SentenceModules | None = None,
+    splade: tuple[Any, Any] | None = None,
 ) -> Path:
     """Fill ``temp`` with the SavedModel, assets and warmup; publish it; return the version dir."""
     import tensorflow as tf
@@ -529,7 +560,10 @@ def _write_version(
         info["zero_shot_scale"] = zero_shot_scale
     if early_exit is not None:
         info["early_exit"] = early_exit
-    if task == "embed":
+    if splade is not None:  # outputs.sparse (top_k, pooling, the query side), pooling
+        info.update(model_json_entries(splade[0], splade[1].top_k, ckpt.config.vocab_size))
+        write_idf_asset(temp, splade[0], ckpt.config.vocab_size, _special_ids(ckpt))
+    elif task == "embed":
         info["embedding_dim"] = int(expected["embedding"].shape[-1])
     if sentence is not None:  # prompts and normalize for the gateway
         info["sentence_transformers"] = sentence.model_json_entry()

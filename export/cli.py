@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--pooling", choices=["mean", "cls"],
                    help="embed: sentence vectors of a checkpoint that doesn't say (default mean); "
                         "a sentence-transformers checkpoint's modules.json decides")  # fmt: skip
+    b.add_argument("--top-k", type=int, default=None,
+                   help="SPLADE (a sentence-transformers SparseEncoder): the largest pooled "
+                        "weights per text (default 256, at most the vocabulary)")  # fmt: skip
     b.add_argument("--no-warmup", action="store_true", help="skip the warmup records")
     b.add_argument("--cased", action="store_true", help="do not lower-case (Google checkpoints)")
     b.add_argument("--early-exit", action="store_true",
@@ -85,6 +88,10 @@ def _tolerance_flags(parser: argparse.ArgumentParser) -> None:
                         help="tag heads: max |Δprobability| over real tokens vs fp32")  # fmt: skip
     parser.add_argument("--max-score-diff", type=float, default=1e-2,
                         help="regression: max |Δscore| / max(1, max |score|) vs fp32")  # fmt: skip
+    parser.add_argument("--min-topk-overlap", type=float, default=0.9,
+                        help="SPLADE: min share of fp32's top-k kept (worst text)")  # fmt: skip
+    parser.add_argument("--max-sparse-value-diff", type=float, default=5e-2,
+                        help="SPLADE: max |Δvalue| / max(1, a text's largest) vs fp32")  # fmt: skip
 
 
 def _tolerance(args: argparse.Namespace) -> Any:
@@ -93,7 +100,8 @@ def _tolerance(args: argparse.Namespace) -> Any:
     return Tolerance(
         max_prob_diff=args.max_prob_diff, max_cos_diff=args.max_cos_diff,
         min_cosine=args.min_cosine, max_score_diff=args.max_score_diff,
-        max_token_prob_diff=args.max_token_prob_diff,
+        max_token_prob_diff=args.max_token_prob_diff, min_topk_overlap=args.min_topk_overlap,
+        max_sparse_value_diff=args.max_sparse_value_diff,
     )  # fmt: skip
 
 
@@ -114,7 +122,7 @@ def _build(args: argparse.Namespace) -> int:
         tolerance=_tolerance(args),
         progress=progress, do_lower_case=False if args.cased else None,
         early_exit=args.early_exit, default_speed=args.default_speed,
-        problem_type=args.problem_type, text_pair=args.text_pair,
+        problem_type=args.problem_type, text_pair=args.text_pair, top_k=args.top_k,
     )  # fmt: skip
     print(result.summary(), flush=True)
     for warning in result.warnings:
@@ -130,7 +138,7 @@ def _print_inspection(report: dict[str, Any]) -> None:
     for key in ("name", "task", "problem_type", "score_activation", "text_pair", "thresholds",
                 "label_scheme", "precision", "max_seq_len", "do_lower_case", "pooling",
                 "zero_shot", "labels", "hidden_size", "num_layers", "vocab_size",
-                "embedding_dim", "tokenizer", "sentence_transformers", "early_exit",
+                "embedding_dim", "outputs", "tokenizer", "sentence_transformers", "early_exit",
                 "exporter_version", "created_at"):  # fmt: skip
         print(f"{key:<17}{model.get(key)}")
     if "precision_requested" in model:  # versions exported before auto existed lack these

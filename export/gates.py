@@ -11,6 +11,12 @@ within ``Tolerance``. Each head is held to what its readers answer (export/READM
   threshold`` (FP32 ``p`` at least ``DECISION_MARGIN`` from its threshold) stays the same, and
   ``|Δprobability|`` is bounded;
 - ``regression`` (raw scores): ``max |Δscore| / max(1, max |score|)`` is bounded;
+- SPLADE (``sparse_indices`` / ``sparse_values``, the top-k of a pooled vocabulary vector):
+  every *decisive* FP32 entry (its value at least ``SPARSE_MARGIN`` × the row's largest, floor 1,
+  above the row's k-th value, so 16-bit rounding cannot push it out of the top k) is in the
+  converted top k, the top-k index overlap (shared non-zero indices / FP32's non-zero ones, the
+  worst row) is at least ``min_topk_overlap``, and the values of the shared indices differ by at
+  most ``max_sparse_value_diff`` × the row's largest value (floor 1);
 - ``tag``: the BIO entities decoded from the argmax over real tokens (attention mask 1) are the
   same, except entities that touch a token whose FP32 top-two probabilities are closer than
   ``DECISIVE_GAP`` (a tie at 16-bit precision), and ``|Δprobability|`` over real tokens is bounded
@@ -43,7 +49,8 @@ DECISION_MARGIN = 0.01
 LOWER_IS_WORSE = (
     "argmax_agreement", "decisive_agreement", "min_cosine", "decision_agreement",
     "decisive_decision_agreement", "entity_agreement", "decisive_entity_agreement",
-    "token_agreement", "exit_agreement", "decisive_exit_agreement",
+    "token_agreement", "exit_agreement", "decisive_exit_agreement", "topk_overlap",
+    "decisive_topk_agreement",
 )  # fmt: skip
 # The speed an early-exit export is gated at when its default is 0 (which never exits): the speed
 # docs/guides/early-exits.md quotes (the fastest within a point of the full model on the demo).
@@ -53,6 +60,9 @@ EXIT_GATE_SPEED = 0.8
 # rounding may move its exit. A |Δp| of 0.01 (the default bound) moves a 2-label entropy by
 # 0.040 at 0.3, 0.029 at 0.5, 0.016 at 0.8 (README).
 EXIT_MARGIN = 0.05
+# A SPLADE entry whose FP32 value is closer than this (× the row's largest value, floor 1) to
+# the row's k-th value may leave the top k at 16-bit precision; every other entry must stay.
+SPARSE_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,9 @@ class Tolerance:
     # tag heads: |Δprobability| over every real token of the probe (~30x more values than a
     # classifier's rows, so a larger maximum for the same precision; README has the figures)
     max_token_prob_diff: float = 5e-2
+    # SPLADE: the top-k index overlap with FP32 (worst row) and |Δvalue| / max(1, row's largest)
+    min_topk_overlap: float = 0.9
+    max_sparse_value_diff: float = 5e-2
 
 
 def measure(
@@ -83,6 +96,8 @@ def measure(
     figures; ``labels`` and ``attention_mask`` (the probe's) are needed for sigmoid heads'
     thresholds and for tag heads' real tokens. See the module doc for each head's figures.
     """
+    if "sparse_indices" in expected:
+        return sparse_figures(expected, got)
     if "probabilities" not in expected:
         return _embedding_figures(expected["embedding"], got["embedding"])
     head = head or Head()
@@ -196,6 +211,34 @@ def _tag_figures(
     }  # fmt: skip
 
 
+def sparse_figures(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Return how a converted SPLADE top-k ``got`` differs from FP32's ``expected`` (module doc):
+    ``topk_overlap``, ``decisive_topk_agreement``, ``max_sparse_value_diff``, and how many
+    entries were decisive."""
+    overlap, decisive_kept, decisive_all, worst = 1.0, 0, 0, 0.0
+    rows = zip(expected["sparse_indices"], expected["sparse_values"], got["sparse_indices"],
+               got["sparse_values"], strict=True)  # fmt: skip
+    for ids, values, other_ids, other_values in rows:
+        mine = {int(i): float(v) for i, v in zip(ids, values, strict=True) if v > 0}
+        theirs = {int(i): float(v) for i, v in zip(other_ids, other_values, strict=True) if v > 0}
+        scale = max(1.0, max(mine.values(), default=0.0))
+        shared = mine.keys() & theirs.keys()
+        if mine:
+            overlap = min(overlap, len(shared) / len(mine))
+        kth = float(values[-1])  # the k-th value (0 where the row has fewer non-zero entries)
+        decisive = [i for i, v in mine.items() if v - kth >= SPARSE_MARGIN * scale]
+        decisive_all += len(decisive)
+        decisive_kept += sum(i in theirs for i in decisive)
+        diffs = [abs(mine[i] - theirs[i]) / scale for i in shared]
+        worst = max(worst, *diffs) if diffs else worst
+    return {
+        "topk_overlap": overlap,
+        "decisive_topk_agreement": decisive_kept / decisive_all if decisive_all else 1.0,
+        "max_sparse_value_diff": worst,
+        "decisive_entries": decisive_all,
+    }
+
+
 def _embedding_figures(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     cosine = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1),
                                           1e-12)  # fmt: skip
@@ -209,8 +252,8 @@ def worse(key: str, a: Any, b: Any) -> Any:
 
 def gate_metric(figures: dict[str, Any]) -> str:
     """Return the name of the head-specific figure the gate applies to these measurements."""
-    for key in ("decisive_entity_agreement", "decisive_decision_agreement", "max_score_diff",
-                "max_cos_diff"):  # fmt: skip
+    for key in ("topk_overlap", "decisive_entity_agreement", "decisive_decision_agreement",
+                "max_score_diff", "max_cos_diff"):  # fmt: skip
         if key in figures:
             return key
     return "max_abs_prob_diff" if "max_abs_prob_diff" in figures else "min_cosine"
@@ -219,6 +262,12 @@ def gate_metric(figures: dict[str, Any]) -> str:
 def within(figures: dict[str, Any], tolerance: Tolerance) -> bool:
     """Return True when measured figures are inside ``tolerance`` (the rule of their head)."""
     metric = gate_metric(figures)
+    if metric == "topk_overlap":
+        return bool(
+            figures["decisive_topk_agreement"] >= 1.0
+            and figures["topk_overlap"] >= tolerance.min_topk_overlap
+            and figures["max_sparse_value_diff"] <= tolerance.max_sparse_value_diff
+        )
     if metric == "min_cosine":
         return bool(figures["min_cosine"] >= tolerance.min_cosine)
     if metric == "max_score_diff":

@@ -80,6 +80,7 @@ class EncoderModule(tf.Module):
         compaction: bool = True,
         activation: str = "softmax",
         sentence_head: tf.Module | None = None,
+        splade: Any = None,
     ) -> None:
         """Build the module; ``trainable``/``compute_dtype`` are for training (see module doc).
 
@@ -91,7 +92,9 @@ class EncoderModule(tf.Module):
         ``activation`` turns a classifier's logits into ``probabilities`` (export/heads.py); a
         ``tag`` head is a classifier over every token (no pooler), its scores a softmax.
         ``sentence_head`` (export/sentence_head.py) replaces ``pooling`` with a
-        sentence-transformers checkpoint's pooling -> dense -> normalize.
+        sentence-transformers checkpoint's pooling -> dense -> normalize. ``splade``
+        (export/splade.py's ``SpladeSpec``) makes an ``embed`` model answer SPLADE's top-k
+        ``sparse_indices`` / ``sparse_values`` (export/splade_head.py) instead of a vector.
         """
         super().__init__(name="bert")
         dtype = DTYPES[precision]
@@ -117,6 +120,11 @@ class EncoderModule(tf.Module):
                              config.layer_norm_eps, dtype, name, trainable=trainable)  # fmt: skip
 
         self.word = table("embeddings/word")
+        self.splade: Any = None
+        if splade is not None:
+            from export.splade_head import splade_head
+
+            self.splade = splade_head(splade, dtype, self.word)
         self.position = table("embeddings/position") if "embeddings/position" in weights else None
         self.token_type = (
             table("embeddings/token_type") if "embeddings/token_type" in weights else None
@@ -274,6 +282,8 @@ class EncoderModule(tf.Module):
     def _serve(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
                token_type_ids: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
         hidden = self._hidden(input_ids, attention_mask, token_type_ids)
+        if self.splade is not None:
+            return dict(self.splade(hidden, attention_mask))
         if self.task == "embed":
             return {"embedding": self._pool(hidden, attention_mask)}
         if self.zero_shot:

@@ -184,15 +184,17 @@ def _side(entry: Any, what: str) -> MarkerSide | None:
 def parse_outputs(info: Mapping[str, Any]) -> Outputs | None:
     """Return an embed version's output kinds from model.json (None for other tasks).
 
-    A version exported before ``outputs`` existed answers dense only (its ``outputs`` is
-    the list of the signature's output names, ``["embedding"]``). Raises ValueError for a
-    malformed entry (the gateway's unreadable assets, never a guess).
+    A version exported before ``outputs`` existed answers dense only: it has no ``outputs``, or
+    the list of its signature's output names (``["embedding"]``) export wrote there before this
+    entry. Raises ValueError for a malformed entry (the gateway's unreadable assets, never a
+    guess).
     """
     if info.get("task", "classify") != "embed":
         return None
     entry = info.get("outputs")
-    if entry is None or isinstance(entry, list):  # a list: the signature's output names
-        return Outputs(dense=DenseOutput(dim=int(info.get("dim", 0) or 0)))
+    if entry is None or (isinstance(entry, list) and entry == [DENSE_OUTPUT]):
+        dim = info.get("embedding_dim") or info.get("dim") or 0  # export writes embedding_dim
+        return Outputs(dense=DenseOutput(dim=int(dim)))
     if not isinstance(entry, Mapping) or not entry:
         raise ValueError("model.json outputs must be a non-empty object")
     unknown = sorted(set(entry) - set(KINDS))

@@ -8,11 +8,14 @@ from typing import Any
 
 from export.architectures.base import (
     Architecture,
+    MaskedLMHead,
     absolute_positions_only,
     bert_layer,
     classifier,
     common,
+    hidden_act,
     linear,
+    mlm_head,
 )
 from export.architectures.bert import embeddings
 from export.config import BertConfig
@@ -54,11 +57,21 @@ def names(config: BertConfig) -> list[TensorName]:
     return out + classifier("classifier", h)
 
 
+def mlm_names(config: BertConfig, data: Mapping[str, Any]) -> list[TensorName]:
+    """Return AlbertForMaskedLM's head ``predictions`` (AlbertMLMHead: dense hidden →
+    embedding_size → hidden_act → LayerNorm → decoder)."""
+    return mlm_head(config, dense="predictions.dense", ln="predictions.LayerNorm",
+                    decoder="predictions.decoder",
+                    biases=("predictions.bias", "predictions.decoder.bias"),
+                    width=config.embedding_width)  # fmt: skip
+
+
 ARCHITECTURES = (
     Architecture(
         model_type="albert", title="ALBERT", prefix="albert.", read_config=read_config,
         names=names,
         classes={"classify": "AlbertForSequenceClassification",
                  "tag": "AlbertForTokenClassification", "embed": "AlbertModel"},
+        mlm=MaskedLMHead("AlbertForMaskedLM", mlm_names, hidden_act),
     ),
 )  # fmt: skip

@@ -15,6 +15,24 @@ SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh"
 
 
 @dataclass(frozen=True)
+class MaskedLMHead:
+    """An architecture's masked-LM head (``...ForMaskedLM``, what SPLADE pools), as data.
+
+    ``names(config, data)`` gives its tensors (``data``: config.json, for the flags that change
+    the head: DeBERTa's ``legacy``, ModernBERT's ``decoder_bias``) under the canonical names
+    ``mlm/dense/*`` (hidden → ``width``), ``mlm/ln/*`` (at ``width``), ``mlm/decoder``
+    (``[vocab, width]``, torch's layout; optional: a tied decoder is the word embedding table),
+    ``mlm/bias`` (the head's own bias) and ``mlm/decoder_bias`` (the decoder Linear's, the same
+    tensor where transformers ties them; either may be all the file has). ``activation(config)``
+    is the transform's activation.
+    """
+
+    cls: str  # the Hugging Face class (config.json "architectures")
+    names: Callable[[BertConfig, Mapping[str, Any]], list[TensorName]]
+    activation: Callable[[BertConfig], str]
+
+
+@dataclass(frozen=True)
 class Architecture:
     """What one architecture does differently from the shared encoder."""
 
@@ -37,6 +55,8 @@ class Architecture:
     project_before_norm: bool = False
     # the Hugging Face classes of each task (config.json "architectures")
     classes: Mapping[str, str] = field(default_factory=dict)
+    # the masked-LM head (SPLADE; export/splade.py), None where transformers has none
+    mlm: MaskedLMHead | None = None
 
 
 # -- helpers the architecture modules share -------------------------------------------------
@@ -86,6 +106,35 @@ def bert_layer(prefix: str, i: int, config: BertConfig, parts: Mapping[str, str]
     for part in ("attention_ln", "output_ln"):
         out += norm(f"layer_{i}/{part}", f"{prefix}{parts[part]}", h)
     return out
+
+
+def mlm_head(config: BertConfig, *, dense: str, ln: str, decoder: str | None,
+             biases: tuple[str, ...], width: int | None = None, dense_bias: bool = True,
+             ln_bias: bool = True) -> list[TensorName]:  # fmt: skip
+    """Return a masked-LM head's tensors (``MaskedLMHead``'s canonical names), all outside the
+    base model's prefix: ``dense`` (hidden → ``width``, default hidden), its layer norm ``ln``,
+    the ``decoder`` weight (None: always the word embeddings) and the ``biases`` (the head's own,
+    then the decoder's; each optional)."""
+    h, w, v = config.hidden_size, width or config.hidden_size, config.vocab_size
+    out = linear("mlm/dense", dense, h, w, bias=dense_bias, head=True)
+    out += norm("mlm/ln", ln, w, bias=ln_bias, head=True)
+    if decoder is not None:
+        out.append(TensorName("mlm/decoder", (v, w), f"{decoder}.weight", optional=True,
+                              head=True))  # fmt: skip
+    for canonical, source in zip(("mlm/bias", "mlm/decoder_bias"), biases, strict=False):
+        out.append(TensorName(canonical, (v,), source, optional=True, head=True))
+    return out
+
+
+def gelu(config: BertConfig) -> str:
+    """Return ``gelu``: the masked-LM heads that apply the exact GELU whatever hidden_act says
+    (RoBERTa's and MPNet's ``gelu``, ELECTRA's generator ``get_activation("gelu")``)."""
+    return "gelu"
+
+
+def hidden_act(config: BertConfig) -> str:
+    """Return the encoder's ``hidden_act`` (the activation most masked-LM heads apply)."""
+    return config.hidden_act
 
 
 def common(data: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:

@@ -7,11 +7,14 @@ from typing import Any
 
 from export.architectures.base import (
     Architecture,
+    MaskedLMHead,
     absolute_positions_only,
     bert_layer,
     classifier,
     common,
+    hidden_act,
     linear,
+    mlm_head,
     norm,
     table,
 )
@@ -54,10 +57,18 @@ def names(config: BertConfig) -> list[TensorName]:
     return out + classifier("classifier", h)
 
 
+def mlm_names(config: BertConfig, data: Mapping[str, Any]) -> list[TensorName]:
+    """Return BertForMaskedLM's head: ``cls.predictions`` (BertLMPredictionHead)."""
+    return mlm_head(config, dense="cls.predictions.transform.dense",
+                    ln="cls.predictions.transform.LayerNorm", decoder="cls.predictions.decoder",
+                    biases=("cls.predictions.bias", "cls.predictions.decoder.bias"))  # fmt: skip
+
+
 ARCHITECTURES = (
     Architecture(
         model_type="bert", title="BERT", prefix="bert.", read_config=read_config, names=names,
         classes={"classify": "BertForSequenceClassification",
                  "tag": "BertForTokenClassification", "embed": "BertModel"},
+        mlm=MaskedLMHead("BertForMaskedLM", mlm_names, hidden_act),
     ),
 )  # fmt: skip

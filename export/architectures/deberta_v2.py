@@ -10,10 +10,13 @@ from typing import Any
 
 from export.architectures.base import (
     Architecture,
+    MaskedLMHead,
     bert_layer,
     classifier,
     common,
+    hidden_act,
     linear,
+    mlm_head,
     norm,
     table,
 )
@@ -99,6 +102,22 @@ def names(config: BertConfig) -> list[TensorName]:
     return out + classifier("classifier", h)
 
 
+def mlm_names(config: BertConfig, data: Mapping[str, Any]) -> list[TensorName]:
+    """Return DebertaV2ForMaskedLM's head: ``cls.predictions`` when config.json's ``legacy`` is
+    true (transformers' default: dense hidden → embedding_size, LayerNorm, tied decoder), else
+    ``lm_predictions.lm_head`` (dense hidden → hidden, LayerNorm, then always the word
+    embeddings, no decoder of its own)."""
+    if bool(data.get("legacy", True)):
+        return mlm_head(config, dense="cls.predictions.transform.dense",
+                        ln="cls.predictions.transform.LayerNorm",
+                        decoder="cls.predictions.decoder",
+                        biases=("cls.predictions.bias", "cls.predictions.decoder.bias"),
+                        width=config.embedding_width)  # fmt: skip
+    where = "lm_predictions.lm_head"
+    return mlm_head(config, dense=f"{where}.dense", ln=f"{where}.LayerNorm", decoder=None,
+                    biases=(f"{where}.bias",))  # fmt: skip
+
+
 ARCHITECTURES = (
     Architecture(
         model_type="deberta-v2", title="DeBERTa-v2/v3", prefix="deberta.",
@@ -106,5 +125,6 @@ ARCHITECTURES = (
         mask_embeddings=True, project_before_norm=True,
         classes={"classify": "DebertaV2ForSequenceClassification",
                  "tag": "DebertaV2ForTokenClassification", "embed": "DebertaV2Model"},
+        mlm=MaskedLMHead("DebertaV2ForMaskedLM", mlm_names, hidden_act),
     ),
 )  # fmt: skip

@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from export.architectures.base import Architecture, bert_layer, classifier, linear, norm, table
+from export.architectures.base import (
+    Architecture,
+    MaskedLMHead,
+    bert_layer,
+    classifier,
+    hidden_act,
+    linear,
+    mlm_head,
+    norm,
+    table,
+)
 from export.config import BertConfig
 from export.names import TensorName
 
@@ -43,11 +53,24 @@ def names(config: BertConfig) -> list[TensorName]:
     return out + classifier("classifier", h)
 
 
+def mlm_names(config: BertConfig, data: Mapping[str, Any]) -> list[TensorName]:
+    """Return DistilBertForMaskedLM's head: vocab_transform → activation → vocab_layer_norm →
+    vocab_projector (its bias the only one)."""
+    return mlm_head(
+        config,
+        dense="vocab_transform",
+        ln="vocab_layer_norm",
+        decoder="vocab_projector",
+        biases=("vocab_projector.bias",),
+    )
+
+
 ARCHITECTURES = (
     Architecture(
         model_type="distilbert", title="DistilBERT", prefix="distilbert.",
         read_config=read_config, names=names,
         classes={"classify": "DistilBertForSequenceClassification",
                  "tag": "DistilBertForTokenClassification", "embed": "DistilBertModel"},
+        mlm=MaskedLMHead("DistilBertForMaskedLM", mlm_names, hidden_act),
     ),
 )  # fmt: skip

@@ -8,11 +8,14 @@ from typing import Any
 
 from export.architectures.base import (
     Architecture,
+    MaskedLMHead,
     absolute_positions_only,
     bert_layer,
     classifier,
     common,
+    gelu,
     linear,
+    mlm_head,
 )
 from export.architectures.bert import LAYER_PARTS, embeddings
 from export.config import BertConfig
@@ -38,11 +41,21 @@ def names(config: BertConfig) -> list[TensorName]:
     return out + classifier("classifier", h)
 
 
+def mlm_names(config: BertConfig, data: Mapping[str, Any]) -> list[TensorName]:
+    """Return ElectraForMaskedLM's head (the *generator*; a discriminator checkpoint has none):
+    generator_predictions dense (hidden → embedding_size) → gelu → LayerNorm →
+    generator_lm_head."""
+    return mlm_head(config, dense="generator_predictions.dense",
+                    ln="generator_predictions.LayerNorm", decoder="generator_lm_head",
+                    biases=("generator_lm_head.bias",), width=config.embedding_width)  # fmt: skip
+
+
 ARCHITECTURES = (
     Architecture(
         model_type="electra", title="ELECTRA (discriminator)", prefix="electra.",
         read_config=read_config, names=names,
         classes={"classify": "ElectraForSequenceClassification",
                  "tag": "ElectraForTokenClassification", "embed": "ElectraModel"},
+        mlm=MaskedLMHead("ElectraForMaskedLM", mlm_names, gelu),
     ),
 )  # fmt: skip

@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from export.architectures.base import Architecture, classifier, linear, norm, table
+from export.architectures.base import (
+    Architecture,
+    MaskedLMHead,
+    classifier,
+    linear,
+    mlm_head,
+    norm,
+    table,
+)
 from export.config import BertConfig
 from export.names import TensorName
 
@@ -79,6 +87,19 @@ def names(config: BertConfig) -> list[TensorName]:
     return out + classifier("classifier", h)
 
 
+def mlm_names(config: BertConfig, data: Mapping[str, Any]) -> list[TensorName]:
+    """Return ModernBertForMaskedLM's head (``head``: dense → classifier_activation → norm, the
+    classification head's names) and ``decoder`` (its bias as ``decoder_bias`` says)."""
+    biases = ("decoder.bias",) if bool(data.get("decoder_bias", True)) else ()
+    return mlm_head(config, dense="head.dense", ln="head.norm", decoder="decoder", biases=biases,
+                    dense_bias=config.head_bias, ln_bias=config.norm_bias)  # fmt: skip
+
+
+def head_act(config: BertConfig) -> str:
+    """Return ``classifier_activation`` (ModernBertPredictionHead's, read as ``pooler_act``)."""
+    return config.pooler_act
+
+
 ARCHITECTURES = (
     Architecture(
         model_type="modernbert", title="ModernBERT", prefix="model.", read_config=read_config,
@@ -86,5 +107,6 @@ ARCHITECTURES = (
         head_norm=True, tag_head_dense=True,
         classes={"classify": "ModernBertForSequenceClassification",
                  "tag": "ModernBertForTokenClassification", "embed": "ModernBertModel"},
+        mlm=MaskedLMHead("ModernBertForMaskedLM", mlm_names, head_act),
     ),
 )  # fmt: skip

@@ -6,8 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from export.architectures.base import Architecture, bert_layer, classifier, common, linear
+from export.architectures.base import (
+    Architecture,
+    MaskedLMHead,
+    bert_layer,
+    classifier,
+    common,
+    gelu,
+    linear,
+)
 from export.architectures.bert import embeddings
+from export.architectures.roberta import mlm_names
 from export.config import BertConfig
 from export.names import TensorName
 
@@ -47,5 +56,6 @@ ARCHITECTURES = (
         names=names, position_ids="padded", attention="relative_bias",
         classes={"classify": "MPNetForSequenceClassification",
                  "tag": "MPNetForTokenClassification", "embed": "MPNetModel"},
+        mlm=MaskedLMHead("MPNetForMaskedLM", mlm_names, gelu),
     ),
 )  # fmt: skip

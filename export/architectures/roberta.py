@@ -8,11 +8,14 @@ from typing import Any
 
 from export.architectures.base import (
     Architecture,
+    MaskedLMHead,
     absolute_positions_only,
     bert_layer,
     classifier,
     common,
+    gelu,
     linear,
+    mlm_head,
 )
 from export.architectures.bert import LAYER_PARTS, embeddings
 from export.config import BertConfig
@@ -40,12 +43,25 @@ def names(config: BertConfig) -> list[TensorName]:
     return out + classifier("classifier", h)
 
 
+def mlm_names(config: BertConfig, data: Mapping[str, Any]) -> list[TensorName]:
+    """Return RobertaForMaskedLM's head ``lm_head`` (dense → gelu → layer_norm → decoder; also
+    XLM-RoBERTa's and CamemBERT's, and MPNet's MPNetLMHead)."""
+    return mlm_head(
+        config,
+        dense="lm_head.dense",
+        ln="lm_head.layer_norm",
+        decoder="lm_head.decoder",
+        biases=("lm_head.bias", "lm_head.decoder.bias"),
+    )
+
+
 def _roberta(model_type: str, title: str, cls: str) -> Architecture:
     return Architecture(
         model_type=model_type, title=title, prefix="roberta.",
         read_config=read_config, names=names, position_ids="padded",
         classes={"classify": f"{cls}ForSequenceClassification",
                  "tag": f"{cls}ForTokenClassification", "embed": f"{cls}Model"},
+        mlm=MaskedLMHead(f"{cls}ForMaskedLM", mlm_names, gelu),
     )  # fmt: skip
 
 
