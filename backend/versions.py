@@ -38,13 +38,13 @@ from backend.errors import (
     UpstreamUnavailable,
     VersionNotFound,
 )
-from backend.outputs.sparse import read_idf
 from backend.reloading import ReloadingFile
 from backend.tokenization import TextTokenizer
 from modelformat import serverconfig
 from modelformat.heads import Head, head_from_info
 from modelformat.names import valid_model_name
 from modelformat.outputs import Outputs, parse_outputs
+from modelformat.sparse_idf import read_idf
 from modelformat.status import VersionStatus, newest_available
 from modelformat.tokenizer import load_tokenizer
 
@@ -147,10 +147,7 @@ def _sparse_idf(assets: Path, outputs: Outputs | None, vocab_size: int) -> np.nd
         return None
     if not spec.query_asset:
         raise ValueError("model.json outputs.sparse.query names no idf asset")
-    table = json.loads((assets / spec.query_asset).read_text(encoding="utf-8"))
-    if not isinstance(table, dict):
-        raise ValueError(f"{spec.query_asset} must be an object of token id -> weight")
-    return read_idf(table, vocab_size)
+    return read_idf(assets / spec.query_asset, vocab_size)
 
 
 def version_identity(base_path: Path, model: str, version: int) -> tuple[int, int, int]:

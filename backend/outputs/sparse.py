@@ -5,9 +5,9 @@ Three sources, one answer:
   token id, the model's ``drop_ids`` (CLS/EOS/PAD/UNK) and weights <= 0 left out
   (FlagEmbedding's ``_process_token_weights``);
 - ``topk`` (SPLADE): the graph's top-k ids and values [batch, k]; zero values left out;
-- an IDF table (inference-free SPLADE queries): each token id present in the text weighs its
-  stored value, special tokens included (sentence-transformers' ``SparseStaticEmbedding``);
-  no model call.
+- an IDF table (inference-free SPLADE queries; modelformat/sparse_idf.py reads the asset):
+  each token id present in the text weighs its stored value once, special tokens included
+  (sentence-transformers' ``SparseStaticEmbedding``); no model call.
 
 A text's entries are sorted by weight, largest first (ties: smaller id first); a request may
 keep only its ``top_k`` largest and those at or over ``min_weight``. Windows of one text
@@ -84,18 +84,6 @@ def from_idf(rows: Sequence[np.ndarray], idf: np.ndarray) -> list[SparseVector]:
         distinct = distinct[(distinct >= 0) & (distinct < idf.shape[0])]
         out.append(_sorted(distinct, idf[distinct]))
     return out
-
-
-def read_idf(table: Mapping[str, Any], vocab_size: int) -> np.ndarray:
-    """Return an IDF asset ({token_id: weight} JSON) as weights by id; ValueError when an id
-    is not a vocabulary id or a weight not a number."""
-    idf = np.zeros(vocab_size, dtype=np.float32)
-    for key, value in table.items():
-        index = int(key)
-        if not 0 <= index < vocab_size:
-            raise ValueError(f"sparse idf asset: token id {key} is outside the vocabulary")
-        idf[index] = float(value)
-    return idf
 
 
 def extract(

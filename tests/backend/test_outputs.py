@@ -12,6 +12,7 @@ import pytest
 from backend.outputs import KINDS, Options, agreement, dense, multivector, sparse
 from backend.tokenization import Encoded, TextTokenizer
 from modelformat.outputs import MarkerSide, MultiVectorOutput, SparseOutput
+from modelformat.sparse_idf import encode_queries, read_idf
 
 
 def _encoded(ids: list[int]) -> Encoded:
@@ -63,12 +64,12 @@ def test_windows_merge_by_the_max_per_id() -> None:
 
 
 def test_idf_queries_weigh_each_distinct_present_token_once() -> None:
-    idf = sparse.read_idf({"7": 2.0, "8": 0.5, "2": 0.0}, vocab_size=10)
+    idf = read_idf({"7": 2.0, "8": 0.5, "2": 0.0}, vocab_size=10)
     (vector,) = sparse.from_idf([np.asarray([0, 7, 8, 7, 2])], idf)
     assert vector.indices.tolist() == [7, 8]
     assert vector.values.tolist() == [2.0, 0.5]
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        sparse.read_idf({"10": 1.0}, vocab_size=10)
+    ((indices, values),) = encode_queries([[0, 7, 8, 7, 2]], [[1] * 5], idf)  # export's rule
+    assert indices.tolist() == vector.indices.tolist() and values.tolist() == [2.0, 0.5]
 
 
 def test_sparse_answers_tokens_as_a_map_and_tei_by_index() -> None:

@@ -21,18 +21,25 @@ from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
 
 TEXTS = ["hello world", "my card was charged twice, and the refund is late!"]
 MODELS = (M3, COLBERT, SPLADE)
+EXPORTED = "st-splade"  # an inference-free SPLADE exported by export/ (sentence-transformers')
 
 
 @pytest.fixture(scope="module")
 def retrieval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Return the three versions' tables and a model server serving them."""
+    from export.build import build
+    from export.tiny_splade import save_tiny_inference_free
+
     base = tmp_path_factory.mktemp("retrieval")
     made = write_versions(base)
+    checkpoint = save_tiny_inference_free(base.parent / f"{base.name}-ckpt", seed=3)
+    build(checkpoint, EXPORTED, base, version=1, task="embed", top_k=TOP_K, warmup=False)
+    made[EXPORTED] = {"checkpoint": checkpoint}
     config = base / "models.config"
-    config.write_text(model_config(base, {}, list(MODELS)), encoding="utf-8")
+    config.write_text(model_config(base, {}, [*MODELS, EXPORTED]), encoding="utf-8")
     server = ModelServer(config, tmp_path_factory.mktemp("retrieval-logs"))
     try:
-        for name in MODELS:
+        for name in (*MODELS, EXPORTED):
             server.wait_available(name, 1)
         yield {"made": made, "server": server, "base": base, "config": config}
     finally:
@@ -139,6 +146,32 @@ def test_splade_documents_come_from_the_graph_and_queries_from_the_idf_table(
     assert dict(zip(item["indices"], item["values"], strict=True)) == pytest.approx(expected)
     assert tei.status_code == 200, tei.text
     assert [e["index"] for e in tei.json()[0]] == sorted(best.tolist())
+
+
+def _rows(answer: dict[str, Any]) -> list[dict[int, float]]:
+    return [dict(zip(item["indices"], item["values"], strict=True)) for item in answer["sparse"]]
+
+
+def test_an_exported_splade_answers_as_sparse_encoder_encodes(
+    gateway: Gateway, retrieval: dict[str, Any]
+) -> None:
+    from sentence_transformers import SparseEncoder
+
+    model = SparseEncoder(str(retrieval["made"][EXPORTED]["checkpoint"]), device="cpu",
+                          local_files_only=True)  # fmt: skip
+    documents = model.encode_document(TEXTS, max_active_dims=TOP_K, convert_to_tensor=True,
+                                      convert_to_sparse_tensor=False).numpy()  # fmt: skip
+    queries = model.encode_query(TEXTS, convert_to_tensor=True,
+                                 convert_to_sparse_tensor=False).numpy()  # fmt: skip
+
+    ours_d = _post(gateway, f"/v1/models/{EXPORTED}:embed", {"texts": TEXTS})
+    ours_q = _post(gateway, f"/v1/models/{EXPORTED}:embed", {"texts": TEXTS, "is_query": True})
+
+    assert ours_d.status_code == 200 and ours_q.status_code == 200, ours_d.text + ours_q.text
+    for ours, theirs in ((_rows(ours_d.json()), documents), (_rows(ours_q.json()), queries)):
+        for row, want in zip(ours, theirs, strict=True):
+            expected = {int(i): float(want[i]) for i in np.flatnonzero(want)}
+            assert row == pytest.approx(expected, rel=1e-4, abs=1e-5)
 
 
 def test_rerank_scores_by_maxsim_and_bge_m3_weights(
