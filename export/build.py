@@ -195,8 +195,8 @@ def build(
 
     say(f"reading weights from {checkpoint}")
     splade = splade_checkpoint(checkpoint, task, top_k)
-    where = checkpoint if splade is None else splade.model_dir
-    ckpt = read_checkpoint(where, labels=labels, do_lower_case=do_lower_case)
+    source = checkpoint if splade is None else splade.model_dir  # a Router's: document side's
+    ckpt = read_checkpoint(source, labels=labels, do_lower_case=do_lower_case)
     max_seq_len, length_source = choose_max_seq_len(max_seq_len, ckpt)
     say(f"max_seq_len {max_seq_len} ({length_source})")
     if max_seq_len > ckpt.config.max_position:

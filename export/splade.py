@@ -127,6 +127,10 @@ def _splade_side(root: Path, modules: list[tuple[str, Path]], where: Path) -> Sp
             "(a SparseAutoEncoder or CSR model is not served)"
         )
     pooling, activation = _pooling(modules[1][1])
+    bert_config = modules[0][1] / "sentence_bert_config.json"
+    if bert_config.is_file() and (_json(bert_config) or {}).get("do_lower_case"):
+        raise ExportError(f"{bert_config}: do_lower_case true (sentence-transformers lower-cases "
+                          "the text before its tokenizer) is not served")  # fmt: skip
     return SpladeCheckpoint(model_dir=modules[0][1], pooling=pooling, activation=activation)
 
 

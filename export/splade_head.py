@@ -41,7 +41,9 @@ class SpladeHead(tf.Module):
                  transform_act: str, top_k: int, eps: float, dtype: tf.DType,
                  word: tf.Variable | None = None, chunk: int = TOKEN_CHUNK) -> None:  # fmt: skip
         """``weights``: export/splade.py's ``read_mlm_head``; ``word`` the encoder's word table,
-        used as the decoder when ``mlm/tied`` (no second copy is stored)."""
+        used as the decoder when ``mlm/tied`` (no second copy is stored). ``top_k`` 0 returns
+        the pooled ``[batch, vocab]`` vector itself as ``sparse_pooled`` (what the benchmark
+        compares the top-k with; never exported)."""
         super().__init__(name="splade")
         self.pooling, self.act, self.transform_act = pooling, act, transform_act
         self.top_k, self.chunk = int(top_k), int(chunk)
@@ -90,6 +92,8 @@ class SpladeHead(tf.Module):
         _, pooled = tf.while_loop(lambda start, _: start < n, body, (tf.constant(0), zeros))
         if self.pooling == "max":
             pooled = self._activation(pooled)
+        if self.top_k == 0:
+            return {"sparse_pooled": pooled}
         values, indices = tf.math.top_k(pooled, k=self.top_k)
         return {SPARSE_INDICES_OUTPUT: tf.cast(indices, tf.int32), SPARSE_VALUES_OUTPUT: values}
 

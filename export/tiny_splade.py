@@ -37,8 +37,11 @@ def _masked_lm(where: Path, config: Mapping[str, Any], tokenizer_kind: str, seed
     model = transformers.AutoModelForMaskedLM.from_config(
         transformers.AutoConfig.for_model(model_type, **values)
     ).eval()
-    with torch.no_grad():  # a visible decoder bias (transformers initialises it to zeros)
-        model.get_output_embeddings().bias.normal_(0.0, 0.5)
+    vocab = int(values["vocab_size"])
+    with torch.no_grad():  # visible vocabulary biases (transformers initialises them to zeros)
+        for name, param in model.named_parameters():
+            if name.endswith("bias") and tuple(param.shape) == (vocab,):
+                param.normal_(0.0, 0.5)
     model.save_pretrained(where)
     write_tokenizer(where, tokenizer_kind, trained=trained)
     return where

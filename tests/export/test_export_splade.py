@@ -33,8 +33,11 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "where is my order?",
 COMBOS = [("max", "relu"), ("sum", "log1p_relu"), ("max", "log1p_relu"), ("sum", "relu")]
 TOP_K = 24
 # architectures with a masked-LM head in transformers: ELECTRA's is the generator's
-# (ElectraForMaskedLM); DeBERTa-v2's the legacy cls.predictions (transformers' default)
-SPLADE_ARCHS = list(ARCHITECTURES)
+# (ElectraForMaskedLM); DeBERTa-v2's the legacy cls.predictions (transformers' default) and,
+# with legacy false, lm_predictions.lm_head over the word embeddings
+CONFIGS = {**ARCHITECTURES, "deberta-v3-head": {**ARCHITECTURES["deberta-v3"], "legacy": False}}
+TOKENIZER_KINDS = {**TOKENIZERS, "deberta-v3-head": TOKENIZERS["deberta-v3"]}
+SPLADE_ARCHS = list(CONFIGS)
 
 
 def _combo(arch: str) -> tuple[str, str]:
@@ -51,9 +54,9 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         key = (arch, pooling, act, free)
         if key not in cache:
             save = save_tiny_inference_free if free else save_tiny_splade
-            cache[key] = save(where / "-".join(map(str, key)), config=ARCHITECTURES[arch],
-                              tokenizer_kind=TOKENIZERS[arch], pooling=pooling, activation=act,
-                              seed=SPLADE_ARCHS.index(arch))  # fmt: skip
+            cache[key] = save(where / "-".join(map(str, key)), config=CONFIGS[arch],
+                              tokenizer_kind=TOKENIZER_KINDS[arch], pooling=pooling,
+                              activation=act, seed=SPLADE_ARCHS.index(arch))  # fmt: skip
         return cache[key]
 
     return get
