@@ -163,6 +163,7 @@ class TagRequest(_Inputs):
 OutputType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 OutputKind = Literal["dense", "sparse", "multivector"]
 MAX_SPARSE_TOP_K = 262_144  # a vocabulary's ids at most
+SparseTopK = Annotated[int, Field(ge=1, le=MAX_SPARSE_TOP_K), BeforeValidator(_integral)]
 # BGE-M3's score weights [dense, sparse, colbert]
 Weights = Annotated[
     list[Annotated[float, Field(ge=0.0, le=1e6)]], Field(min_length=3, max_length=3)
@@ -260,10 +261,8 @@ class EmbedRequest(_Request):
         "queries from its IDF table without a model call. input_type search_query means true, "
         "any other input_type false; a contradicting is_query is a 422.",
     )
-    top_k: Int | None = Field(
+    top_k: SparseTopK | None = Field(
         default=None,
-        ge=1,
-        le=MAX_SPARSE_TOP_K,
         description="Sparse: at most this many entries per text, the largest weights (a SPLADE "
         "model's own top-k is the most: over it is a 422). Default: all.",
     )
