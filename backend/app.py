@@ -29,6 +29,7 @@ from backend.api import (
     models,
     openai,
     rerank,
+    tei,
     tfs,
 )
 from backend.errors import NotFound, RateLimited, Unauthorized, register_error_handlers
@@ -55,7 +56,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["gateway_lock"] = threading.Lock()
     register_error_handlers(app)
     app.url_map.converters["name"] = ModelNameConverter
-    for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp, cohere.bp, tfs.bp):
+    for blueprint in (models.bp, health.bp, meta.bp, openai.bp, rerank.bp, cohere.bp, tfs.bp,
+                      tei.bp):  # fmt: skip
         app.register_blueprint(blueprint)
     app.before_request(_start_timer)
     app.before_request(_split_ports)

@@ -58,15 +58,18 @@ def pad_batch(
     seq_len: int,
     pad_id: int = 0,
     type_rows: Sequence[np.ndarray | None] | None = None,
+    attention_rows: Sequence[np.ndarray | None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Return the model's three int32 inputs [len(rows), seq_len] for rows of ids (each ≤ seq_len);
-    ``type_rows`` (sentence pairs) are each row's token_type_ids, zeros where None."""
+    ``type_rows`` (sentence pairs) are each row's token_type_ids, zeros where None;
+    ``attention_rows`` each row's attention mask, ones over its ids where None."""
     input_ids = np.full((len(rows), seq_len), pad_id, dtype=np.int32)
     attention_mask = np.zeros((len(rows), seq_len), dtype=np.int32)
     token_type_ids = np.zeros((len(rows), seq_len), dtype=np.int32)
     for row, ids in enumerate(rows):
         input_ids[row, : ids.shape[0]] = ids
-        attention_mask[row, : ids.shape[0]] = 1
+        attention = attention_rows[row] if attention_rows is not None else None
+        attention_mask[row, : ids.shape[0]] = 1 if attention is None else attention
         types = type_rows[row] if type_rows is not None else None
         if types is not None:
             token_type_ids[row, : types.shape[0]] = types

@@ -263,6 +263,23 @@ def output_type(value: Any, where: str, limits: Limits) -> None:
         raise BadRequest(f"field '{where}': {_short(value)} is not one of {choices}")
 
 
+OUTPUT_KINDS = ("dense", "sparse", "multivector")  # modelformat/outputs.py's KINDS
+
+
+def output_kind(value: Any, where: str, limits: Limits) -> None:
+    """400 unless ``value`` names an output kind (:embed's ``outputs``)."""
+    if not isinstance(value, str) or value not in OUTPUT_KINDS:
+        raise BadRequest(
+            f"field '{where}': {_short(value)} is not one of {', '.join(OUTPUT_KINDS)}"
+        )
+
+
+def weight(value: Any, where: str, limits: Limits) -> None:
+    """400 unless ``value`` is a number (a rerank's score weights; pydantic checks the range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"field '{where}' is {kind(value)}: give a number")
+
+
 def speed(value: Any, where: str, limits: Limits) -> None:
     """422 unless ``value`` is a speed, a number in [0, 1] (issue 11: one status for every bad
     speed, wrong types included)."""
@@ -287,6 +304,9 @@ TOKEN_IDS_OR_NONE = Items(
 )
 ID_LISTS = Items("lists of token ids", _ids(1), _texts_limit, "GATEWAY_MAX_TEXTS")
 ID_LISTS_OR_EMPTY = Items("lists of token ids", _ids(0), _texts_limit, "GATEWAY_MAX_TEXTS")
+OUTPUTS = Items("output kinds", output_kind, lambda _: len(OUTPUT_KINDS), "one of each kind",
+                BadRequest)  # fmt: skip
+WEIGHTS = Items("weights", weight, lambda _: 3, "[dense, sparse, colbert]", BadRequest)
 EMBEDDING_TYPES = Items(
     "embedding types", output_type, lambda _: len(OUTPUT_TYPES), "one of each type", BadRequest
 )
@@ -324,6 +344,26 @@ def embedding_types_field(value: Any, field: str, limits: Limits) -> None:
     """Embedding types (null: the default)."""
     if value is not None:
         check_list(value, field, EMBEDDING_TYPES, limits)
+
+
+def outputs_field(value: Any, field: str, limits: Limits) -> None:
+    """:embed's output kinds (null: the model's default)."""
+    if value is not None:
+        check_list(value, field, OUTPUTS, limits)
+
+
+def weights_field(value: Any, field: str, limits: Limits) -> None:
+    """A rerank's score weights (null: none)."""
+    if value is not None:
+        check_list(value, field, WEIGHTS, limits)
+
+
+def text_or_texts(value: Any, field: str, limits: Limits) -> None:
+    """A text or a list of texts (TEI's ``inputs``)."""
+    if isinstance(value, str):
+        text(value, f"field '{field}'", limits)
+    else:
+        check_list(value, field, TEXTS, limits)
 
 
 def openai_input(value: Any, field: str, limits: Limits) -> None:

@@ -175,7 +175,9 @@ AGREEMENT_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999,
 SHADOW_AGREEMENT = Histogram(
     "gateway_shadow_agreement",
     "Agreement of the shadow's answer with the served one, per text: top1 (0 or 1), topk_overlap, "
-    "cosine (embeddings), tokens (taggers: token labels). Mean = _sum / _count.",
+    "cosine (embeddings), maxsim (multi-vectors: each token vector's best cosine, both ways), "
+    "sparse_overlap (sparse vectors: top-10 ids), tokens (taggers: token labels). "
+    "Mean = _sum / _count.",
     ["model", "served_version", "shadow_version", "measure"],
     buckets=AGREEMENT_BUCKETS,
 )

@@ -30,6 +30,9 @@ from backend.schemas import (
     RerankResponse,
     TagRequest,
     TagResponse,
+    TeiErrorResponse,
+    TeiSparseRequest,
+    TeiSparseResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -40,17 +43,22 @@ REF = "#/components/schemas/{model}"
 _ERRORS = {
     "400": "Malformed JSON, a wrong type or an unknown field.",
     "404": "Unknown model, version or label.",
-    "413": "Body over GATEWAY_MAX_BODY_BYTES, a request over GATEWAY_MAX_REQUEST_TOKENS tokens "
-    "or GATEWAY_MAX_REQUEST_ROWS upstream rows, or more than GATEWAY_MAX_TEXTS texts (or lists "
-    "of token ids).",
+    "413": "Body over GATEWAY_MAX_BODY_BYTES, more than GATEWAY_MAX_TEXTS texts (or lists "
+    "of token ids), more tokens or rows than GATEWAY_MAX_REQUEST_TOKENS / "
+    "GATEWAY_MAX_REQUEST_ROWS, or (:embed) an answer estimated over GATEWAY_MAX_ANSWER_BYTES "
+    "(multi-vectors: rows x dims numbers), checked before the model runs.",
     "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, a list "
     "of token ids over GATEWAY_MAX_TOKEN_IDS or with an id outside the vocabulary, "
     "text over max_seq_len with truncate=false, a pair whose first segment alone fills "
     "max_seq_len, the wrong task for the model (texts to a sentence-pair model, pairs to a "
     "single-text one, a tag request to a classifier, ...), a bad "
     "'speed' (not a number in [0, 1], or a list not one per text; wrong types included), "
-    "a 'prompt_name' the embedding model lacks, or int8/uint8 embeddings of vectors that are "
-    "not unit vectors (normalize=false on a model that doesn't normalize).",
+    "a 'prompt_name' the embedding model lacks, int8/uint8 embeddings of vectors that are "
+    "not unit vectors (normalize=false on a model that doesn't normalize), an output kind "
+    "the model lacks (the message names those it has), a sparse 'top_k' over a SPLADE "
+    "model's own, an 'is_query' contradicting 'input_type', rerank 'weights' on a model "
+    "without dense, sparse and multi-vector outputs, or OpenAI's / Cohere's embeddings of a "
+    "model without dense vectors.",
     "502": "The model server answered with an error.",
     "503": "The model server is unreachable (with Retry-After).",
     "504": "The model server did not answer within GATEWAY_TIMEOUT_S, or the request ran past "
@@ -65,6 +73,8 @@ def _schemas() -> dict[str, Any]:
         (ClassifyRequest, "validation"),
         (TagRequest, "validation"),
         (TagResponse, "serialization"),
+        (TeiSparseRequest, "validation"),
+        (TeiSparseResponse, "serialization"),
         (EmbedRequest, "validation"),
         (EmbeddingsRequest, "validation"),
         (RerankRequest, "validation"),
@@ -81,6 +91,7 @@ def _schemas() -> dict[str, Any]:
         (DetokenizeResponse, "serialization"),
         (OpenAIErrorResponse, "serialization"),
         (CohereErrorResponse, "serialization"),
+        (TeiErrorResponse, "serialization"),
         (ClassifyResponse, "serialization"),
         (EmbedResponse, "serialization"),
         (ModelStatusResponse, "serialization"),
@@ -278,6 +289,14 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                 in_path=False,
                 errors="CohereErrorResponse",
             ),
+            "/embed_sparse": _inference(
+                "Sparse vectors of texts on the default model (text-embeddings-inference's "
+                "API; GATEWAY_DEFAULT_MODEL)",
+                "TeiSparseRequest",
+                "TeiSparseResponse",
+                in_path=False,
+                errors="TeiErrorResponse",
+            ),
             "/v2/rerank": _inference(
                 "Rerank (Cohere v2 API)",
                 "RerankRequest",
@@ -360,6 +379,9 @@ def _with_limits(schemas: dict[str, Any], settings: Settings) -> dict[str, Any]:
         ("CohereEmbedRequest", "texts"): settings.max_texts_per_request,
         ("ModelRerankRequest", "documents"): settings.max_texts_per_request - 1,
     }
+    for option in schemas["TeiSparseRequest"]["properties"]["inputs"].get("anyOf", []):
+        if option.get("type") == "array":
+            option["maxItems"] = settings.max_texts_per_request
     for (name, field), most in limits.items():
         schemas[name]["properties"][field]["maxItems"] = most
     schemas["DetokenizeRequest"]["properties"]["ids"]["items"]["maxItems"] = settings.max_token_ids

@@ -7,9 +7,10 @@ reading only what the ones before it filled in:
 ============  ==============================================================  ================
 stage         what it does                                                    fills in
 ============  ==============================================================  ================
-resolve       the key's reach, routing weights, version and its assets        route, served,
-                                                                              assets
-tokenize      the inputs to token ids, spending the request's budget          encoded
+resolve       the key's reach, routing weights, version and its assets; the   route, served,
+              output kinds answered (embedders)                               assets, kinds
+tokenize      the inputs to token ids, spending the request's budget; the     encoded,
+              answer's size against GATEWAY_MAX_ANSWER_BYTES (embedders)      answer_bytes
 plan          the chunks (bucketed, split by batch size) and their tensors    speeds, calls
 call          one model-server call per chunk, grouped with concurrent ones   results
 reassemble    the chunks' outputs back in the caller's order                  outputs
@@ -31,6 +32,7 @@ import numpy as np
 from backend.bucketing import Chunk, pad_batch
 from backend.clients.base import Outputs
 from backend.early_exit import SPEED_INPUT, chunk_speeds
+from backend.outputs.base import Options
 from backend.tokenization import Encoded
 from modelformat.routing import ModelRoute
 
@@ -68,6 +70,8 @@ class Plan:
     check: Callable[[ModelAssets], None] | None = None  # the route's own 422s for a version
     per_token: bool = False  # outputs are [batch, seq, ...] (token classification)
     deadline: float = float("inf")  # time.monotonic() when the request runs out of time
+    # :embed's and rerank's output kinds and options (backend/outputs/); None: dense only
+    options: Options | None = None
 
     # resolve
     reached: bool = field(init=False, default=False)  # the API key's reach was checked
@@ -76,8 +80,12 @@ class Plan:
     choice: Choice = field(init=False)  # the (version, label) this attempt resolved
     served: int = field(init=False)
     assets: ModelAssets = field(init=False)
+    kinds: tuple[str, ...] = field(init=False, default=("dense",))  # output kinds answered
+    from_idf: bool = field(init=False, default=False)  # inference-free sparse: no model call
     # tokenize
     encoded: list[Encoded] = field(init=False)
+    owners: list[int] | None = field(init=False, default=None)  # windows: each row's input
+    answer_bytes: int = field(init=False, default=0)  # the answer's estimated size
     # plan
     speeds: np.ndarray | None = field(init=False)  # early-exit models: one speed per input
     calls: list[Call] = field(init=False)
@@ -104,7 +112,8 @@ def chunk_inputs(
     an early-exit model, in the chunk's row order)."""
     rows = [encoded[i] for i in chunk.indices]
     types = [e.type_ids for e in rows] if any(e.type_ids is not None for e in rows) else None
-    inputs = pad_batch([e.ids for e in rows], chunk.seq_len, pad_id, types)
+    masks = [e.attention for e in rows] if any(e.attention is not None for e in rows) else None
+    inputs = pad_batch([e.ids for e in rows], chunk.seq_len, pad_id, types, masks)
     if speeds is not None:
         inputs[SPEED_INPUT] = chunk_speeds(speeds, chunk.indices)
     return inputs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from backend import inputs
@@ -153,6 +153,13 @@ class TagRequest(_Inputs):
 
 
 OutputType = Literal["float", "int8", "uint8", "binary", "ubinary"]
+OutputKind = Literal["dense", "sparse", "multivector"]
+MAX_SPARSE_TOP_K = 262_144  # a vocabulary's ids at most
+SparseTopK = Annotated[int, Field(ge=1, le=MAX_SPARSE_TOP_K), BeforeValidator(_integral)]
+# BGE-M3's score weights [dense, sparse, colbert]
+Weights = Annotated[
+    list[Annotated[float, Field(ge=0.0, le=1e6)]], Field(min_length=3, max_length=3)
+]
 InputType = Literal["search_query", "search_document", "classification", "clustering"]
 PromptName = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -225,7 +232,44 @@ class EmbedRequest(_Request):
         description="'chunk': a text over max_seq_len is split into windows overlapping by a "
         "quarter, on token boundaries, all embedded in the same upstream call; the windows' "
         "L2-normalized embeddings are averaged, weighted by their tokens, into one vector "
-        "('windows' says how many per text).",
+        "('windows' says how many per text). Sparse vectors of the windows merge by the max "
+        "weight per token id; multi-vectors are the windows' rows concatenated in order (the "
+        "overlapping tokens' rows appear once per window).",
+    )
+    outputs: Annotated[list[OutputKind], Field(min_length=1, max_length=3)] | None = Field(
+        default=None,
+        description="The output kinds to answer, any of the model's (GET /v1/models/{model} "
+        "does not list them; a kind the model lacks is a 422 naming those it has): 'dense' "
+        "('embeddings'), 'sparse' ('sparse': token ids and weights), 'multivector' "
+        "('multivectors': one vector per kept token). Default: 'dense' where the model has it, "
+        "else its one kind (a ColBERT model: multivector; a SPLADE model: sparse). All kinds "
+        "come from one forward pass.",
+    )
+    is_query: bool | None = Field(
+        default=None,
+        description="The texts are queries (true) or documents (false, the default). A ColBERT "
+        "model encodes each side with its own marker after [CLS] and its own length (queries "
+        "padded with [MASK] expansions, as PyLate does); an inference-free SPLADE model answers "
+        "queries from its IDF table without a model call. input_type search_query means true, "
+        "any other input_type false; a contradicting is_query is a 422.",
+    )
+    top_k: SparseTopK | None = Field(
+        default=None,
+        description="Sparse: at most this many entries per text, the largest weights (a SPLADE "
+        "model's own top-k is the most: over it is a 422). Default: all.",
+    )
+    min_weight: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1e6,
+        description="Sparse: leave out entries weighing less. Entries weighing 0 or less are "
+        "never answered.",
+    )
+    return_tokens: bool = Field(
+        default=False,
+        description="Sparse: also answer 'tokens', {token: weight}, the vocabulary's token "
+        "string of each id (Elasticsearch's sparse_vector and OpenSearch's rank_features "
+        "form; WordPiece's ## kept; no two ids share a string).",
     )
 
 
@@ -341,6 +385,14 @@ class RerankFields(BaseModel):
         default=None,
         description="Which end of a long query or document a cut keeps (default: the model's "
         "tokenizer's side).",
+    )
+    weights: Weights | None = Field(
+        default=None,
+        description="Not Cohere's: a model with dense, sparse and multi-vector outputs (BGE-M3) "
+        "scores by FlagEmbedding's weighted sum [dense, sparse, colbert]: (w0 * dense + w1 * "
+        "sparse + w2 * colbert) / (w0 + w1 + w2), dense the inner product of the unit vectors, "
+        "sparse the lexical match (the shared ids' weights multiplied, summed), colbert MaxSim. "
+        "Any other model: a 422. The weights' sum must be above 0.",
     )
 
 
@@ -464,6 +516,72 @@ class CohereEmbedResponse(BaseModel):
     meta: dict[str, Any]
 
 
+class SparseEmbedding(BaseModel):
+    """One text's sparse vector, largest weight first."""
+
+    indices: list[int] = Field(description="Vocabulary ids (Qdrant's and Milvus' indices).")
+    values: list[float] = Field(description="Each id's weight (> 0), in the same order.")
+    tokens: dict[str, float] | None = Field(
+        default=None, description="return_tokens: {token string: weight}, the same entries."
+    )
+
+
+class MultiVectorsByType(BaseModel):
+    """One text's token vectors as each non-float type asked in embedding_types."""
+
+    int8: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = None
+    uint8: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
+    binary: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = None
+    ubinary: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
+
+
+class MultiVector(BaseModel):
+    """One text's token vectors (ColBERT's, BGE-M3's colbert_vecs): unit rows, one per kept
+    token (BGE-M3: every token but [CLS]; ColBERT documents: every token but punctuation;
+    ColBERT queries: every position, [MASK] expansions included)."""
+
+    rows: int = Field(ge=0, description="How many vectors (tokens) the text has.")
+    vectors: list[list[float]] | None = Field(
+        default=None, description="float32 rows; left out when embedding_types lacks 'float'."
+    )
+    vectors_by_type: MultiVectorsByType | None = Field(
+        default=None, description="embedding_types: the rows as each other type asked."
+    )
+
+
+class TeiSparseRequest(BaseModel):
+    """Body of POST /embed_sparse (text-embeddings-inference's request; the gateway's default
+    model)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)  # TEI's other fields: ignored
+    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        description="A text or a list of texts; limits as :embed's texts (token ids are not "
+        "taken here)."
+    )
+    truncate: bool | None = Field(
+        default=None,
+        description="Cut texts over max_seq_len (reported nowhere: TEI's answer has no room); "
+        "false: such a text is a 422; null: cut (TEI's --auto-truncate on).",
+    )
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        default="right", description="Which end a cut keeps, as on :embed."
+    )
+    prompt_name: PromptName | None = Field(
+        default=None, description="The model's prompt before each text, as on :embed."
+    )
+
+
+class TeiSparseValue(BaseModel):
+    """One entry of a TEI sparse vector."""
+
+    index: int
+    value: float
+
+
+class TeiSparseResponse(RootModel[list[list[TeiSparseValue]]]):
+    """Answer of POST /embed_sparse (TEI's shape): per input its non-zero entries, by index."""
+
+
 class EmbedResponse(BaseModel):
     """Answer of :embed, embeddings in the order of the request's texts."""
 
@@ -474,10 +592,23 @@ class EmbedResponse(BaseModel):
     embeddings_by_type: EmbeddingsByType | None = Field(
         default=None, description="embedding_types: the vectors as each type asked."
     )
-    dim: int = Field(description="Dimensions of the float vectors (binary: ceil(dim / 8) values).")
+    dim: int | None = Field(
+        default=None,
+        description="Dimensions of the dense float vectors (binary: ceil(dim / 8) values); "
+        "absent when no dense vectors are answered.",
+    )
     truncated: list[bool]
     windows: list[int] | None = Field(
         default=None, description="long_text=chunk: how many windows each text was split into."
+    )
+    sparse: list[SparseEmbedding] | None = Field(
+        default=None, description="outputs has 'sparse': each text's sparse vector."
+    )
+    multivectors: list[MultiVector] | None = Field(
+        default=None, description="outputs has 'multivector': each text's token vectors."
+    )
+    multivector_dim: int | None = Field(
+        default=None, description="Dimensions of each multi-vector row (float)."
     )
 
 
@@ -538,7 +669,11 @@ class RankedDocument(BaseModel):
 
     index: int
     relevance_score: float = Field(
-        description="Embedding models: (1 + cosine) / 2, in [0, 1]. Cross-encoders (sentence-"
+        description="Embedding models: (1 + cosine) / 2, in [0, 1]. Multi-vector models "
+        "(ColBERT, BGE-M3): MaxSim, the sum (ColBERT) or mean (BGE-M3) over the query's token "
+        "vectors of each one's best dot product with the document's (not within [0, 1]); with "
+        "'weights' (BGE-M3), the weighted sum of dense, sparse and MaxSim scores. Sparse-only "
+        "models (SPLADE): the dot product of the sparse vectors. Cross-encoders (sentence-"
         "pair models): the head's score of (query, document): one logit: its sigmoid (the raw "
         "value for a regression head); several labels: the positive label's probability."
     )
@@ -618,6 +753,13 @@ class CohereErrorResponse(BaseModel):
     code: str
 
 
+class TeiErrorResponse(BaseModel):
+    """Errors of /embed_sparse (text-embeddings-inference's shape)."""
+
+    error: str
+    error_type: str
+
+
 class ModelStatusResponse(BaseModel):
     """Answer of GET /v1/models/{model}."""
 
@@ -654,14 +796,15 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 # rule (backend/inputs.py) before pydantic sees the body. True: the field is required.
 _TEXTS: dict[str, tuple[inputs.Checker, bool]] = {"texts": (inputs.texts_field, True)}
 _RERANK: dict[str, tuple[inputs.Checker, bool]] = {
-    "query": (inputs.query_field, True), "documents": (inputs.documents_field, True)
+    "query": (inputs.query_field, True), "documents": (inputs.documents_field, True),
+    "weights": (inputs.weights_field, False),
 }  # fmt: skip
 _EMBEDDING_TYPES: dict[str, tuple[inputs.Checker, bool]] = {
     "embedding_types": (inputs.embedding_types_field, False)
 }
 LISTS: dict[type[BaseModel], dict[str, tuple[inputs.Checker, bool]]] = {
     ClassifyRequest: {},  # texts or pairs (and speed): _check_classify
-    EmbedRequest: {**_TEXTS, **_EMBEDDING_TYPES},
+    EmbedRequest: {**_TEXTS, **_EMBEDDING_TYPES, "outputs": (inputs.outputs_field, False)},
     TagRequest: _TEXTS,
     TokenizeRequest: _TEXTS,
     DetokenizeRequest: {"ids": (inputs.ids_field, True)},
@@ -669,10 +812,11 @@ LISTS: dict[type[BaseModel], dict[str, tuple[inputs.Checker, bool]]] = {
     CohereEmbedRequest: {**_TEXTS, **_EMBEDDING_TYPES},
     RerankRequest: _RERANK,
     ModelRerankRequest: _RERANK,
+    TeiSparseRequest: {"inputs": (inputs.text_or_texts, True)},
 }
 _NOUNS = {"texts": "a list of strings", "ids": "a list of lists of token ids",
           "input": "a text or a list of texts or token ids", "query": "a text",
-          "documents": "a list of texts"}  # fmt: skip
+          "documents": "a list of texts", "inputs": "a text or a list of texts"}  # fmt: skip
 
 
 def parse_request(kind: type[ModelT], raw: bytes, settings: Settings) -> ModelT:

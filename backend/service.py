@@ -26,6 +26,7 @@ from backend.errors import (
     ModelAssetsError,
     ModelNotFound,
     NotFound,
+    PayloadTooLarge,
     TaskMismatch,
     TextTooLong,
     UnprocessableInput,
@@ -35,6 +36,7 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.grouping import UpstreamGroups
+from backend.outputs import KINDS, Options, dense, multivector, sparse
 from backend.passthrough import Passthrough
 from backend.plan import Call, Choice, Encoder, Plan, chunk_inputs
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
@@ -53,6 +55,8 @@ from backend.versions import (
     VersionResolver,
     check_model_name,
 )
+from modelformat.outputs import DENSE_OUTPUT, TOKEN_VECTORS_OUTPUT, MultiVectorOutput
+from modelformat.outputs import Outputs as ModelOutputs
 from modelformat.routing import ModelRoute
 
 
@@ -185,28 +189,124 @@ class Gateway:
             histogram.observe(layer)
 
     def embed(self, model: str, request: EmbedRequest) -> dict[str, Any]:
-        """Return the :embed answer for ``request`` (embeddings as a float32 array, and as
-        each of ``embedding_types`` asked)."""
-        if request.long_text == "chunk":
-            answer = self._embed_chunked(model, request)
-        else:
-            done, embeddings = self.embeddings(
-                model, request.texts, request.version, request.label, request.truncate,
-                normalize=request.normalize, direction=request.truncation_direction,
-                prompt_name=request.prompt_name, input_type=request.input_type,
-            )  # fmt: skip
-            answer = {
-                "model": self._model_ref(done),
-                "embeddings": embeddings,
-                "dim": int(embeddings.shape[-1]),
-                "truncated": done.truncated,
-            }
+        """Return the :embed answer for ``request``: the output kinds asked (dense vectors as a
+        float32 array, and as each of ``embedding_types``; sparse vectors; multi-vectors)."""
+        options = embed_options(request)
+        plan = Plan(model, request.texts, request.version, request.label, request.truncate,
+                    options=options)  # fmt: skip
+        plan.encode = self._embed_encoder(plan, request)
+        done = self._infer(plan)
+        with timing.stage("postprocess"):
+            answer = self._embed_answer(done, request)
         types = request.embedding_types
-        if types is not None:
+        if types is not None and "embeddings" in answer:
             answer["embeddings_by_type"] = typed_embeddings(answer["embeddings"], types)
             if "float" not in types:
                 del answer["embeddings"]
         return answer
+
+    def _embed_encoder(self, plan: Plan, request: EmbedRequest) -> Encoder:
+        """Return :embed's encoder: the prompted texts (in windows with long_text=chunk, each
+        window's input in ``plan.owners``), cut and marked as the model's query or document
+        side (ColBERT: backend/outputs/multivector.py)."""
+        chunked = request.long_text == "chunk"
+        is_query = plan.options is not None and plan.options.is_query
+
+        def encode(assets: ModelAssets) -> list[Encoded]:
+            texts = with_prompt(request.texts, _prompt(assets, request.prompt_name,
+                                                       request.input_type))  # fmt: skip
+            spec = assets.outputs.multivector if assets.outputs is not None else None
+            side = multivector.side_of(spec, is_query) if spec is not None else None
+            most = multivector.max_tokens(side, assets.max_seq_len)
+            tokenizer = assets.tokenizer
+            if chunked:
+                plan.owners = []
+                encoded = []
+                for index, windows in enumerate(tokenizer.windows(texts, max_len=most)):
+                    plan.owners.extend([index] * len(windows))
+                    encoded.extend(windows)
+            else:
+                encoded = tokenizer.encode(texts, direction=request.truncation_direction,
+                                           max_len=most)  # fmt: skip
+            if side is None:
+                return encoded
+            marked = multivector.mark(encoded, side, is_query)
+            extra = sum(
+                m.ids.shape[0] - e.ids.shape[0] for m, e in zip(marked, encoded, strict=True)
+            )
+            budget.spend(0, extra)  # the markers and a query's expansions are tokens too
+            return marked
+
+        return encode
+
+    def _embed_answer(self, done: Plan, request: EmbedRequest) -> dict[str, Any]:
+        """Return the :embed answer of a finished plan: each kind asked, post-processed by its
+        module (backend/outputs/); windows merged per text."""
+        options = done.options or Options()
+        spec = done.assets.outputs or ModelOutputs()
+        owners, texts = done.owners, len(request.texts)
+        answer: dict[str, Any] = {"model": self._model_ref(done)}
+        if "dense" in done.kinds:
+            vectors = self._output(done, DENSE_OUTPUT)
+            normalize = request.normalize
+            if normalize is None:
+                normalize = done.assets.embedding.normalize_by_default
+            if owners is None:
+                pooled = dense.vectors(vectors, normalize)
+            else:  # each window's unit vector, weighted by its tokens
+                specials = done.assets.tokenizer.layout.single_specials
+                weights = np.asarray(done.token_counts, dtype=np.float32) - float(specials)
+                pooled = dense.pool(dense.vectors(vectors, True), owners, weights, texts)
+                pooled = dense.vectors(pooled, normalize)
+            answer["embeddings"] = pooled
+            answer["dim"] = int(pooled.shape[-1])
+        if "sparse" in done.kinds and spec.sparse is not None:
+            rows = [e.ids for e in done.encoded]
+            idf = done.assets.sparse_idf
+            if done.from_idf and idf is not None:
+                found = sparse.from_idf(rows, idf)
+            else:
+                try:
+                    found = sparse.extract(spec.sparse, done.outputs, rows)
+                except KeyError as exc:
+                    raise UpstreamError(f"the model returned no {exc.args[0]!r} output") from None
+            if owners is not None:
+                found = sparse.merge(found, owners, texts)
+            tokenizer = done.assets.tokenizer
+            answer["sparse"] = []
+            for vector in found:
+                vector = sparse.limit(vector, options.top_k, options.min_weight)
+                words = tokenizer.vocab_tokens(vector.indices.tolist()) if options.with_tokens \
+                    else None  # fmt: skip
+                answer["sparse"].append(sparse.answer(vector, words))
+        if "multivector" in done.kinds and spec.multivector is not None:
+            try:
+                matrices = multivector.extract(spec.multivector, done.outputs, done.encoded,
+                                               [options.is_query] * len(done.encoded))  # fmt: skip
+            except KeyError as exc:
+                raise UpstreamError(f"the model returned no {exc.args[0]!r} output") from None
+            if owners is not None:
+                matrices = multivector.merge(matrices, owners, texts)
+            try:
+                answer["multivectors"] = [multivector.answer(m, options.types, quantize)
+                                          for m in matrices]  # fmt: skip
+            except ValueError as exc:
+                raise UnprocessableInput(str(exc)) from None
+            answer["multivector_dim"] = int(done.outputs[TOKEN_VECTORS_OUTPUT].shape[-1])
+        if owners is None:
+            answer["truncated"] = done.truncated
+        else:
+            answer["truncated"] = [False] * texts
+            answer["windows"] = np.bincount(owners, minlength=texts).tolist()
+        return answer
+
+    @staticmethod
+    def _output(done: Plan, name: str) -> np.ndarray:
+        """Return the model's output ``name``; 502 when it returned none."""
+        value = done.outputs.get(name)
+        if value is None:
+            raise UpstreamError(f"the model returned no {name!r} output")
+        return value
 
     def embeddings(
         self,
@@ -238,7 +338,8 @@ class Gateway:
                 prompted = with_prompt(texts, _prompt(assets, prompt_name, input_type))
                 return assets.tokenizer.encode(prompted, direction=direction)
 
-        done = self._infer(Plan(model, texts, version, label, truncate, encode=encode))
+        done = self._infer(Plan(model, texts, version, label, truncate, encode=encode,
+                                check=_dense_only(model)))  # fmt: skip
         with timing.stage("postprocess"):
             embeddings = done.outputs.get("embedding")
             if embeddings is None:
@@ -248,46 +349,6 @@ class Gateway:
             if normalize:
                 embeddings = l2_normalize(embeddings)
             return done, np.ascontiguousarray(embeddings, dtype=np.float32)
-
-    def _embed_chunked(self, model: str, request: EmbedRequest) -> dict[str, Any]:
-        """:embed with long_text=chunk: every window of every text in one inference, then each
-        text's windows mean-pooled, weighted by their tokens."""
-        owners: list[int] = []
-
-        def encode(assets: ModelAssets) -> list[Encoded]:
-            owners.clear()
-            out: list[Encoded] = []
-            prompt = _prompt(assets, request.prompt_name, request.input_type)
-            texts = with_prompt(request.texts, prompt)
-            for index, windows in enumerate(assets.tokenizer.windows(texts)):
-                owners.extend([index] * len(windows))
-                out.extend(windows)
-            return out
-
-        # Each window's unit vector (what the model answers for it alone), weighted by its tokens.
-        done, vectors = self.embeddings(
-            model, request.texts, request.version, request.label, True, normalize=True,
-            encode=encode,
-        )  # fmt: skip
-        specials = done.assets.tokenizer.layout.single_specials
-        weights = np.asarray(done.token_counts, dtype=np.float32) - float(specials)
-        pooled = np.zeros((len(request.texts), vectors.shape[1]), dtype=np.float32)
-        np.add.at(pooled, np.asarray(owners), vectors * weights[:, None])
-        totals = np.bincount(owners, weights=weights, minlength=len(request.texts))
-        pooled /= np.maximum(totals, 1.0)[:, None].astype(np.float32)
-        normalize = request.normalize
-        if normalize is None:
-            normalize = done.assets.embedding.normalize_by_default
-        if normalize:
-            pooled = l2_normalize(pooled)
-        counts = np.bincount(owners, minlength=len(request.texts))
-        return {
-            "model": self._model_ref(done),
-            "embeddings": np.ascontiguousarray(pooled, dtype=np.float32),
-            "dim": int(pooled.shape[-1]),
-            "truncated": [False] * len(request.texts),
-            "windows": counts.tolist(),
-        }
 
     def tag(self, model: str, request: TagRequest) -> dict[str, Any]:
         """Return the :tag answer: each text's entities with character offsets into it."""
@@ -345,10 +406,14 @@ class Gateway:
         version: int | None,
         label: str | None,
         direction: str | None = None,
+        weights: Sequence[float] | None = None,
     ) -> tuple[Plan, np.ndarray]:
         """Return the inference and each document's relevance score (float32, documents'
-        order): an embedding model's (1 + cosine) / 2 with the query, or a cross-encoder's
-        score of each (query, document) pair, all pairs in one inference."""
+        order), all inputs in one inference: an embedding model's (1 + cosine) / 2 with the
+        query; a multi-vector model's MaxSim (ColBERT: the query and documents each on their
+        side; ``weights`` [dense, sparse, colbert] on a model with all three: FlagEmbedding's
+        weighted sum); a sparse-only model's lexical match; or a cross-encoder's score of
+        each (query, document) pair."""
 
         def check(assets: ModelAssets) -> None:
             if assets.task == "classify":
@@ -358,8 +423,18 @@ class Gateway:
                         "embedding model or a cross-encoder (a sentence-pair model)"
                     )
                 _positive(model, assets)
+            outputs = assets.outputs
+            if weights is not None and (outputs is None or len(outputs.kinds) < 3):
+                kinds = ", ".join(outputs.kinds) if outputs is not None else "classify"
+                raise UnprocessableInput(
+                    f"field 'weights': model {model!r} has not dense, sparse and multi-vector "
+                    f"outputs to weigh (its outputs: {kinds})"
+                )
 
         def encode(assets: ModelAssets) -> list[Encoded]:
+            spec = assets.outputs.multivector if assets.outputs is not None else None
+            if spec is not None and spec.query is not None and spec.document is not None:
+                return _colbert_sides(assets, spec, query, documents, direction)
             if assets.task == "embed":  # the model's query and document prompts, if any
                 ask = give = ""
                 if assets.embedding.include_prompt:
@@ -383,6 +458,9 @@ class Gateway:
             if done.assets.task == "classify":
                 scores = head_scores(done.outputs, done.assets.head.activation)
                 return done, scores[:, _positive(model, done.assets)].astype(np.float32)
+            outputs = done.assets.outputs
+            if outputs is not None and (outputs.multivector is not None or outputs.dense is None):
+                return done, _retrieval_scores(done, outputs, weights)
             vectors = done.outputs.get("embedding")
             if vectors is None:
                 raise UpstreamError("the model returned no 'embedding' output")
@@ -497,6 +575,12 @@ class Gateway:
                 encode(plan.assets) if encode is not None
                 else plan.assets.tokenizer.encode(plan.texts)
             )  # fmt: skip
+            if plan.options is not None and plan.kinds != ("dense",):  # dense: texts x dim
+                self._check_answer_bytes(plan)
+        if plan.from_idf:  # inference-free sparse queries: postprocess reads the IDF table
+            _check_truncation(plan)
+            plan.calls, plan.results, plan.outputs = [], [], {}
+            return
         with timing.stage("plan"):
             self._plan(plan)
         with timing.stage("call"):
@@ -551,7 +635,33 @@ class Gateway:
             )
         if plan.check is not None:
             plan.check(assets)
+        if plan.options is not None and assets.outputs is not None:
+            plan.kinds = answered_kinds(model, assets.outputs, plan.options)
+            plan.from_idf = (
+                plan.options.is_query and plan.kinds == ("sparse",)
+                and assets.sparse_idf is not None
+            )  # fmt: skip
         plan.served, plan.assets = served, assets
+
+    def _check_answer_bytes(self, plan: Plan) -> None:
+        """413 when the answer the plan's kinds make of its tokenized rows would be over
+        GATEWAY_MAX_ANSWER_BYTES (each kind's estimate: backend/outputs/), before any call."""
+        outputs, options = plan.assets.outputs, plan.options
+        if outputs is None or options is None:
+            return
+        lengths = [e.ids.shape[0] for e in plan.encoded]
+        plan.answer_bytes = sum(
+            KINDS[kind].answer_bytes(getattr(outputs, kind), lengths, options)
+            for kind in plan.kinds
+        )
+        most = self.settings.max_answer_bytes
+        if plan.answer_bytes > most:
+            raise PayloadTooLarge(
+                f"the answer would take about {plan.answer_bytes} bytes ({', '.join(plan.kinds)} "
+                f"of {len(lengths)} rows, {sum(lengths)} tokens), over the limit of {most} "
+                "(GATEWAY_MAX_ANSWER_BYTES): send fewer or shorter texts, fewer outputs, or "
+                "int8/binary embedding_types"
+            )
 
     def _plan(self, plan: Plan) -> None:
         """Stage ``plan``: each input's speed, the chunks and their tensors; 413 for a text over
@@ -565,14 +675,7 @@ class Gateway:
                 )
             except ValueError as exc:
                 raise UnprocessableInput(f"field 'speed': {exc}") from None
-        if not plan.truncate:
-            first = next((i for i, e in enumerate(encoded) if e.truncated), None)
-            if first is not None:
-                raise TextTooLong(
-                    f"{plan.what}[{first}] needs {encoded[first].full_length} tokens, over "
-                    f"max_seq_len {assets.max_seq_len} of model {plan.model!r}; send "
-                    "truncate=true to cut it"
-                )
+        _check_truncation(plan)
         lengths = [e.ids.shape[0] for e in encoded]
         tokens = sum(lengths)
         metrics.TEXTS_PER_REQUEST.observe(len(encoded))
@@ -727,6 +830,59 @@ def _prompt(assets: ModelAssets, prompt_name: str | None, input_type: str | None
         raise UnprocessableInput(f"{exc} (model {assets.model!r})") from None
 
 
+def _check_truncation(plan: Plan) -> None:
+    """422 for an input the tokenizer cut when the request may not be cut (truncate false)."""
+    if plan.truncate:
+        return
+    encoded = plan.encoded
+    first = next((i for i, e in enumerate(encoded) if e.truncated), None)
+    if first is not None:
+        raise TextTooLong(
+            f"{plan.what}[{first}] needs {encoded[first].full_length} tokens, over "
+            f"max_seq_len {plan.assets.max_seq_len} of model {plan.model!r}; send "
+            "truncate=true to cut it"
+        )
+
+
+def embed_options(request: EmbedRequest) -> Options:
+    """Return :embed's output options: the kinds asked, the query side (``is_query``, else
+    Cohere's input_type search_query), the sparse limits and the output types; 422 for an
+    is_query that contradicts input_type."""
+    is_query = request.input_type == "search_query"
+    if request.is_query is not None:
+        if request.input_type is not None and request.is_query != is_query:
+            raise UnprocessableInput(
+                f"is_query {str(request.is_query).lower()} contradicts input_type "
+                f"{request.input_type!r}: give one of them"
+            )
+        is_query = request.is_query
+    return Options(
+        kinds=tuple(dict.fromkeys(request.outputs)) if request.outputs else None,
+        is_query=is_query, top_k=request.top_k, min_weight=request.min_weight or 0.0,
+        with_tokens=request.return_tokens, types=tuple(request.embedding_types or ("float",)),
+    )  # fmt: skip
+
+
+def answered_kinds(model: str, outputs: ModelOutputs, options: Options) -> tuple[str, ...]:
+    """Return the output kinds a request gets of a version with ``outputs``; 422 for a kind
+    it lacks (naming those it has) or a sparse top_k over a SPLADE model's own."""
+    kinds = options.kinds or outputs.default_kinds()
+    missing = [kind for kind in kinds if kind not in outputs.kinds]
+    if missing:
+        raise UnprocessableInput(
+            f"field 'outputs': model {model!r} has no {missing[0]} output (its outputs: "
+            f"{', '.join(outputs.kinds)})"
+        )
+    spec = outputs.sparse
+    topk = spec is not None and spec.form == "topk" and "sparse" in kinds
+    if topk and spec is not None and options.top_k is not None and options.top_k > spec.top_k:
+        raise UnprocessableInput(
+            f"field 'top_k': {options.top_k} is over model {model!r}'s own top-k of "
+            f"{spec.top_k} sparse entries"
+        )
+    return tuple(kinds)
+
+
 def typed_embeddings(vectors: np.ndarray, types: Sequence[str]) -> dict[str, np.ndarray]:
     """Return ``vectors`` as each output type in ``types`` (backend/embeddings.py); 422 for
     int8/uint8 of vectors that are not unit vectors."""
@@ -734,6 +890,79 @@ def typed_embeddings(vectors: np.ndarray, types: Sequence[str]) -> dict[str, np.
         return {kind: quantize(vectors, kind) for kind in types}
     except ValueError as exc:
         raise UnprocessableInput(str(exc)) from None
+
+
+def _colbert_sides(
+    assets: ModelAssets,
+    spec: MultiVectorOutput,
+    query: str,
+    documents: Sequence[str],
+    direction: str | None,
+) -> list[Encoded]:
+    """Return a rerank's query on ColBERT's query side and its documents on the document side
+    (markers, lengths, expansions: backend/outputs/multivector.py)."""
+    tokenizer, out = assets.tokenizer, []
+    for is_query, texts in ((True, [query]), (False, documents)):
+        side = multivector.side_of(spec, is_query)
+        if side is None:  # for mypy: the caller checked both sides exist
+            raise ModelAssetsError(f"model {assets.model!r} has no ColBERT query/document side")
+        most = multivector.max_tokens(side, assets.max_seq_len)
+        encoded = tokenizer.encode(texts, direction=direction, max_len=most)
+        marked = multivector.mark(encoded, side, is_query)
+        budget.spend(0, sum(m.ids.shape[0] - e.ids.shape[0]
+                            for m, e in zip(marked, encoded, strict=True)))  # fmt: skip
+        out.extend(marked)
+    return out
+
+
+def _retrieval_scores(
+    done: Plan, outputs: ModelOutputs, weights: Sequence[float] | None
+) -> np.ndarray:
+    """Return each document's score against the query (row 0) of a retrieval model: MaxSim
+    (``score`` mean or sum) where it has multi-vectors, else the sparse lexical match; with
+    ``weights``, FlagEmbedding's (w0 * dense + w1 * sparse + w2 * colbert) / sum(w)."""
+    rows = [e.ids for e in done.encoded]
+    count = len(rows) - 1
+    colbert = lexical = np.zeros(count, dtype=np.float32)
+    try:
+        if outputs.multivector is not None:
+            spec = outputs.multivector
+            flags = [True] + [False] * count
+            matrices = multivector.extract(spec, done.outputs, done.encoded, flags)
+            colbert = np.asarray([multivector.maxsim(matrices[0], m, spec.score)
+                                  for m in matrices[1:]], dtype=np.float32)  # fmt: skip
+            if weights is None:
+                return colbert
+        if outputs.sparse is not None:
+            found = sparse.extract(outputs.sparse, done.outputs, rows)
+            if done.assets.sparse_idf is not None:  # inference-free: the query from the table
+                found[0] = sparse.from_idf(rows[:1], done.assets.sparse_idf)[0]
+            lexical = np.asarray([sparse.lexical(found[0], v) for v in found[1:]], np.float32)
+            if weights is None:
+                return lexical
+        vectors = l2_normalize(done.outputs[DENSE_OUTPUT])
+    except KeyError as exc:
+        raise UpstreamError(f"the model returned no {exc.args[0]!r} output") from None
+    dense_scores = (vectors[1:] @ vectors[0]).astype(np.float32)
+    w = [float(x) for x in weights or (1.0, 1.0, 1.0)]
+    if sum(w) <= 0:
+        raise UnprocessableInput("field 'weights': their sum must be above 0")
+    return ((w[0] * dense_scores + w[1] * lexical + w[2] * colbert) / sum(w)).astype(np.float32)
+
+
+def _dense_only(model: str) -> Callable[[ModelAssets], None]:
+    """Return the check of the dense-only routes (OpenAI's and Cohere's embeddings): 422 for a
+    model without dense vectors, pointing to :embed."""
+
+    def check(assets: ModelAssets) -> None:
+        outputs = assets.outputs
+        if outputs is not None and outputs.dense is None:
+            raise UnprocessableInput(
+                f"model {model!r} answers {', '.join(outputs.kinds)} only, no dense vectors: "
+                f"this shape is dense; use POST /v1/models/{model}:embed"
+            )
+
+    return check
 
 
 def _directed(texts: Sequence[str], direction: str | None) -> Encoder | None:

@@ -52,6 +52,10 @@ class Settings:
     # tensor elements (numbers, strings) one /tfs body may hold, counted before the call: a
     # :predict body can ask the model server for a tensor far over what its bytes suggest
     tfs_max_elements: int = 1_000_000
+    # bytes of the answer one :embed may build (multi-vectors are rows x dims numbers, sparse
+    # answers indices and weights): estimated from the tokenized rows before the model runs;
+    # a 413 past it (backend/outputs/)
+    max_answer_bytes: int = 33_554_432
     bucketing: bool = True
     grpc_retries: int = 2
     retry_after_s: int = 1
@@ -102,7 +106,8 @@ class Settings:
         if self.shadow_queue_size < 0 or self.group_in_flight < 0:
             raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
         limits = ("max_texts_per_request", "max_text_chars", "max_token_ids",
-                  "max_request_tokens", "max_request_rows", "tfs_max_elements")  # fmt: skip
+                  "max_request_tokens", "max_request_rows", "tfs_max_elements",
+                  "max_answer_bytes")  # fmt: skip
         if min(getattr(self, name) for name in limits) < 1:
             raise SettingsError(f"{', '.join(limits)} must be at least 1")
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
@@ -173,6 +178,7 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_MAX_REQUEST_TOKENS": "max_request_tokens",
     "GATEWAY_MAX_REQUEST_ROWS": "max_request_rows",
     "GATEWAY_TFS_MAX_ELEMENTS": "tfs_max_elements",
+    "GATEWAY_MAX_ANSWER_BYTES": "max_answer_bytes",
     "GATEWAY_BUCKETING": "bucketing",
     "GATEWAY_GRPC_RETRIES": "grpc_retries",
     "GATEWAY_RETRY_AFTER_S": "retry_after_s",

@@ -6,8 +6,10 @@ request; ``gateway_shadow_queue_depth`` counts the jobs queued or running); one 
 worker runs the jobs through the gateway's own request path and
 compares the shadow's answer with the one the client got. Comparisons are by label *name*, not
 index, so a version whose ``id2label`` swaps two labels disagrees exactly where it would mislead
-a client. Results go to the ``gateway_shadow_*`` metrics per (model, served version, shadow
-version), which the rollout (``ops/rollout/``) reads.
+a client; an embedder's answers compare per output kind (backend/outputs/: dense cosine,
+sparse top-10 id overlap, multi-vector MaxSim agreement). Results go to the
+``gateway_shadow_*`` metrics per (model, served version, shadow version), which the rollout
+(``ops/rollout/``) reads.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from backend import metrics
 from backend.errors import GatewayError
+from backend.outputs import agreement as kind_agreement
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +132,8 @@ def compare(
     """Return the measures of ``job``'s served answer against the shadow's."""
     if job.task == "tfs":
         return compare_raw(job.outputs, outputs)
-    if job.task == "embed":
-        return compare_embeddings(job.outputs["embedding"], outputs["embedding"])
+    if job.task == "embed":  # each output kind's own measure (backend/outputs/)
+        return kind_agreement(job.outputs, outputs)
     if job.task == "tag":
         key = "probabilities" if "probabilities" in job.outputs else "logits"
         return compare_token_labels(job.labels, job.outputs[key], labels, outputs[key])

@@ -34,6 +34,8 @@ class Encoded:
     full_length: int  # tokens the text needed, specials included
     # sentence pairs: 0 on [CLS] a [SEP], 1 on b [SEP]; None for one text (all zeros)
     type_ids: np.ndarray | None = None
+    # 1 where the model attends; None: every position (a ColBERT query's expansions have 0)
+    attention: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -183,11 +185,15 @@ class TextTokenizer:
 
     # -- what the gateway asks -------------------------------------------------------------
 
-    def encode(self, texts: Sequence[str], direction: str | None = None) -> list[Encoded]:
-        """Return each text's ids, cut to max_seq_len and flagged if cut: ``right`` keeps the
-        head (<specials> head ... <specials>), ``left`` the tail; None: the tokenizer's side."""
+    def encode(
+        self, texts: Sequence[str], direction: str | None = None, max_len: int | None = None
+    ) -> list[Encoded]:
+        """Return each text's ids, cut to max_seq_len (or ``max_len`` tokens, specials
+        included, when less) and flagged if cut: ``right`` keeps the head (<specials> head ...
+        <specials>), ``left`` the tail; None: the tokenizer's side."""
         side = self._side(direction)
-        keep = self.max_seq_len - self.layout.single_specials
+        most = self.max_seq_len if max_len is None else min(max_len, self.max_seq_len)
+        keep = most - self.layout.single_specials
         budget.expect(len(texts))
         bodies = self._bodies(texts)
         specials = self.layout.single_specials
@@ -195,14 +201,23 @@ class TextTokenizer:
         out = []
         for body in bodies:
             full = len(body) + self.layout.single_specials
-            out.append(self._encoded(_cut(body, keep, side), full, full > self.max_seq_len))
+            out.append(self._encoded(_cut(body, keep, side), full, full > most))
         return out
 
-    def windows(self, texts: Sequence[str], overlap: float = 0.25) -> list[list[Encoded]]:
-        """Return each text as windows of at most max_seq_len tokens (specials around each)
-        that overlap by ``overlap`` of a window, on token boundaries; a text that fits is one
-        window. The last window ends at the text's last token."""
-        size = self.max_seq_len - self.layout.single_specials
+    def vocab_tokens(self, ids: Sequence[int]) -> list[str]:
+        """Return the vocabulary's token string of each id (``id_to_token``; never a decode,
+        whose strings can collide)."""
+        return self._vocab_tokens(ids)
+
+    def windows(
+        self, texts: Sequence[str], overlap: float = 0.25, max_len: int | None = None
+    ) -> list[list[Encoded]]:
+        """Return each text as windows of at most max_seq_len tokens (or ``max_len``, when
+        less; specials around each) that overlap by ``overlap`` of a window, on token
+        boundaries; a text that fits is one window. The last window ends at the text's last
+        token."""
+        most = self.max_seq_len if max_len is None else min(max_len, self.max_seq_len)
+        size = most - self.layout.single_specials
         step = max(1, size - int(size * overlap))
         specials = self.layout.single_specials
         bodies: list[list[int]] = []
@@ -223,7 +238,7 @@ class TextTokenizer:
         for body, starts in zip(bodies, plans, strict=True):
             budget.check_deadline()
             full = len(body) + self.layout.single_specials
-            if full <= self.max_seq_len:
+            if full <= most:
                 out.append([self._encoded(body, full, False)])
                 continue
             out.append([self._encoded(body[s : s + size], full, False) for s in starts])

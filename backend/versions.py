@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from backend import metrics
 from backend.early_exit import EarlyExit, parse_early_exit
 from backend.embeddings import EmbeddingInfo, embedding_info
@@ -41,6 +43,8 @@ from backend.tokenization import TextTokenizer
 from modelformat import serverconfig
 from modelformat.heads import Head, head_from_info
 from modelformat.names import valid_model_name
+from modelformat.outputs import Outputs, parse_outputs
+from modelformat.sparse_idf import read_idf
 from modelformat.status import VersionStatus, newest_available
 from modelformat.tokenizer import load_tokenizer
 
@@ -66,6 +70,10 @@ class ModelAssets:
     head: Head = field(default_factory=Head)
     # an embedding model's prompts and whether it normalizes (sentence-transformers' modules)
     embedding: EmbeddingInfo = field(default_factory=EmbeddingInfo)
+    # an embed version's output kinds (model.json's outputs; None for other tasks)
+    outputs: Outputs | None = None
+    # inference-free sparse queries: weight by token id (the IDF asset); else None
+    sparse_idf: np.ndarray | None = field(default=None, repr=False)
 
 
 def check_model_name(model: str) -> str:
@@ -109,6 +117,8 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
         early_exit = parse_early_exit(info)
         head = head_from_info(info)  # a value no reader knows is unreadable assets, not a guess
         embedding = embedding_info(info)
+        outputs = parse_outputs(info)
+        sparse_idf = _sparse_idf(assets, outputs, tokenizer.vocab_size)
     except Exception as exc:  # OSError, ValueError, ...; tokenizers raises its own types
         raise ModelAssetsError(
             f"model {model!r} version {version} has unreadable assets: {exc}"
@@ -125,7 +135,19 @@ def load_assets(base_path: Path, model: str, version: int) -> ModelAssets:
         early_exit=early_exit,
         head=head,
         embedding=embedding,
+        outputs=outputs,
+        sparse_idf=sparse_idf,
     )
+
+
+def _sparse_idf(assets: Path, outputs: Outputs | None, vocab_size: int) -> np.ndarray | None:
+    """Return the IDF table of an inference-free sparse query side (None: the model has none)."""
+    spec = outputs.sparse if outputs is not None else None
+    if spec is None or spec.query_form != "idf":
+        return None
+    if not spec.query_asset:
+        raise ValueError("model.json outputs.sparse.query names no idf asset")
+    return read_idf(assets / spec.query_asset, vocab_size)
 
 
 def version_identity(base_path: Path, model: str, version: int) -> tuple[int, int, int]:

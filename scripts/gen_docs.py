@@ -99,6 +99,9 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_TFS_MAX_ELEMENTS": "tensor elements (numbers, strings, b64 values) one `/tfs` body "
     "may hold, counted before the call: 413 naming it past that "
     "([coming from TF Serving](../guides/coming-from-other-servers.md))",
+    "GATEWAY_MAX_ANSWER_BYTES": "bytes the answer of one `:embed` may take, estimated per output "
+    "kind from the tokenized rows before the model runs (multi-vectors: rows × dims numbers per "
+    "output type; sparse: an index and a weight per entry): 413 past it",
     "GATEWAY_BUCKETING": "pad length-sorted chunks to 16/32/64/… buckets (`0`: pad to the longest)",
     "GATEWAY_GRPC_RETRIES": "retries (with jitter) on UNAVAILABLE only",
     "GATEWAY_RETRY_AFTER_S": "the `Retry-After` of a 503",

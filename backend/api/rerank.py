@@ -11,6 +11,13 @@ inference (the gateway buckets and chunks them):
   one logit: its activation (sigmoid; raw for a regression head); several labels: the
   positive label's probability (``postprocessing.positive_index``: the one label named
   positive, relevant, yes, 1, entailment, ...; else, with two labels, the second).
+- a retrieval model with multi-vectors (ColBERT, BGE-M3: model.json ``outputs``): MaxSim of
+  the query's token vectors against each document's, ``relevance_score`` the sum (ColBERT)
+  or mean (BGE-M3) of each query row's best match: not within [0, 1]; a ColBERT query and
+  documents each tokenized on their side (markers, query expansion). ``weights`` [dense,
+  sparse, colbert] on a model with all three: FlagEmbedding's weighted sum
+  (w0 * dense + w1 * sparse + w2 * colbert) / (w0 + w1 + w2); a sparse-only model (SPLADE):
+  the lexical match (the dot product of the sparse vectors).
 Any other model is a 422 naming what it is.
 """
 
@@ -52,8 +59,9 @@ def rank(
     ``validate`` (stage ``answer`` orders the results)."""
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
     done, scores = current_gateway().rerank(
-        model, body.query, texts, version, label, direction=body.truncation_direction
-    )
+        model, body.query, texts, version, label, direction=body.truncation_direction,
+        weights=body.weights,
+    )  # fmt: skip
     note_served(model, done.assets.version)
     with timing.stage("answer"):
         order = np.argsort(-scores, kind="stable")[: body.top_n]

@@ -35,7 +35,8 @@ live, from their ``/metrics`` pages (``--gateway``, repeated) or from Prometheus
 is already clearly broken:
 
   shadow steps    mean agreement with the stable version's answers (top-1 label for classifiers,
-                  cosine for embeddings) >= --min-agreement; shadow calls that failed <= the
+                  cosine for embeddings, else MaxSim agreement of multi-vectors, else sparse
+                  top-10 overlap) >= --min-agreement; shadow calls that failed <= the
                   stable version's error rate + --max-error-increase
   weighted steps  the new version's 5xx rate <= the stable version's + --max-error-increase; its
                   p99 latency <= the stable version's p99 x --max-latency-ratio

@@ -6,7 +6,8 @@ traffic, the stable one the rest). ``decide`` answers ``go``, ``rollback`` or ``
 samples yet), with one line per check and the figures behind it:
 
 - shadow steps: mean agreement of the deciding measure (top-1 for classifiers, cosine for
-  embeddings: whichever has samples) >= ``min_agreement``; the share of shadow calls that failed
+  embeddings, MaxSim agreement for multi-vector and top-10 overlap for sparse-only
+  embedders: the first that has samples) >= ``min_agreement``; the share of shadow calls that failed
   <= the stable version's error rate + ``max_error_increase``.
 - weighted steps: the new version's error rate <= the stable one's + ``max_error_increase``, and
   its p99 latency <= the stable one's p99 x ``max_latency_ratio``. At 100 % the stable version gets

@@ -47,8 +47,9 @@ NEEDED_LABELS: dict[str, tuple[str, ...]] = {
     SHADOW_QUEUE: ("model",),
 }
 # The agreement measure that decides, in this order: the first with samples (a classifier's top-1,
-# an embedding model's cosine, a tagger's entities).
-MEASURES = ("top1", "cosine", "entities")
+# an embedding model's cosine, else its multi-vector MaxSim agreement, else its sparse top-10
+# overlap (backend/outputs/), a tagger's entities).
+MEASURES = ("top1", "cosine", "maxsim", "sparse_overlap", "entities")
 
 Labels = tuple[tuple[str, str], ...]
 Series = tuple[str, Labels]  # (sample name, sorted label pairs)

@@ -1,0 +1,247 @@
+"""Hybrid retrieval end to end: :embed's sparse and multi-vector outputs, ColBERT's query and
+document sides, inference-free SPLADE queries, TEI's /embed_sparse, MaxSim rerank and the answer
+budget, through a real model server and gunicorn gateways (grpc and rest).
+
+The models (tests/backend/retrieval_models.py) are tables without context: each expected answer
+is recomputed here from the table and the ids the gateway's own :tokenize reports.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+
+from tests.backend.retrieval_models import COLBERT, M3, SPECIAL_IDS, SPLADE, TOP_K, write_versions
+from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
+
+TEXTS = ["hello world", "my card was charged twice, and the refund is late!"]
+MODELS = (M3, COLBERT, SPLADE)
+EXPORTED = "st-splade"  # an inference-free SPLADE exported by export/ (sentence-transformers')
+
+
+@pytest.fixture(scope="module")
+def retrieval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Return the three versions' tables and a model server serving them."""
+    from export.build import build
+    from export.tiny_splade import save_tiny_inference_free
+
+    base = tmp_path_factory.mktemp("retrieval")
+    made = write_versions(base)
+    checkpoint = save_tiny_inference_free(base.parent / f"{base.name}-ckpt", seed=3)
+    build(checkpoint, EXPORTED, base, version=1, task="embed", top_k=TOP_K, warmup=False)
+    made[EXPORTED] = {"checkpoint": checkpoint}
+    config = base / "models.config"
+    config.write_text(model_config(base, {}, [*MODELS, EXPORTED]), encoding="utf-8")
+    server = ModelServer(config, tmp_path_factory.mktemp("retrieval-logs"))
+    try:
+        for name in (*MODELS, EXPORTED):
+            server.wait_available(name, 1)
+        yield {"made": made, "server": server, "base": base, "config": config}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module", params=["grpc", "rest"])
+def gateway(request: pytest.FixtureRequest, retrieval: dict[str, Any],
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:  # fmt: skip
+    env = gateway_env(retrieval["server"], request.param, retrieval["base"], retrieval["config"])
+    env["GATEWAY_DEFAULT_MODEL"] = SPLADE  # TEI's /embed_sparse serves the default model
+    running = Gateway(env, tmp_path_factory.mktemp("retrieval-gw"), workers=1, threads=4)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _post(gateway: Gateway, path: str, body: dict[str, Any]) -> requests.Response:
+    return requests.post(f"{gateway.url}{path}", json=body, timeout=30)
+
+
+def _ids(gateway: Gateway, model: str, texts: list[str]) -> list[np.ndarray]:
+    reply = _post(gateway, f"/v1/models/{model}:tokenize", {"texts": texts})
+    assert reply.status_code == 200, reply.text
+    return [np.asarray(t["ids"]) for t in reply.json()["tokens"]]
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_bge_m3_answers_dense_sparse_and_multivectors_as_flagembedding_would(
+    gateway: Gateway, retrieval: dict[str, Any]
+) -> None:
+    made = retrieval["made"][M3]
+    table, weight = made["table"], made["sparse"]
+    body = {"texts": TEXTS, "outputs": ["dense", "sparse", "multivector"], "return_tokens": True}
+
+    reply = _post(gateway, f"/v1/models/{M3}:embed", body)
+
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    for index, ids in enumerate(_ids(gateway, M3, TEXTS)):
+        np.testing.assert_allclose(answer["embeddings"][index], _unit(table[ids[0]]), atol=1e-5)
+        expected: dict[int, float] = {}  # FlagEmbedding's _process_token_weights
+        for token, w in zip(ids.tolist(), np.maximum(table[ids] @ weight, 0).tolist(), strict=True):
+            if token not in SPECIAL_IDS and w > 0:
+                expected[token] = max(expected.get(token, 0.0), w)
+        item = answer["sparse"][index]
+        assert dict(zip(item["indices"], item["values"], strict=True)) == pytest.approx(expected)
+        assert item["values"] == sorted(item["values"], reverse=True)
+        assert len(item["tokens"]) == len(item["indices"])
+        vectors = answer["multivectors"][index]
+        assert vectors["rows"] == len(ids) - 1  # CLS out, the final SEP in
+        np.testing.assert_allclose(vectors["vectors"], _unit(table[ids[1:]]), atol=1e-5)
+    assert answer["dim"] == answer["multivector_dim"] == 8
+
+
+def test_colbert_queries_and_documents_each_get_their_side(
+    gateway: Gateway, retrieval: dict[str, Any]
+) -> None:
+    made = retrieval["made"][COLBERT]
+    table, spec = made["table"], made["outputs"].multivector
+    ids = _ids(gateway, COLBERT, TEXTS)
+
+    query = _post(gateway, f"/v1/models/{COLBERT}:embed",
+                  {"texts": TEXTS[:1], "input_type": "search_query"}).json()  # fmt: skip
+    document = _post(gateway, f"/v1/models/{COLBERT}:embed", {"texts": TEXTS[1:]}).json()
+
+    q = ids[0]
+    sent = [q[0], spec.query.prefix_id, *q[1:]]
+    sent += [spec.query.expansion_id] * (spec.query.length - len(sent))
+    assert query["multivectors"][0]["rows"] == spec.query.length
+    np.testing.assert_allclose(query["multivectors"][0]["vectors"], _unit(table[sent]), atol=1e-5)
+    d = ids[1]
+    kept = [t for t in [d[0], spec.document.prefix_id, *d[1:]] if t not in spec.skiplist_ids]
+    np.testing.assert_allclose(document["multivectors"][0]["vectors"], _unit(table[kept]),
+                               atol=1e-5)  # fmt: skip
+    assert "embeddings" not in document  # a ColBERT model's default: its multi-vectors
+
+
+def test_splade_documents_come_from_the_graph_and_queries_from_the_idf_table(
+    gateway: Gateway, retrieval: dict[str, Any]
+) -> None:
+    made = retrieval["made"][SPLADE]
+    table = made["table"]
+    asset = retrieval["base"] / SPLADE / "1" / "assets" / "sparse_idf.json"
+    idf = {int(k): v for k, v in json.loads(asset.read_text(encoding="utf-8")).items()}
+    ids = _ids(gateway, SPLADE, TEXTS[:1])[0]
+
+    doc = _post(gateway, f"/v1/models/{SPLADE}:embed", {"texts": TEXTS[:1], "top_k": 4}).json()
+    query = _post(gateway, f"/v1/models/{SPLADE}:embed",
+                  {"texts": TEXTS[:1], "is_query": True}).json()  # fmt: skip
+    tei = _post(gateway, "/embed_sparse", {"inputs": TEXTS[0]})
+
+    pooled = np.log1p(np.log1p(np.maximum(table[ids] @ table.T, 0))).max(axis=0)
+    best = np.argsort(-pooled)[:TOP_K]
+    best = best[pooled[best] > 0]
+    assert doc["sparse"][0]["indices"] == best[:4].tolist()
+    np.testing.assert_allclose(doc["sparse"][0]["values"], pooled[best[:4]], rtol=1e-5)
+    expected = {t: idf[t] for t in set(ids.tolist()) if idf.get(t, 0) > 0}
+    item = query["sparse"][0]
+    assert dict(zip(item["indices"], item["values"], strict=True)) == pytest.approx(expected)
+    assert tei.status_code == 200, tei.text
+    assert [e["index"] for e in tei.json()[0]] == sorted(best.tolist())
+
+
+def _rows(answer: dict[str, Any]) -> list[dict[int, float]]:
+    return [dict(zip(item["indices"], item["values"], strict=True)) for item in answer["sparse"]]
+
+
+def test_an_exported_splade_answers_as_sparse_encoder_encodes(
+    gateway: Gateway, retrieval: dict[str, Any]
+) -> None:
+    from sentence_transformers import SparseEncoder
+
+    model = SparseEncoder(str(retrieval["made"][EXPORTED]["checkpoint"]), device="cpu",
+                          local_files_only=True)  # fmt: skip
+    documents = model.encode_document(TEXTS, max_active_dims=TOP_K, convert_to_tensor=True,
+                                      convert_to_sparse_tensor=False).numpy()  # fmt: skip
+    queries = model.encode_query(TEXTS, convert_to_tensor=True,
+                                 convert_to_sparse_tensor=False).numpy()  # fmt: skip
+
+    ours_d = _post(gateway, f"/v1/models/{EXPORTED}:embed", {"texts": TEXTS})
+    ours_q = _post(gateway, f"/v1/models/{EXPORTED}:embed", {"texts": TEXTS, "is_query": True})
+
+    assert ours_d.status_code == 200 and ours_q.status_code == 200, ours_d.text + ours_q.text
+    for ours, theirs in ((_rows(ours_d.json()), documents), (_rows(ours_q.json()), queries)):
+        for row, want in zip(ours, theirs, strict=True):
+            expected = {int(i): float(want[i]) for i in np.flatnonzero(want)}
+            assert row == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def test_rerank_scores_by_maxsim_and_bge_m3_weights(
+    gateway: Gateway, retrieval: dict[str, Any]
+) -> None:
+    body = {"query": TEXTS[0], "documents": TEXTS}
+    colbert = _post(gateway, f"/v1/models/{COLBERT}:rerank", body)
+    q = _post(gateway, f"/v1/models/{COLBERT}:embed",
+              {"texts": TEXTS[:1], "is_query": True}).json()["multivectors"][0]  # fmt: skip
+    docs = _post(gateway, f"/v1/models/{COLBERT}:embed", {"texts": TEXTS}).json()["multivectors"]
+
+    assert colbert.status_code == 200, colbert.text
+    scores = {r["index"]: r["relevance_score"] for r in colbert.json()["results"]}
+    for index, d in enumerate(docs):
+        maxsim = (np.asarray(q["vectors"]) @ np.asarray(d["vectors"]).T).max(axis=1).sum()
+        assert scores[index] == pytest.approx(maxsim, rel=1e-4)
+
+    m3 = _post(gateway, f"/v1/models/{M3}:embed",
+               {"texts": TEXTS, "outputs": ["dense", "sparse", "multivector"]}).json()  # fmt: skip
+    weighted = _post(gateway, f"/v1/models/{M3}:rerank", {**body, "weights": [0.4, 0.2, 0.4]})
+    assert weighted.status_code == 200, weighted.text
+    scores = {r["index"]: r["relevance_score"] for r in weighted.json()["results"]}
+    e, s, v = m3["embeddings"], m3["sparse"], m3["multivectors"]
+    for index in range(len(TEXTS)):
+        dense = float(np.dot(e[0], e[index]))
+        a = dict(zip(s[0]["indices"], s[0]["values"], strict=True))
+        b = dict(zip(s[index]["indices"], s[index]["values"], strict=True))
+        lexical = sum(a[t] * b[t] for t in a.keys() & b.keys())
+        maxsim = (np.asarray(v[0]["vectors"]) @ np.asarray(v[index]["vectors"]).T).max(1).mean()
+        assert scores[index] == pytest.approx((0.4 * dense + 0.2 * lexical + 0.4 * maxsim),
+                                              rel=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        (f"/v1/models/{COLBERT}:embed", {"texts": ["a"], "outputs": ["dense"]}, 422,
+         "its outputs: multivector"),
+        (f"/v1/models/{SPLADE}:embed", {"texts": ["a"], "top_k": TOP_K + 1}, 422, "own top-k"),
+        ("/v1/embeddings", {"input": "a", "model": COLBERT}, 422, ":embed"),
+        (f"/v1/models/{COLBERT}:rerank", {"query": "a", "documents": ["b"], "weights": [1, 1, 1]},
+         422, "weights"),
+        (f"/v1/models/{M3}:embed", {"texts": ["a"], "is_query": False,
+                                    "input_type": "search_query"}, 422, "contradicts"),
+    ],
+)  # fmt: skip
+def test_what_a_model_lacks_is_a_422_naming_it(
+    gateway: Gateway, path: str, body: dict[str, Any], status: int, says: str
+) -> None:
+    reply = _post(gateway, path, body)
+    assert reply.status_code == status, reply.text
+    assert says in reply.text
+
+
+def test_an_answer_over_the_answer_budget_is_a_413_before_the_model_runs(
+    retrieval: dict[str, Any],
+) -> None:
+    from backend.app import create_app
+
+    app = create_app({
+        "upstream": "rest", "tfs_rest_url": retrieval["server"].rest_url,
+        "model_base_path": str(retrieval["base"]), "model_config_file": str(retrieval["config"]),
+        "max_answer_bytes": 2000,
+    })  # fmt: skip
+    client = app.test_client()
+    body = {"texts": TEXTS, "outputs": ["multivector"]}
+
+    reply = client.post(f"/v1/models/{M3}:embed", json=body)
+    small = client.post(f"/v1/models/{M3}:embed", json={"texts": ["a"], "outputs": ["sparse"]})
+
+    assert reply.status_code == 413, reply.text
+    assert "GATEWAY_MAX_ANSWER_BYTES" in reply.json["error"]["message"]
+    assert small.status_code == 200, small.text
