@@ -54,7 +54,16 @@ class SentenceHead(tf.Module):
 def apply_dense(x: Any, layers: Any) -> Any:
     """Return ``x`` (``[..., in]``) through the (kernel, bias, activation) Dense ``layers``."""
     for kernel, bias, activation in layers:
-        x = tf.tensordot(x, kernel, axes=1) + (bias if bias is not None else 0.0)
+        # a [batch, in] input goes through tf.matmul as it always did (tensordot's kernel rounds
+        # differently in the last bit, which the gateway's golden answers would see); token
+        # vectors [batch, seq, in] are flattened to that same matmul
+        if x.shape.rank == 2:
+            x = tf.matmul(x, kernel)
+        else:
+            shape = tf.shape(x)
+            x = tf.reshape(tf.matmul(tf.reshape(x, [-1, shape[-1]]), kernel),
+                           tf.concat([shape[:-1], [-1]], axis=0))  # fmt: skip
+        x = x + (bias if bias is not None else 0.0)
         if activation == "tanh":
             x = tf.tanh(x)
         elif activation == "relu":
