@@ -55,7 +55,12 @@ from backend.versions import (
     VersionResolver,
     check_model_name,
 )
-from modelformat.outputs import DENSE_OUTPUT, TOKEN_VECTORS_OUTPUT, MultiVectorOutput
+from modelformat.outputs import (
+    DENSE_OUTPUT,
+    TOKEN_VECTORS_OUTPUT,
+    TOKEN_WEIGHTS_OUTPUT,
+    MultiVectorOutput,
+)
 from modelformat.outputs import Outputs as ModelOutputs
 from modelformat.routing import ModelRoute
 
@@ -588,8 +593,9 @@ class Gateway:
         with timing.stage("reassemble"):
             chunks = [c.chunk for c in plan.calls]
             plan.outputs = reassemble(
-                chunks, plan.results, len(plan.encoded), per_token=plan.per_token
-            )
+                chunks, plan.results, len(plan.encoded), per_token=plan.per_token,
+                token_outputs=(TOKEN_WEIGHTS_OUTPUT, TOKEN_VECTORS_OUTPUT),
+            )  # fmt: skip
 
     def _resolve(self, plan: Plan, choice: Choice | None) -> None:
         """Stage ``resolve``: the first time (``choice`` None) the key's reach and the routing

@@ -2,8 +2,12 @@
 document sides, inference-free SPLADE queries, TEI's /embed_sparse, MaxSim rerank and the answer
 budget, through a real model server and gunicorn gateways (grpc and rest).
 
-The models (tests/backend/retrieval_models.py) are tables without context: each expected answer
-is recomputed here from the table and the ids the gateway's own :tokenize reports.
+Two kinds of models: tables without context (tests/backend/retrieval_models.py), whose expected
+answers are recomputed here from the table and the ids the gateway's own :tokenize reports; and
+real exports of tiny random checkpoints (export/tiny_retrieval.py, built by export.build): a
+BGE-M3 layout checked against FlagEmbedding's ``BGEM3FlagModel`` and a PyLate ColBERT checked
+against PyLate's ``ColBERT.encode``. The BGE-M3 export's answers also feed Qdrant's local mode
+(tests/backend/test_hybrid_qdrant.py).
 """
 
 from __future__ import annotations
@@ -16,30 +20,48 @@ import numpy as np
 import pytest
 import requests
 
+from tests.backend.corpus import CORPUS
 from tests.backend.retrieval_models import COLBERT, M3, SPECIAL_IDS, SPLADE, TOP_K, write_versions
 from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
 
 TEXTS = ["hello world", "my card was charged twice, and the refund is late!"]
+REAL_TEXTS = [t for t in CORPUS if len(t) < 80] + [
+    "where is my order? it is three days late.", "refund, please!", "the parcel never arrived",
+    "how do I reset my password", "the quick brown fox jumps over the lazy dog",
+    "cancel my subscription today", "the app crashes when I open it", "track a package",
+    "my invoice shows the wrong amount", "change the delivery address",
+]  # fmt: skip
 MODELS = (M3, COLBERT, SPLADE)
 EXPORTED = "st-splade"  # an inference-free SPLADE exported by export/ (sentence-transformers')
+REAL_M3 = "bge-m3"  # FlagEmbedding's layout, exported by export/
+REAL_COLBERT = "pylate"  # a PyLate ColBERT, exported by export/
+REAL_SEQ = 64
 
 
 @pytest.fixture(scope="module")
 def retrieval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Return the three versions' tables and a model server serving them."""
     from export.build import build
+    from export.tiny_retrieval import save_m3_checkpoint, save_pylate_checkpoint
     from export.tiny_splade import save_tiny_inference_free
 
     base = tmp_path_factory.mktemp("retrieval")
     made = write_versions(base)
-    checkpoint = save_tiny_inference_free(base.parent / f"{base.name}-ckpt", seed=3)
+    checkpoints = tmp_path_factory.mktemp("retrieval-ckpt")
+    checkpoint = save_tiny_inference_free(checkpoints / EXPORTED, seed=3)
     build(checkpoint, EXPORTED, base, version=1, task="embed", top_k=TOP_K, warmup=False)
     made[EXPORTED] = {"checkpoint": checkpoint}
+    for name, save in ((REAL_M3, save_m3_checkpoint), (REAL_COLBERT, save_pylate_checkpoint)):
+        checkpoint = save(checkpoints / name)
+        build(checkpoint, name, base, version=1, task="embed", max_seq_len=REAL_SEQ,
+              warmup=False)  # fmt: skip
+        made[name] = {"checkpoint": checkpoint}
+    served = [*MODELS, EXPORTED, REAL_M3, REAL_COLBERT]
     config = base / "models.config"
-    config.write_text(model_config(base, {}, [*MODELS, EXPORTED]), encoding="utf-8")
+    config.write_text(model_config(base, {}, served), encoding="utf-8")
     server = ModelServer(config, tmp_path_factory.mktemp("retrieval-logs"))
     try:
-        for name in (*MODELS, EXPORTED):
+        for name in served:
             server.wait_available(name, 1)
         yield {"made": made, "server": server, "base": base, "config": config}
     finally:
@@ -172,6 +194,62 @@ def test_an_exported_splade_answers_as_sparse_encoder_encodes(
         for row, want in zip(ours, theirs, strict=True):
             expected = {int(i): float(want[i]) for i in np.flatnonzero(want)}
             assert row == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def flagembedding(retrieval: dict[str, Any]) -> dict[str, Any]:
+    """Return FlagEmbedding's ``BGEM3FlagModel.encode`` of REAL_TEXTS (all three outputs) on the
+    BGE-M3 checkpoint the gateway serves exported."""
+    from FlagEmbedding import BGEM3FlagModel
+
+    model = BGEM3FlagModel(str(retrieval["made"][REAL_M3]["checkpoint"]), use_fp16=False,
+                           colbert_dim=16, devices="cpu", normalize_embeddings=True)  # fmt: skip
+    return dict(model.encode(REAL_TEXTS, batch_size=64, max_length=REAL_SEQ, return_dense=True,
+                             return_sparse=True, return_colbert_vecs=True))  # fmt: skip
+
+
+def m3_answer(gateway: Gateway, texts: list[str]) -> dict[str, Any]:
+    """Return the gateway's :embed answer of the BGE-M3 export to ``texts``, all three outputs."""
+    reply = _post(gateway, f"/v1/models/{REAL_M3}:embed",
+                  {"texts": texts, "outputs": ["dense", "sparse", "multivector"]})  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_a_real_bge_m3_export_answers_as_flagembedding_encodes(
+    gateway: Gateway, flagembedding: dict[str, Any]
+) -> None:
+    answer = m3_answer(gateway, REAL_TEXTS)
+
+    np.testing.assert_allclose(answer["embeddings"], flagembedding["dense_vecs"], atol=1e-5)
+    keys = 0
+    for item, want, vectors, rows in zip(answer["sparse"], flagembedding["lexical_weights"],
+                                         answer["multivectors"], flagembedding["colbert_vecs"],
+                                         strict=True):  # fmt: skip
+        ours = {str(i): v for i, v in zip(item["indices"], item["values"], strict=True)}
+        assert ours == pytest.approx({k: float(v) for k, v in want.items()}, abs=1e-4)
+        keys += len(want)
+        assert vectors["rows"] == len(rows)
+        np.testing.assert_allclose(vectors["vectors"], rows, atol=1e-4)
+    assert keys >= len(REAL_TEXTS)  # the tiny sparse head weighs some tokens > 0
+
+
+def test_a_real_pylate_export_answers_as_pylate_encodes(
+    gateway: Gateway, retrieval: dict[str, Any]
+) -> None:
+    from pylate import models
+
+    model = models.ColBERT(str(retrieval["made"][REAL_COLBERT]["checkpoint"]), device="cpu")
+    for is_query, texts in ((True, REAL_TEXTS[:4]), (False, REAL_TEXTS[:8])):
+        want = model.encode(texts, is_query=is_query, convert_to_numpy=True)
+
+        reply = _post(gateway, f"/v1/models/{REAL_COLBERT}:embed",
+                      {"texts": texts, "is_query": is_query})  # fmt: skip
+
+        assert reply.status_code == 200, reply.text
+        for ours, theirs in zip(reply.json()["multivectors"], want, strict=True):
+            assert ours["rows"] == len(theirs)
+            np.testing.assert_allclose(ours["vectors"], theirs, atol=1e-4)
 
 
 def test_rerank_scores_by_maxsim_and_bge_m3_weights(
