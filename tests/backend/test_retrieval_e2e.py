@@ -7,7 +7,8 @@ answers are recomputed here from the table and the ids the gateway's own :tokeni
 real exports of tiny random checkpoints (export/tiny_retrieval.py, built by export.build): a
 BGE-M3 layout checked against FlagEmbedding's ``BGEM3FlagModel`` and a PyLate ColBERT checked
 against PyLate's ``ColBERT.encode``. The BGE-M3 export's answers also feed Qdrant's local mode
-(tests/backend/test_hybrid_qdrant.py).
+(``test_qdrant_hybrid_search_...``): sparse and dense prefetches fused by RRF, rescored by MaxSim,
+checked against the same search in numpy on FlagEmbedding's vectors.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.backend.retrieval_models import COLBERT, M3, SPECIAL_IDS, SPLADE, TOP
 from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
 
 TEXTS = ["hello world", "my card was charged twice, and the refund is late!"]
+QUERIES = ["my order is late", "refund my card", "reset my password", "hello"]
 REAL_TEXTS = [t for t in CORPUS if len(t) < 80] + [
     "where is my order? it is three days late.", "refund, please!", "the parcel never arrived",
     "how do I reset my password", "the quick brown fox jumps over the lazy dog",
@@ -204,8 +206,9 @@ def flagembedding(retrieval: dict[str, Any]) -> dict[str, Any]:
 
     model = BGEM3FlagModel(str(retrieval["made"][REAL_M3]["checkpoint"]), use_fp16=False,
                            colbert_dim=16, devices="cpu", normalize_embeddings=True)  # fmt: skip
-    return dict(model.encode(REAL_TEXTS, batch_size=64, max_length=REAL_SEQ, return_dense=True,
-                             return_sparse=True, return_colbert_vecs=True))  # fmt: skip
+    return dict(model.encode(REAL_TEXTS + QUERIES, batch_size=64, max_length=REAL_SEQ,
+                             return_dense=True, return_sparse=True,
+                             return_colbert_vecs=True))  # fmt: skip
 
 
 def m3_answer(gateway: Gateway, texts: list[str]) -> dict[str, Any]:
@@ -219,7 +222,7 @@ def m3_answer(gateway: Gateway, texts: list[str]) -> dict[str, Any]:
 def test_a_real_bge_m3_export_answers_as_flagembedding_encodes(
     gateway: Gateway, flagembedding: dict[str, Any]
 ) -> None:
-    answer = m3_answer(gateway, REAL_TEXTS)
+    answer = m3_answer(gateway, REAL_TEXTS + QUERIES)
 
     np.testing.assert_allclose(answer["embeddings"], flagembedding["dense_vecs"], atol=1e-5)
     keys = 0
@@ -232,6 +235,101 @@ def test_a_real_bge_m3_export_answers_as_flagembedding_encodes(
         assert vectors["rows"] == len(rows)
         np.testing.assert_allclose(vectors["vectors"], rows, atol=1e-4)
     assert keys >= len(REAL_TEXTS)  # the tiny sparse head weighs some tokens > 0
+
+
+PREFETCH = 10  # each prefetch's limit; the fusion keeps their union (no RRF tie at a cut)
+RRF_K = 2  # qdrant_client's local RRF constant (hybrid/fusion.py DEFAULT_RANKING_CONSTANT_K)
+
+
+def qdrant_collection(answer: dict[str, Any]) -> Any:
+    """Return a Qdrant local-mode client holding one point per REAL_TEXTS with the gateway's
+    dense, sparse and multi-vector answers as named vectors."""
+    from qdrant_client import QdrantClient, models
+
+    client = QdrantClient(":memory:")
+    client.create_collection(
+        "docs",
+        vectors_config={
+            "dense": models.VectorParams(size=answer["dim"], distance=models.Distance.COSINE),
+            "colbert": models.VectorParams(
+                size=answer["multivector_dim"], distance=models.Distance.COSINE,
+                multivector_config=models.MultiVectorConfig(
+                    comparator=models.MultiVectorComparator.MAX_SIM),
+                hnsw_config=models.HnswConfigDiff(m=0),  # used only to rescore
+            ),
+        },
+        sparse_vectors_config={"sparse": models.SparseVectorParams()},
+    )  # fmt: skip
+    client.upsert("docs", [
+        models.PointStruct(id=i, payload={"text": REAL_TEXTS[i]}, vector={
+            "dense": answer["embeddings"][i],
+            "sparse": models.SparseVector(indices=s["indices"], values=s["values"]),
+            "colbert": answer["multivectors"][i]["vectors"],
+        })
+        for i, s in enumerate(answer["sparse"][: len(REAL_TEXTS)])
+    ])  # fmt: skip
+    return client
+
+
+def hybrid_query(client: Any, answer: dict[str, Any], q: int, rescore: bool) -> list[Any]:
+    """Return Qdrant's points for the ``q``-th answer as a query: sparse and dense prefetches
+    fused by RRF, then (``rescore``) rescored by MaxSim on the multi-vectors."""
+    from qdrant_client import models
+
+    sparse = answer["sparse"][q]
+    prefetch = [
+        models.Prefetch(query=models.SparseVector(indices=sparse["indices"],
+                                                  values=sparse["values"]),
+                        using="sparse", limit=PREFETCH),
+        models.Prefetch(query=answer["embeddings"][q], using="dense", limit=PREFETCH),
+    ]  # fmt: skip
+    fusion = models.FusionQuery(fusion=models.Fusion.RRF)
+    if not rescore:
+        return client.query_points("docs", prefetch=prefetch, query=fusion,
+                                   limit=2 * PREFETCH).points  # fmt: skip
+    return client.query_points(
+        "docs", prefetch=models.Prefetch(prefetch=prefetch, query=fusion, limit=2 * PREFETCH),
+        query=answer["multivectors"][q]["vectors"], using="colbert", limit=5,
+    ).points  # fmt: skip
+
+
+def numpy_hybrid(flag: dict[str, Any], q: int) -> tuple[dict[int, float], list[int]]:
+    """Return (RRF score per fused id, the ids ranked by MaxSim) of the same search as
+    ``hybrid_query`` done in numpy on FlagEmbedding's vectors of REAL_TEXTS + QUERIES."""
+    n = len(REAL_TEXTS)
+    dense = np.asarray(flag["dense_vecs"][:n]) @ np.asarray(flag["dense_vecs"][q])
+    query = flag["lexical_weights"][q]
+    lexical = {i: sum(float(w) * float(query[t]) for t, w in flag["lexical_weights"][i].items()
+                      if t in query) for i in range(n)}  # fmt: skip
+    touching = [i for i in range(n) if query.keys() & flag["lexical_weights"][i].keys()]
+    rankings = [sorted(touching, key=lambda i: -lexical[i])[:PREFETCH],
+                np.argsort(-dense)[:PREFETCH].tolist()]  # fmt: skip
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for position, i in enumerate(ranking):
+            fused[i] = fused.get(i, 0.0) + 1 / (position + RRF_K)  # 1/((pos+1)+k-1)
+    q_vectors = np.asarray(flag["colbert_vecs"][q])
+    maxsim = {i: float((q_vectors @ np.asarray(flag["colbert_vecs"][i]).T).max(1).sum())
+              for i in fused}  # fmt: skip
+    return fused, sorted(fused, key=lambda i: -maxsim[i])[:5]
+
+
+def test_qdrant_hybrid_search_on_the_gateways_vectors_finds_what_numpy_finds_on_flagembeddings(
+    gateway: Gateway, flagembedding: dict[str, Any]
+) -> None:
+    pytest.importorskip("qdrant_client")
+    answer = m3_answer(gateway, REAL_TEXTS + QUERIES)
+    client = qdrant_collection(answer)
+
+    for q in range(len(REAL_TEXTS), len(REAL_TEXTS) + len(QUERIES)):
+        fused = hybrid_query(client, answer, q, rescore=False)
+        rescored = hybrid_query(client, answer, q, rescore=True)
+
+        want_fused, want_ids = numpy_hybrid(flagembedding, q)
+        assert len(want_fused) > len(want_ids)  # MaxSim picks among more than it keeps
+        # RRF gives equal scores to ids at swapped ranks: compare scores per id, not the order
+        assert {p.id: p.score for p in fused} == pytest.approx(want_fused, rel=1e-6)
+        assert [p.id for p in rescored] == want_ids
 
 
 def test_a_real_pylate_export_answers_as_pylate_encodes(
