@@ -421,3 +421,49 @@ def test_an_answer_over_the_answer_budget_is_a_413_before_the_model_runs(
     assert reply.status_code == 413, reply.text
     assert "GATEWAY_MAX_ANSWER_BYTES" in reply.json["error"]["message"]
     assert small.status_code == 200, small.text
+
+
+class Recording:
+    """The real upstream client, keeping each predict's output filter and the outputs it got."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.calls: list[tuple[tuple[str, ...], set[str]]] = []
+
+    def predict(self, model: str, inputs: Any, **kwargs: Any) -> Any:
+        outputs, served = self._client.predict(model, inputs, **kwargs)
+        self.calls.append((tuple(kwargs.get("output_filter", ())), set(outputs)))
+        return outputs, served
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_over_grpc_only_the_outputs_asked_for_leave_the_model_server(
+    retrieval: dict[str, Any],
+) -> None:
+    from backend.app import create_app
+    from backend.clients import make_client
+    from backend.service import Gateway as Service
+
+    app = create_app({"upstream": "grpc", "tfs_grpc_target": retrieval["server"].grpc_target,
+                      "model_base_path": str(retrieval["base"]),
+                      "model_config_file": str(retrieval["config"])})  # fmt: skip
+    settings = app.extensions["gateway_settings"]
+    recording = Recording(make_client(settings))
+    app.extensions["gateway"] = Service(settings, client=recording)
+    client = app.test_client()
+    path = f"/v1/models/{REAL_M3}:embed"
+
+    dense = client.post(path, json={"texts": TEXTS})
+    sparse = client.post(path, json={"texts": TEXTS, "outputs": ["sparse"]})
+    every = client.post(path, json={"texts": TEXTS, "outputs": ["dense", "sparse", "multivector"]})
+
+    assert dense.status_code == sparse.status_code == every.status_code == 200, dense.text
+    assert recording.calls == [
+        (("embedding",), {"embedding"}),
+        (("token_weights",), {"token_weights"}),
+        ((), {"embedding", "token_weights", "token_vectors"}),
+    ]
+    assert dense.json["embeddings"] == every.json["embeddings"]
+    assert sparse.json["sparse"] == every.json["sparse"]
