@@ -44,13 +44,15 @@ def export_model(ctx: BenchContext) -> tuple[Path, str]:
 
     base = ctx.work_dir / "retrieval-models"
     size = None if ctx.quick else MINILM
-    checkpoint = save_m3_checkpoint(ctx.work_dir / "retrieval-m3", size=size)
+    colbert_dim = 16 if ctx.quick else int(MINILM["hidden_size"])  # BGE-M3's own: its hidden size
+    checkpoint = save_m3_checkpoint(ctx.work_dir / "retrieval-m3", size=size,
+                                    colbert_dim=colbert_dim)  # fmt: skip
     build(checkpoint, MODEL, base, version=1, task="embed", max_seq_len=MAX_SEQ_LEN,
           warmup=False)  # fmt: skip
     what = ("tiny random BGE-M3 layout (hidden 32, 2 layers)" if ctx.quick else
             "random BGE-M3 layout at MiniLM-L6's dims (hidden 384, 6 layers, 12 heads; the "
             "tests' tiny xlm-roberta tokenizer)")  # fmt: skip
-    return base, what + ", colbert dim 16, fp32"
+    return base, what + f", colbert dim {colbert_dim}, fp32"
 
 
 def measure(url: str, pid: int, n: int) -> dict[str, dict[str, float]]:
