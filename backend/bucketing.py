@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,12 +85,15 @@ def reassemble(
     outputs: Sequence[dict[str, np.ndarray]],
     total: int,
     per_token: bool = False,
+    token_outputs: Collection[str] = (),
 ) -> dict[str, np.ndarray]:
     """Return each output's rows put back in the caller's order.
 
     ``per_token`` (token classification: outputs ``[batch, seq, labels]``): each chunk's
     outputs are padded with zeros along the sequence axis to the longest chunk's, so chunks
     of different buckets can share one array (each row's own length says what is real).
+    ``token_outputs``: the outputs padded so whatever ``per_token`` says (a retrieval model's
+    ``token_weights``/``token_vectors`` beside its pooled ``embedding``, which is not).
 
     Every chunk must bring the same outputs with one row per text: a chunk that lacked one
     would leave its rows of ``np.empty`` unwritten (garbage served as scores), and a single row
@@ -98,9 +101,13 @@ def reassemble(
     """
     if not chunks:
         return {}
-    if per_token:
+    if per_token or token_outputs:
         longest = max(chunk.seq_len for chunk in chunks)
-        outputs = [{k: _pad_tokens(v, longest) for k, v in out.items()} for out in outputs]
+        outputs = [
+            {k: _pad_tokens(v, longest) if per_token or k in token_outputs else v
+             for k, v in out.items()}
+            for out in outputs
+        ]  # fmt: skip
     if len(chunks) == 1 and list(chunks[0].indices) == list(range(total)):
         # One chunk in the caller's order (most requests): its outputs are the answer as is.
         _check_rows(chunks[0], outputs[0], total)

@@ -55,7 +55,12 @@ from backend.versions import (
     VersionResolver,
     check_model_name,
 )
-from modelformat.outputs import DENSE_OUTPUT, TOKEN_VECTORS_OUTPUT, MultiVectorOutput
+from modelformat.outputs import (
+    DENSE_OUTPUT,
+    TOKEN_VECTORS_OUTPUT,
+    TOKEN_WEIGHTS_OUTPUT,
+    MultiVectorOutput,
+)
 from modelformat.outputs import Outputs as ModelOutputs
 from modelformat.routing import ModelRoute
 
@@ -588,8 +593,9 @@ class Gateway:
         with timing.stage("reassemble"):
             chunks = [c.chunk for c in plan.calls]
             plan.outputs = reassemble(
-                chunks, plan.results, len(plan.encoded), per_token=plan.per_token
-            )
+                chunks, plan.results, len(plan.encoded), per_token=plan.per_token,
+                token_outputs=(TOKEN_WEIGHTS_OUTPUT, TOKEN_VECTORS_OUTPUT),
+            )  # fmt: skip
 
     def _resolve(self, plan: Plan, choice: Choice | None) -> None:
         """Stage ``resolve``: the first time (``choice`` None) the key's reach and the routing
@@ -711,13 +717,16 @@ class Gateway:
         if remaining <= 0:
             raise UpstreamTimeout("the request ran past GATEWAY_TIMEOUT_S")
 
+        wanted = _wanted_outputs(plan)
+        only: dict[str, Any] = {"output_filter": wanted} if wanted else {}
+
         def send(inputs: Any, timeout_s: float) -> tuple[Outputs, int]:
             rows = int(next(iter(inputs.values())).shape[0])
             with tracing.upstream_call(model, version, signature, rows, self.client.transport):
                 return self._upstream_call(
                     lambda: self.client.predict(
                         model, inputs, version=version, timeout_s=timeout_s,
-                        signature_name=signature,
+                        signature_name=signature, **only,
                     )
                 )  # fmt: skip
 
@@ -725,7 +734,7 @@ class Gateway:
         if self.groups is None:
             outputs, served = send(inputs, remaining)
         else:
-            kind = (model, version, signature, call.chunk.seq_len, tuple(sorted(inputs)))
+            kind = (model, version, signature, call.chunk.seq_len, tuple(sorted(inputs)), wanted)
             outputs, served = self.groups.call(kind, inputs, send, plan.deadline, model=model)
         if served not in (version, -1):
             # Never return answers from a version other than the one we tokenized for.
@@ -828,6 +837,20 @@ def _prompt(assets: ModelAssets, prompt_name: str | None, input_type: str | None
         return prompt_for(assets.embedding, prompt_name, input_type)
     except ValueError as exc:
         raise UnprocessableInput(f"{exc} (model {assets.model!r})") from None
+
+
+def _wanted_outputs(plan: Plan) -> tuple[str, ...]:
+    """Return the signature outputs the plan's kinds read when they are fewer than the model's
+    (a dense-only :embed of BGE-M3 leaves its token outputs on the model server), else ()."""
+    outputs = plan.assets.outputs if plan.assets is not None else None
+    if plan.options is None or outputs is None:
+        return ()
+    names = {"dense": (DENSE_OUTPUT,), "multivector": (TOKEN_VECTORS_OUTPUT,),
+             "sparse": outputs.sparse.outputs if outputs.sparse is not None else ()}  # fmt: skip
+    every = {n for kind, read in names.items() if getattr(outputs, kind) is not None
+             for n in read}  # fmt: skip
+    wanted = tuple(sorted({n for kind in plan.kinds for n in names.get(kind, ())}))
+    return wanted if wanted and set(wanted) != every else ()
 
 
 def _check_truncation(plan: Plan) -> None:

@@ -67,9 +67,11 @@ def _trained(kind: str, extra: tuple[str, ...] = ()) -> Any:
 
 
 def save_encoder(dest: str | Path, arch: str = "bert", *, seed: int = 0,
-                 extra_tokens: tuple[str, ...] = ()) -> Path:  # fmt: skip
+                 extra_tokens: tuple[str, ...] = (),
+                 size: dict[str, Any] | None = None) -> Path:  # fmt: skip
     """Save a tiny random ``arch`` base model (transformers' ``AutoModel``) with its tokenizer
-    into ``dest`` and return it; ``extra_tokens`` are added to the tokenizer (and the vocab)."""
+    into ``dest`` and return it; ``extra_tokens`` are added to the tokenizer (and the vocab);
+    ``size`` replaces SIZE's config keywords (a benchmark's MiniLM-sized encoder)."""
     import torch
     import transformers
 
@@ -77,7 +79,11 @@ def save_encoder(dest: str | Path, arch: str = "bert", *, seed: int = 0,
 
     kind, keywords = ARCHITECTURES[arch]
     tok = _trained(kind, extra_tokens)
-    values = {**SIZE, "vocab_size": tok.get_vocab_size(with_added_tokens=True), **keywords}
+    values = {
+        **(size or SIZE),
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+        **keywords,
+    }
     model_type = values.pop("model_type")
     torch.manual_seed(seed)
     config = transformers.AutoConfig.for_model(model_type, **values)
@@ -89,19 +95,21 @@ def save_encoder(dest: str | Path, arch: str = "bert", *, seed: int = 0,
 
 
 def save_m3_checkpoint(dest: str | Path, arch: str = "xlm-roberta", *, colbert_dim: int = 16,
-                       seed: int = 0, head_dtype: str = "float32") -> Path:  # fmt: skip
+                       seed: int = 0, head_dtype: str = "float32",
+                       size: dict[str, Any] | None = None) -> Path:  # fmt: skip
     """Save FlagEmbedding's BGE-M3 layout of a tiny ``arch`` encoder into ``dest``: the encoder,
     ``sparse_linear.pt`` (``nn.Linear(hidden, 1)``) and ``colbert_linear.pt``
     (``nn.Linear(hidden, colbert_dim)``), the heads' tensors in ``head_dtype`` (float32,
     float16 as BAAI/bge-m3 ships its sparse head, or bfloat16); return ``dest``.
 
-    FlagEmbedding loads it with ``BGEM3FlagModel(dest, colbert_dim=colbert_dim)``.
+    FlagEmbedding loads it with ``BGEM3FlagModel(dest, colbert_dim=colbert_dim)``. ``size``:
+    the encoder's config keywords in place of SIZE's (as ``save_encoder``).
     """
     import torch
     import transformers
 
-    dest = save_encoder(dest, arch, seed=seed)
-    hidden = HIDDEN
+    dest = save_encoder(dest, arch, seed=seed, size=size)
+    hidden = int((size or SIZE)["hidden_size"])
     torch.manual_seed(seed + 1)
     dtype = getattr(torch, head_dtype)
     sparse, colbert = torch.nn.Linear(hidden, 1), torch.nn.Linear(hidden, colbert_dim)

@@ -38,6 +38,7 @@ MODULES = [
     "gateway_cost_bench",
     "batch_bench",
     "tfs_passthrough_bench",
+    "retrieval_bench",
 ]
 
 

@@ -5,7 +5,7 @@ Every transport (grpc, rest, local) implements ``PredictClient`` and maps its er
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -41,8 +41,11 @@ class PredictClient(Protocol):
         label: str | None = None,
         timeout_s: float,
         signature_name: str | None = None,
+        output_filter: Sequence[str] = (),
     ) -> tuple[Outputs, int]:
-        """Return the outputs of a signature (default serving_default) and the version served."""
+        """Return the outputs of a signature (default serving_default) and the version served;
+        ``output_filter`` names the outputs wanted (all when empty; TF Serving's gRPC
+        ``PredictRequest.output_filter``: its REST API has none, so REST answers them all)."""
         ...
 
     def model_status(self, model: str, *, timeout_s: float) -> list[VersionStatus]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -149,11 +149,14 @@ class GrpcClient:
         label: str | None = None,
         timeout_s: float,
         signature_name: str | None = None,
+        output_filter: Sequence[str] = (),
     ) -> tuple[Outputs, int]:
-        """Return the outputs and the served version of one Predict call."""
+        """Return the outputs and the served version of one Predict call (``output_filter``'s
+        outputs only, when it names any)."""
         request = build_predict_request(
             model, inputs, version=version, label=label, signature_name=signature_name
         )
+        request.output_filter.extend(output_filter)
         if self.replicas is None:
             assert self._single is not None
             tracing.annotate("tfserving.replica", self.target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ class LocalClient:
         label: str | None = None,
         timeout_s: float,
         signature_name: str | None = None,
+        output_filter: Sequence[str] = (),  # in process: every output comes back
     ) -> tuple[Outputs, int]:
         """Run the newest loaded version; a different explicit version is not served here."""
         if label is not None:

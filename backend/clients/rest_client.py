@@ -21,7 +21,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
@@ -94,6 +94,7 @@ class RestClient:
         label: str | None = None,
         timeout_s: float,
         signature_name: str | None = None,
+        output_filter: Sequence[str] = (),  # REST has no output filter: every output comes back
     ) -> tuple[Outputs, int]:
         """Return the outputs and the version served (the version asked for; REST echoes none)."""
         path = self._model_path(model, version, label)

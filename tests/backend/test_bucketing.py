@@ -125,3 +125,19 @@ def test_one_chunk_in_caller_order_is_returned_as_is_but_still_checked() -> None
     assert merged["probabilities"] is outputs["probabilities"]
     with pytest.raises(UpstreamError, match="shape"):
         reassemble([chunk], [{"probabilities": np.ones((1, 3), np.float32)}], 2)
+
+
+def test_retrieval_token_outputs_are_padded_across_buckets_and_the_pooled_one_not() -> None:
+    chunks = [Chunk(indices=(1,), seq_len=16), Chunk(indices=(0,), seq_len=32)]
+    outputs = [
+        {"embedding": np.ones((1, 8), np.float32), "token_weights": np.ones((1, 16), np.float32),
+         "token_vectors": np.ones((1, 16, 4), np.float32)},
+        {"embedding": np.ones((1, 8), np.float32), "token_weights": np.ones((1, 32), np.float32),
+         "token_vectors": np.ones((1, 32, 4), np.float32)},
+    ]  # fmt: skip
+
+    merged = reassemble(chunks, outputs, 2, token_outputs=("token_weights", "token_vectors"))
+
+    assert merged["embedding"].shape == (2, 8)
+    assert merged["token_weights"].shape == (2, 32) and merged["token_vectors"].shape == (2, 32, 4)
+    assert merged["token_weights"][1, 16:].sum() == 0 and merged["token_weights"][0].sum() == 32

@@ -2,8 +2,13 @@
 document sides, inference-free SPLADE queries, TEI's /embed_sparse, MaxSim rerank and the answer
 budget, through a real model server and gunicorn gateways (grpc and rest).
 
-The models (tests/backend/retrieval_models.py) are tables without context: each expected answer
-is recomputed here from the table and the ids the gateway's own :tokenize reports.
+Two kinds of models: tables without context (tests/backend/retrieval_models.py), whose expected
+answers are recomputed here from the table and the ids the gateway's own :tokenize reports; and
+real exports of tiny random checkpoints (export/tiny_retrieval.py, built by export.build): a
+BGE-M3 layout checked against FlagEmbedding's ``BGEM3FlagModel`` and a PyLate ColBERT checked
+against PyLate's ``ColBERT.encode``. The BGE-M3 export's answers also feed Qdrant's local mode
+(``test_qdrant_hybrid_search_...``): sparse and dense prefetches fused by RRF, rescored by MaxSim,
+checked against the same search in numpy on FlagEmbedding's vectors.
 """
 
 from __future__ import annotations
@@ -16,30 +21,49 @@ import numpy as np
 import pytest
 import requests
 
+from tests.backend.corpus import CORPUS
 from tests.backend.retrieval_models import COLBERT, M3, SPECIAL_IDS, SPLADE, TOP_K, write_versions
 from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
 
 TEXTS = ["hello world", "my card was charged twice, and the refund is late!"]
+QUERIES = ["my order is late", "refund my card", "reset my password", "hello"]
+REAL_TEXTS = [t for t in CORPUS if len(t) < 80] + [
+    "where is my order? it is three days late.", "refund, please!", "the parcel never arrived",
+    "how do I reset my password", "the quick brown fox jumps over the lazy dog",
+    "cancel my subscription today", "the app crashes when I open it", "track a package",
+    "my invoice shows the wrong amount", "change the delivery address",
+]  # fmt: skip
 MODELS = (M3, COLBERT, SPLADE)
 EXPORTED = "st-splade"  # an inference-free SPLADE exported by export/ (sentence-transformers')
+REAL_M3 = "bge-m3"  # FlagEmbedding's layout, exported by export/
+REAL_COLBERT = "pylate"  # a PyLate ColBERT, exported by export/
+REAL_SEQ = 64
 
 
 @pytest.fixture(scope="module")
 def retrieval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Return the three versions' tables and a model server serving them."""
     from export.build import build
+    from export.tiny_retrieval import save_m3_checkpoint, save_pylate_checkpoint
     from export.tiny_splade import save_tiny_inference_free
 
     base = tmp_path_factory.mktemp("retrieval")
     made = write_versions(base)
-    checkpoint = save_tiny_inference_free(base.parent / f"{base.name}-ckpt", seed=3)
+    checkpoints = tmp_path_factory.mktemp("retrieval-ckpt")
+    checkpoint = save_tiny_inference_free(checkpoints / EXPORTED, seed=3)
     build(checkpoint, EXPORTED, base, version=1, task="embed", top_k=TOP_K, warmup=False)
     made[EXPORTED] = {"checkpoint": checkpoint}
+    for name, save in ((REAL_M3, save_m3_checkpoint), (REAL_COLBERT, save_pylate_checkpoint)):
+        checkpoint = save(checkpoints / name)
+        build(checkpoint, name, base, version=1, task="embed", max_seq_len=REAL_SEQ,
+              warmup=False)  # fmt: skip
+        made[name] = {"checkpoint": checkpoint}
+    served = [*MODELS, EXPORTED, REAL_M3, REAL_COLBERT]
     config = base / "models.config"
-    config.write_text(model_config(base, {}, [*MODELS, EXPORTED]), encoding="utf-8")
+    config.write_text(model_config(base, {}, served), encoding="utf-8")
     server = ModelServer(config, tmp_path_factory.mktemp("retrieval-logs"))
     try:
-        for name in (*MODELS, EXPORTED):
+        for name in served:
             server.wait_available(name, 1)
         yield {"made": made, "server": server, "base": base, "config": config}
     finally:
@@ -174,6 +198,158 @@ def test_an_exported_splade_answers_as_sparse_encoder_encodes(
             assert row == pytest.approx(expected, rel=1e-4, abs=1e-5)
 
 
+@pytest.fixture(scope="module")
+def flagembedding(retrieval: dict[str, Any]) -> dict[str, Any]:
+    """Return FlagEmbedding's ``BGEM3FlagModel.encode`` of REAL_TEXTS (all three outputs) on the
+    BGE-M3 checkpoint the gateway serves exported."""
+    from FlagEmbedding import BGEM3FlagModel
+
+    model = BGEM3FlagModel(str(retrieval["made"][REAL_M3]["checkpoint"]), use_fp16=False,
+                           colbert_dim=16, devices="cpu", normalize_embeddings=True)  # fmt: skip
+    return dict(model.encode(REAL_TEXTS + QUERIES, batch_size=64, max_length=REAL_SEQ,
+                             return_dense=True, return_sparse=True,
+                             return_colbert_vecs=True))  # fmt: skip
+
+
+def m3_answer(gateway: Gateway, texts: list[str]) -> dict[str, Any]:
+    """Return the gateway's :embed answer of the BGE-M3 export to ``texts``, all three outputs."""
+    reply = _post(gateway, f"/v1/models/{REAL_M3}:embed",
+                  {"texts": texts, "outputs": ["dense", "sparse", "multivector"]})  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_a_real_bge_m3_export_answers_as_flagembedding_encodes(
+    gateway: Gateway, flagembedding: dict[str, Any]
+) -> None:
+    answer = m3_answer(gateway, REAL_TEXTS + QUERIES)
+
+    np.testing.assert_allclose(answer["embeddings"], flagembedding["dense_vecs"], atol=1e-5)
+    keys = 0
+    for item, want, vectors, rows in zip(answer["sparse"], flagembedding["lexical_weights"],
+                                         answer["multivectors"], flagembedding["colbert_vecs"],
+                                         strict=True):  # fmt: skip
+        ours = {str(i): v for i, v in zip(item["indices"], item["values"], strict=True)}
+        assert ours == pytest.approx({k: float(v) for k, v in want.items()}, abs=1e-4)
+        keys += len(want)
+        assert vectors["rows"] == len(rows)
+        np.testing.assert_allclose(vectors["vectors"], rows, atol=1e-4)
+    assert keys >= len(REAL_TEXTS)  # the tiny sparse head weighs some tokens > 0
+
+
+PREFETCH = 10  # each prefetch's limit; the fusion keeps their union (no RRF tie at a cut)
+RRF_K = 2  # qdrant_client's local RRF constant (hybrid/fusion.py DEFAULT_RANKING_CONSTANT_K)
+
+
+def qdrant_collection(answer: dict[str, Any]) -> Any:
+    """Return a Qdrant local-mode client holding one point per REAL_TEXTS with the gateway's
+    dense, sparse and multi-vector answers as named vectors."""
+    from qdrant_client import QdrantClient, models
+
+    client = QdrantClient(":memory:")
+    client.create_collection(
+        "docs",
+        vectors_config={
+            "dense": models.VectorParams(size=answer["dim"], distance=models.Distance.COSINE),
+            "colbert": models.VectorParams(
+                size=answer["multivector_dim"], distance=models.Distance.COSINE,
+                multivector_config=models.MultiVectorConfig(
+                    comparator=models.MultiVectorComparator.MAX_SIM),
+                hnsw_config=models.HnswConfigDiff(m=0),  # used only to rescore
+            ),
+        },
+        sparse_vectors_config={"sparse": models.SparseVectorParams()},
+    )  # fmt: skip
+    client.upsert("docs", [
+        models.PointStruct(id=i, payload={"text": REAL_TEXTS[i]}, vector={
+            "dense": answer["embeddings"][i],
+            "sparse": models.SparseVector(indices=s["indices"], values=s["values"]),
+            "colbert": answer["multivectors"][i]["vectors"],
+        })
+        for i, s in enumerate(answer["sparse"][: len(REAL_TEXTS)])
+    ])  # fmt: skip
+    return client
+
+
+def hybrid_query(client: Any, answer: dict[str, Any], q: int, rescore: bool) -> list[Any]:
+    """Return Qdrant's points for the ``q``-th answer as a query: sparse and dense prefetches
+    fused by RRF, then (``rescore``) rescored by MaxSim on the multi-vectors."""
+    from qdrant_client import models
+
+    sparse = answer["sparse"][q]
+    prefetch = [
+        models.Prefetch(query=models.SparseVector(indices=sparse["indices"],
+                                                  values=sparse["values"]),
+                        using="sparse", limit=PREFETCH),
+        models.Prefetch(query=answer["embeddings"][q], using="dense", limit=PREFETCH),
+    ]  # fmt: skip
+    fusion = models.FusionQuery(fusion=models.Fusion.RRF)
+    if not rescore:
+        return client.query_points("docs", prefetch=prefetch, query=fusion,
+                                   limit=2 * PREFETCH).points  # fmt: skip
+    return client.query_points(
+        "docs", prefetch=models.Prefetch(prefetch=prefetch, query=fusion, limit=2 * PREFETCH),
+        query=answer["multivectors"][q]["vectors"], using="colbert", limit=5,
+    ).points  # fmt: skip
+
+
+def numpy_hybrid(flag: dict[str, Any], q: int) -> tuple[dict[int, float], list[int]]:
+    """Return (RRF score per fused id, the ids ranked by MaxSim) of the same search as
+    ``hybrid_query`` done in numpy on FlagEmbedding's vectors of REAL_TEXTS + QUERIES."""
+    n = len(REAL_TEXTS)
+    dense = np.asarray(flag["dense_vecs"][:n]) @ np.asarray(flag["dense_vecs"][q])
+    query = flag["lexical_weights"][q]
+    lexical = {i: sum(float(w) * float(query[t]) for t, w in flag["lexical_weights"][i].items()
+                      if t in query) for i in range(n)}  # fmt: skip
+    touching = [i for i in range(n) if query.keys() & flag["lexical_weights"][i].keys()]
+    rankings = [sorted(touching, key=lambda i: -lexical[i])[:PREFETCH],
+                np.argsort(-dense)[:PREFETCH].tolist()]  # fmt: skip
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for position, i in enumerate(ranking):
+            fused[i] = fused.get(i, 0.0) + 1 / (position + RRF_K)  # 1/((pos+1)+k-1)
+    q_vectors = np.asarray(flag["colbert_vecs"][q])
+    maxsim = {i: float((q_vectors @ np.asarray(flag["colbert_vecs"][i]).T).max(1).sum())
+              for i in fused}  # fmt: skip
+    return fused, sorted(fused, key=lambda i: -maxsim[i])[:5]
+
+
+def test_qdrant_hybrid_search_on_the_gateways_vectors_finds_what_numpy_finds_on_flagembeddings(
+    gateway: Gateway, flagembedding: dict[str, Any]
+) -> None:
+    pytest.importorskip("qdrant_client")
+    answer = m3_answer(gateway, REAL_TEXTS + QUERIES)
+    client = qdrant_collection(answer)
+
+    for q in range(len(REAL_TEXTS), len(REAL_TEXTS) + len(QUERIES)):
+        fused = hybrid_query(client, answer, q, rescore=False)
+        rescored = hybrid_query(client, answer, q, rescore=True)
+
+        want_fused, want_ids = numpy_hybrid(flagembedding, q)
+        assert len(want_fused) > len(want_ids)  # MaxSim picks among more than it keeps
+        # RRF gives equal scores to ids at swapped ranks: compare scores per id, not the order
+        assert {p.id: p.score for p in fused} == pytest.approx(want_fused, rel=1e-6)
+        assert [p.id for p in rescored] == want_ids
+
+
+def test_a_real_pylate_export_answers_as_pylate_encodes(
+    gateway: Gateway, retrieval: dict[str, Any]
+) -> None:
+    from pylate import models
+
+    model = models.ColBERT(str(retrieval["made"][REAL_COLBERT]["checkpoint"]), device="cpu")
+    for is_query, texts in ((True, REAL_TEXTS[:4]), (False, REAL_TEXTS[:8])):
+        want = model.encode(texts, is_query=is_query, convert_to_numpy=True)
+
+        reply = _post(gateway, f"/v1/models/{REAL_COLBERT}:embed",
+                      {"texts": texts, "is_query": is_query})  # fmt: skip
+
+        assert reply.status_code == 200, reply.text
+        for ours, theirs in zip(reply.json()["multivectors"], want, strict=True):
+            assert ours["rows"] == len(theirs)
+            np.testing.assert_allclose(ours["vectors"], theirs, atol=1e-4)
+
+
 def test_rerank_scores_by_maxsim_and_bge_m3_weights(
     gateway: Gateway, retrieval: dict[str, Any]
 ) -> None:
@@ -245,3 +421,49 @@ def test_an_answer_over_the_answer_budget_is_a_413_before_the_model_runs(
     assert reply.status_code == 413, reply.text
     assert "GATEWAY_MAX_ANSWER_BYTES" in reply.json["error"]["message"]
     assert small.status_code == 200, small.text
+
+
+class Recording:
+    """The real upstream client, keeping each predict's output filter and the outputs it got."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.calls: list[tuple[tuple[str, ...], set[str]]] = []
+
+    def predict(self, model: str, inputs: Any, **kwargs: Any) -> Any:
+        outputs, served = self._client.predict(model, inputs, **kwargs)
+        self.calls.append((tuple(kwargs.get("output_filter", ())), set(outputs)))
+        return outputs, served
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_over_grpc_only_the_outputs_asked_for_leave_the_model_server(
+    retrieval: dict[str, Any],
+) -> None:
+    from backend.app import create_app
+    from backend.clients import make_client
+    from backend.service import Gateway as Service
+
+    app = create_app({"upstream": "grpc", "tfs_grpc_target": retrieval["server"].grpc_target,
+                      "model_base_path": str(retrieval["base"]),
+                      "model_config_file": str(retrieval["config"])})  # fmt: skip
+    settings = app.extensions["gateway_settings"]
+    recording = Recording(make_client(settings))
+    app.extensions["gateway"] = Service(settings, client=recording)
+    client = app.test_client()
+    path = f"/v1/models/{REAL_M3}:embed"
+
+    dense = client.post(path, json={"texts": TEXTS})
+    sparse = client.post(path, json={"texts": TEXTS, "outputs": ["sparse"]})
+    every = client.post(path, json={"texts": TEXTS, "outputs": ["dense", "sparse", "multivector"]})
+
+    assert dense.status_code == sparse.status_code == every.status_code == 200, dense.text
+    assert recording.calls == [
+        (("embedding",), {"embedding"}),
+        (("token_weights",), {"token_weights"}),
+        ((), {"embedding", "token_weights", "token_vectors"}),
+    ]
+    assert dense.json["embeddings"] == every.json["embeddings"]
+    assert sparse.json["sparse"] == every.json["sparse"]
