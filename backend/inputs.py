@@ -130,6 +130,9 @@ class Items:
     over: type[GatewayError] = PayloadTooLarge
     least: int = 1  # an emptier list is a 422
     reserved: int = 0  # items the route adds to the count (a rerank's query)
+    # an emptier list: 422 for the inputs (an empty list of texts), 400 for an option's list
+    # (embedding types, output kinds, weights: a malformed option, as its wrong items are)
+    empty: type[GatewayError] = UnprocessableInput
 
 
 def check_list(value: Any, field: str, items: Items, limits: Limits) -> None:
@@ -148,7 +151,7 @@ def check_list(value: Any, field: str, items: Items, limits: Limits) -> None:
             f"{most + items.reserved} ({items.setting})"
         )
     if count < items.least:
-        raise UnprocessableInput(f"field '{field}' is empty: send at least one of its {items.noun}")
+        raise items.empty(f"field '{field}' is empty: send at least one of its {items.noun}")
     check = items.item
     for index, item in enumerate(value):
         check(item, f"{field}[{index}]", limits)
@@ -305,10 +308,16 @@ TOKEN_IDS_OR_NONE = Items(
 ID_LISTS = Items("lists of token ids", _ids(1), _texts_limit, "GATEWAY_MAX_TEXTS")
 ID_LISTS_OR_EMPTY = Items("lists of token ids", _ids(0), _texts_limit, "GATEWAY_MAX_TEXTS")
 OUTPUTS = Items("output kinds", output_kind, lambda _: len(OUTPUT_KINDS), "one of each kind",
-                BadRequest)  # fmt: skip
-WEIGHTS = Items("weights", weight, lambda _: 3, "[dense, sparse, colbert]", BadRequest)
+                BadRequest, empty=BadRequest)  # fmt: skip
+WEIGHTS = Items("weights", weight, lambda _: 3, "[dense, sparse, colbert]", BadRequest,
+                empty=BadRequest)  # fmt: skip
 EMBEDDING_TYPES = Items(
-    "embedding types", output_type, lambda _: len(OUTPUT_TYPES), "one of each type", BadRequest
+    "embedding types",
+    output_type,
+    lambda _: len(OUTPUT_TYPES),
+    "one of each type",
+    BadRequest,
+    empty=BadRequest,
 )
 
 

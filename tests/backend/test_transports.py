@@ -528,8 +528,8 @@ def _one_answer_per_connection(closing: str) -> Any:
         line = _request_line(conn)
         if line is None:
             return
-        conn.sendall(_tf_answer(line))
-        answered[index] += 1
+        answered[index] += 1  # before the answer: the client may return (and the test read it)
+        conn.sendall(_tf_answer(line))  # before this thread runs again
         if _request_line(conn) is not None and closing == "reset":
             conn.setsockopt(
                 socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
