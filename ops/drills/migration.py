@@ -1,7 +1,7 @@
 """Migrate an embedder to another vector space under load: queries by label throughout, the label
 moved once, every answer from the version its label named.
 
-  python -m ops.drills migration --spawn models/ --model minilm --from 1 --to 2 --clients 8
+  python scripts/migration_drill.py --spawn models/ --model minilm --from 1 --to 2 --clients 8
 
 ``--spawn`` holds the two versions (``<model>/<from>`` and ``<model>/<to>``: two embedders of
 different spaces, e.g. the demo MiniLM and the same weights exported with another pooling); they
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -251,7 +250,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Return the command-line arguments."""
     p = argparse.ArgumentParser(
-        prog="python -m ops.drills migration", description=__doc__,
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument("--spawn", type=Path, required=True, help="base path holding both versions")
@@ -279,7 +278,3 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     return common.run_in_tmp("migration_drill", args.json, lambda work: run(args, work))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
