@@ -175,6 +175,7 @@ PYTHON_MODULES: list[tuple[str, list[str]]] = [
     ("python -m ops.demo", ["-m", "ops.demo"]),
     ("python -m ops.load", ["-m", "ops.load"]),
     ("python -m ops.batch", ["-m", "ops.batch"]),
+    ("python -m ops.rollout migrate", ["-m", "ops.rollout", "migrate"]),
     ("python -m ops.drills", ["-m", "ops.drills"]),
 ]
 MODEL_SERVER: tuple[str, list[str]] = ("python -m modelserver", ["-m", "modelserver"])

@@ -36,7 +36,8 @@ OPS_FAMILIES: dict[str, set[str]] = {
     "lifecycle": {"demo"},  # push's default server is the running local stack's
     "load": set(),
     "batch": set(),  # batch jobs: the gateway's own stages (backend) straight to TF Serving
-    "rollout": {"lifecycle"},  # a rollout publishes and promotes through push
+    # a rollout publishes and promotes through push; a migration re-embeds through a batch job
+    "rollout": {"lifecycle", "batch"},
     "drills": {"lifecycle", "rollout", "load"},
 }
 # The floor's tools that deployments run by module name (deploy/k8s, the ops image, docs).

@@ -10,6 +10,7 @@ DRILLS = {
     "replica": ("ops.drills.replica", "replicas behind one gateway: kill one, push, promote"),
     "rolling": ("ops.drills.rolling", "rolling update, a slow replica, a hung one, rollback"),
     "rollout": ("ops.drills.rollout", "a good version rolled out and a bad one back, real tickets"),
+    "migration": ("ops.drills.migration", "an embedder migrated to another space under load"),
     "hostile": ("ops.drills.hostile", "hostile clients beside well-behaved ones; restarts"),
     "costly": ("ops.drills.costly", "each costly request alone: status, time, worker peak RSS"),
 }

@@ -41,6 +41,11 @@ is already clearly broken:
   weighted steps  the new version's 5xx rate <= the stable version's + --max-error-increase; its
                   p99 latency <= the stable version's p99 x --max-latency-ratio
 
+Embedders: before the first step, when a weighted step is to come, the two versions embed a
+sample (``--space-sample``) in process: one vector space (a re-export, a precision change) rolls
+out as above; two spaces refuse the weighted canary (a rollback naming ``python -m ops.rollout
+migrate``, the thresholds in ``ops.rollout.spaces``).
+
 With fewer than ``--min-samples`` samples it says so and holds on, up to ``--step-timeout``; a step
 that times out without the evidence rolls back. Every decision is printed with its figures and
 appended as a JSON line to ``--log``. After the last step the version is promoted: ``--from-label``
@@ -68,6 +73,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from backend.errors import GatewayError
 from backend.settings import SettingsError
 from ops.lifecycle import push
 from ops.modelconfig import OpsError, say
@@ -78,11 +84,20 @@ from ops.rollout.engine import (
     EXIT_INTERRUPTED,
     EXIT_PROMOTED,
     EXIT_ROLLED_BACK,
+    CheckSpaces,
     Rollout,
     Settings,
 )
 from ops.rollout.metrics import GatewayMetrics, MetricsSource, PrometheusMetrics
 from ops.rollout.push import available_on_replicas, promote_with_push, push_new_version
+from ops.rollout.spaces import (
+    SpaceCheck,
+    compare,
+    gateway_embed,
+    is_embedder,
+    read_sample,
+    sample_texts,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -184,6 +199,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait per replica")
     parser.add_argument("--keep", type=int, default=2, help="as push_model: newest versions kept")
     parser.add_argument("--lock-timeout", type=float, default=600.0, help="as push_model")
+    parser.add_argument(
+        "--space-sample", type=Path, default=None,
+        help="embedders: texts (one a line, or JSONL with a text field) the two versions' "
+        "spaces are compared on before a weighted step (default: a built-in sample)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.extra = extra
     if extra and not args.checkpoint:
@@ -228,11 +248,36 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )  # fmt: skip
 
 
+def spaces_checker(args: argparse.Namespace) -> CheckSpaces:
+    """Return the space check of an embedder's versions, in process on the first --server."""
+
+    def check(model: str, stable: int, new: int) -> SpaceCheck | None:
+        texts = read_sample(args.space_sample) if args.space_sample else sample_texts()
+        gateway, embed_for = gateway_embed(args.server[0], args.base_path, args.config)
+        try:
+            if not is_embedder(gateway, model, new):
+                return None
+            return compare(embed_for(model), stable, new, texts)
+        except GatewayError as exc:
+            raise OpsError(f"the space check of {model} failed: {exc.message}") from exc
+        finally:
+            gateway.close()
+
+    return check
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM (a k8s Job deleted) stops like Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the rollout (``migrate ...``: an embedder's migration, ``ops.rollout.migrate``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["migrate"]:
+        from ops.rollout import migrate
+
+        sys.argv[0] = "python -m ops.rollout migrate"
+        return migrate.main(argv[1:])
     args = parse_args(argv)
     settings = settings_from(args)
     source: MetricsSource = (
@@ -241,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         else GatewayMetrics(args.gateway or [])
     )
     rollout = Rollout(
-        settings, source, promote_with_push(args), available_on_replicas(args.server, args.timeout)
+        settings,
+        source,
+        promote_with_push(args),
+        available_on_replicas(args.server, args.timeout),
+        check_spaces=spaces_checker(args),
     )
     signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -34,6 +34,7 @@ from ops.rollout.decisions import (
     parse_steps,
 )
 from ops.rollout.metrics import Figures, MetricsSource
+from ops.rollout.spaces import SpaceCheck, refusal
 from ops.rollout.state import (
     PROMOTING,
     ROLLING_BACK,
@@ -55,6 +56,8 @@ EXIT_PROMOTED, EXIT_ERROR, EXIT_ROLLED_BACK, EXIT_INTERRUPTED = 0, 1, 3, 130
 
 Promote = Callable[[str, str, int], None]  # (model, label, version): the label names the version
 CheckAvailable = Callable[[str, int], None]  # (model, version): raise OpsError unless AVAILABLE
+# (model, stable, new): the spaces compared (ops.rollout.spaces), or None for a non-embedder
+CheckSpaces = Callable[[str, int, int], "SpaceCheck | None"]
 
 
 @dataclass
@@ -94,8 +97,10 @@ class Rollout:
         check_available: CheckAvailable,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        check_spaces: CheckSpaces | None = None,
     ):
         self.s = settings
+        self.check_spaces = check_spaces
         self.source = source
         self.promote = promote
         self.check_available = check_available
@@ -111,6 +116,9 @@ class Rollout:
             state = self.begin()
             if state.phase == STEPS:
                 self.check_available(state.model, state.version)
+                refused = self.spaces_refusal(state)
+                if refused:
+                    return self.roll_back(state, refused)
                 while state.step < len(self.s.steps):
                     decision, figs = self.run_step(state)
                     if decision.verdict != GO:
@@ -214,6 +222,35 @@ class Rollout:
             known = ", ".join(sorted(by_model)) or "none"
             raise OpsError(f"model {self.s.model!r} is not in {self.s.config_path} ({known})")
         return by_model[self.s.model]
+
+    def spaces_refusal(self, state: State) -> str:
+        """Return why the weighted steps are refused (two vector spaces), or "" to go on.
+
+        Checked once, before the first step, when a weighted step is still to come and the
+        model is an embedder; the check is recorded in the state and the log.
+        """
+        if self.check_spaces is None or state.spaces is not None:
+            return self.refusal_of(state)
+        if not any(not step.shadow for step in self.s.steps[state.step :]):
+            return ""
+        check = self.check_spaces(state.model, state.stable, state.version)
+        if check is None:
+            return ""
+        say(f"vector spaces: {check.describe()}: {'one' if check.same_space else 'two'} space(s)")
+        with self.locked() as states:
+            recorded = self.owned(states, state)
+            recorded.spaces = state.spaces = check.to_json()
+        self.log("spaces", state)
+        return self.refusal_of(state)
+
+    def refusal_of(self, state: State) -> str:
+        """Return the refusal the recorded space check makes ("" when one space or none)."""
+        data = state.spaces
+        if not data or data["same_space"]:
+            return ""
+        fields = {k: v for k, v in data.items() if k != "same_space"}
+        fields["dims"] = tuple(fields["dims"])
+        return refusal(state.model, SpaceCheck(**fields), state.from_label)
 
     def step_name(self, state: State) -> str:
         if state.step >= len(self.s.steps):
@@ -392,6 +429,8 @@ class Rollout:
                           figures=decision.figures)  # fmt: skip
         if state.reason:
             record["reason"] = state.reason
+        if event == "spaces" and state.spaces:
+            record["spaces"] = state.spaces
         self.s.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.s.log_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")

@@ -100,6 +100,7 @@ class State:
     started_at: float = 0.0
     reason: str = ""  # why it is rolling back
     pid: int = 0
+    spaces: dict[str, Any] | None = None  # an embedder's space check (ops.rollout.spaces)
 
 
 def load_states(path: Path) -> dict[str, State]:

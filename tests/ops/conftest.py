@@ -69,11 +69,16 @@ def start_ops_server(work: Path, base: Path, config_text: str) -> OpsServer:
 
 
 def serve_tiny_versions(
-    tiny_exports: Path, work: Path, versions: dict[int, str], policy: str
+    tiny_exports: Path,
+    work: Path,
+    versions: dict[int, str],
+    policy: str,
+    also: tuple[int, ...] = (),
 ) -> Iterator[OpsServer]:
-    """Serve copies of tiny ``versions`` (version -> label) under ``policy``; stop it after."""
+    """Serve copies of tiny ``versions`` (version -> label) and ``also`` (no label) under
+    ``policy``; stop it after."""
     base = work / "models"
-    for version in versions:
+    for version in [*versions, *also]:
         shutil.copytree(tiny_exports / MODEL / str(version), base / MODEL / str(version))
     labels = " ".join(
         f'version_labels {{ key: "{label}" value: {version} }}'
@@ -108,4 +113,28 @@ def two_versions_server(
     yield from serve_tiny_versions(
         tiny_exports, tmp_path_factory.mktemp("two-versions"), {1: "stable", 2: "canary"},
         "specific { versions: 1 versions: 2 }",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def embed_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a base path of tiny embedders: ``tiny/1`` (seed 0), ``tiny/2`` (seed 1: another
+    vector space) and ``tiny/3`` (seed 0 in bf16: v1's space at another precision)."""
+    from export.tiny import export_tiny_model
+
+    base = tmp_path_factory.mktemp("embed-exports")
+    for version, seed, precision in ((1, 0, "fp32"), (2, 1, "fp32"), (3, 0, "bf16")):
+        export_tiny_model(base, MODEL, task="embed", version=version, seed=seed,
+                          precision=precision, warmup=False)  # fmt: skip
+    return base
+
+
+@pytest.fixture(scope="module")
+def embed_server(
+    embed_exports: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OpsServer]:
+    """Start ``python -m modelserver`` on the tiny embedders v1, v2, v3 with stable=1."""
+    yield from serve_tiny_versions(
+        embed_exports, tmp_path_factory.mktemp("embed-server"), {1: "stable"},
+        "specific { versions: 1 versions: 2 versions: 3 }", also=(2, 3),
     )  # fmt: skip
