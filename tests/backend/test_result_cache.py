@@ -123,6 +123,23 @@ def test_no_store_keeps_nothing_and_truncate_false_still_refuses_a_cut_hit(
         assert refused.json()["error"]["message"].startswith("texts[1] needs")
 
 
+def _computed(gateway: Gateway) -> float:
+    """Return how many inferences the gateway computed (its ``_plan`` stage observes each)."""
+    exposed = requests.get(f"{gateway.url}/metrics", timeout=5).text
+    line = next(x for x in exposed.splitlines() if x.startswith("gateway_texts_per_request_count"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_concurrent_requests_of_one_new_text_compute_it_once(cached: Gateway) -> None:
+    body = {"texts": [f"sixteen at once {cached.port}"]}
+    before = _computed(cached)
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: _post(cached, EMBED, "embed", body), range(16)))
+    assert len({a.content for a in answers}) == 1
+    assert sorted(a.headers["x-cache"] for a in answers).count("miss") >= 1
+    assert _computed(cached) - before == 1
+
+
 def test_a_label_move_never_serves_the_old_versions_answer(
     cached: Gateway, model_base: Path, own_config: Path
 ) -> None:
