@@ -51,7 +51,7 @@ REQUEST_SECONDS = Histogram(
 STAGE_SECONDS = Histogram(
     "gateway_stage_duration_seconds",
     "Latency of one stage of an inference request, in the order they run: validate, resolve, "
-    "tokenize, plan, call (the model server's calls), reassemble, postprocess, answer; and "
+    "cache, tokenize, plan, call (the model server's calls), reassemble, postprocess, answer; and "
     "queue (the part of call spent waiting for a call shared with concurrent requests).",
     ["stage"],
     buckets=LATENCY_BUCKETS,
@@ -205,6 +205,35 @@ WAITING = Gauge(
     "gateway_requests_waiting",
     "Requests queued for a model-server call shared with others (backend/grouping.py), per model.",
     ["model"],
+    multiprocess_mode="livesum",
+)
+
+CACHE_LOOKUPS = Counter(
+    "gateway_cache_lookups_total",
+    "Texts looked up in the result cache (backend/cache.py), per tier and result: hit or miss.",
+    ["tier", "result"],
+)
+CACHE_EVICTIONS = Counter(
+    "gateway_cache_evictions_total",
+    "Result-cache entries evicted (least recently used first) to keep the tier's bounds.",
+    ["tier"],
+)
+CACHE_NOT_STORED = Counter(
+    "gateway_cache_not_stored_total",
+    "Computed answers the result cache did not keep, per tier and reason: too_big (over "
+    "GATEWAY_CACHE_ENTRY_BYTES).",
+    ["tier", "reason"],
+)
+CACHE_BYTES = Gauge(
+    "gateway_cache_bytes",
+    "Bytes the result cache's entries hold, per tier (summed over workers).",
+    ["tier"],
+    multiprocess_mode="livesum",
+)
+CACHE_ENTRIES = Gauge(
+    "gateway_cache_entries",
+    "Entries in the result cache, per tier (summed over workers).",
+    ["tier"],
     multiprocess_mode="livesum",
 )
 

@@ -30,6 +30,9 @@ def install(app: Flask, settings: Settings) -> None:
 
     def begin() -> None:
         clock = timing.start()
+        control = request.headers.get("Cache-Control")
+        if control and "no-store" in control.lower():
+            clock.no_store = True
         model = (request.view_args or {}).get("model")
         if isinstance(model, str) and valid_model_name(model) and (base / model).is_dir():
             g.in_flight = metrics.child(metrics.IN_FLIGHT, model)
@@ -69,8 +72,10 @@ def install(app: Flask, settings: Settings) -> None:
         if version is not None:
             environ[VERSION] = version
         clock = timing.current()
-        if headers and clock is not None:
-            timing.add_headers(response.headers, clock)
+        if clock is not None:
+            if headers:
+                timing.add_headers(response.headers, clock)
+            timing.add_cache_header(response.headers, clock)
         handle = g.pop("trace", None)
         if handle is not None:
             attributes: dict[str, Any] = {}

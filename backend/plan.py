@@ -9,6 +9,8 @@ stage         what it does                                                    fi
 ============  ==============================================================  ================
 resolve       the key's reach, routing weights, version and its assets; the   route, served,
               output kinds answered (embedders)                               assets, kinds
+cache         each text's tokens and model rows from the result cache         positions
+              (backend/cache.py); only the misses cross the next four
 tokenize      the inputs to token ids, spending the request's budget; the     encoded,
               answer's size against GATEWAY_MAX_ANSWER_BYTES (embedders)      answer_bytes
 plan          the chunks (bucketed, split by batch size) and their tensors    speeds, calls
@@ -18,7 +20,7 @@ reassemble    the chunks' outputs back in the caller's order                  ou
 
 then the route's own ``postprocess`` (labels, pooling, scores, entities) and, back in the view,
 ``answer`` (the answer in the route's API shape, serialized). backend/timing.py times each of
-the eight; their names are ``timing.STAGES``.
+the nine; their names are ``timing.STAGES``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class Plan:
     deadline: float = float("inf")  # time.monotonic() when the request runs out of time
     # :embed's and rerank's output kinds and options (backend/outputs/); None: dense only
     options: Options | None = None
+    # what decides each text's tokens and model rows besides the model, version and text (the
+    # route and its input options): the result cache's key (backend/cache.py); None: not cached
+    reuse: tuple[object, ...] | None = None
 
     # resolve
     reached: bool = field(init=False, default=False)  # the API key's reach was checked
@@ -82,6 +87,8 @@ class Plan:
     assets: ModelAssets = field(init=False)
     kinds: tuple[str, ...] = field(init=False, default=("dense",))  # output kinds answered
     from_idf: bool = field(init=False, default=False)  # inference-free sparse: no model call
+    # cache: while only the misses cross tokenize to reassemble, each one's caller index
+    positions: list[int] | None = field(init=False, default=None)
     # tokenize
     encoded: list[Encoded] = field(init=False)
     owners: list[int] | None = field(init=False, default=None)  # windows: each row's input

@@ -18,6 +18,7 @@ import numpy as np
 
 from backend import auth, budget, metrics, routing, timing, tracing
 from backend.bucketing import plan_chunks, reassemble
+from backend.cache import Entry, Key, ResultCache, entry_of, stack
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
 from backend.early_exit import EXIT_OUTPUT, ignored_note, text_speeds
@@ -107,6 +108,11 @@ class Gateway:
             else None
         )
         self._pool = ThreadPoolExecutor(max_workers=chunk_threads, thread_name_prefix="chunk")
+        self.cache = (
+            ResultCache(settings.cache_bytes, settings.cache_entry_bytes, settings.cache_entries)
+            if settings.cache_bytes and settings.cache_entries
+            else None
+        )
 
     def close(self) -> None:
         """Stop the pool and close the client (and the shadow target's)."""
@@ -154,15 +160,20 @@ class Gateway:
                 )
 
         inputs: Sequence[str] = request.texts or []
-        encode = _directed(inputs, request.truncation_direction)
-        if pairs is not None:
-            inputs = [a for a, _ in pairs]
-            encode = _paired([(a, b) for a, b in pairs], request.truncation_direction)
-        done = self._infer(Plan(
+        direction = request.truncation_direction
+        plan = Plan(
             model, inputs, request.version, request.label, request.truncate,
-            tasks=("classify",), check=check, speed=request.speed, encode=encode,
-            what="pairs" if pairs is not None else "texts",
-        ))  # fmt: skip
+            tasks=("classify",), check=check, speed=request.speed,
+        )  # fmt: skip
+        if pairs is not None:  # pairs are not cached (their texts are two)
+            plan.texts = [a for a, _ in pairs]
+            plan.what = "pairs"
+            plan.encode = _paired([(a, b) for a, b in pairs], direction)
+        else:
+            plan.encode = _directed(plan, direction)
+            if not isinstance(request.speed, list):  # one speed per text: not cached
+                plan.reuse = ("classify", direction, request.speed, self.settings.default_speed)
+        done = self._infer(plan)
         labels = done.assets.labels
         early_exit = done.assets.early_exit
         with timing.stage("postprocess"):
@@ -199,6 +210,9 @@ class Gateway:
         options = embed_options(request)
         plan = Plan(model, request.texts, request.version, request.label, request.truncate,
                     options=options)  # fmt: skip
+        if request.long_text != "chunk":  # a chunked text's windows are not cached
+            plan.reuse = ("embed", request.prompt_name, request.input_type,
+                          request.truncation_direction, options.is_query)  # fmt: skip
         plan.encode = self._embed_encoder(plan, request)
         done = self._infer(plan)
         with timing.stage("postprocess"):
@@ -218,7 +232,7 @@ class Gateway:
         is_query = plan.options is not None and plan.options.is_query
 
         def encode(assets: ModelAssets) -> list[Encoded]:
-            texts = with_prompt(request.texts, _prompt(assets, request.prompt_name,
+            texts = with_prompt(plan.texts, _prompt(assets, request.prompt_name,
                                                        request.input_type))  # fmt: skip
             spec = assets.outputs.multivector if assets.outputs is not None else None
             side = multivector.side_of(spec, is_query) if spec is not None else None
@@ -572,6 +586,16 @@ class Gateway:
         """The stages from resolve to reassemble, each timed under its name (backend/timing.py)."""
         with timing.stage("resolve"):
             self._resolve(plan, choice)
+        cache = self.cache
+        if cache is not None and plan.reuse is not None and _cacheable(plan):
+            self._cached_stages(plan, cache)
+            return
+        with timing.stage("cache"):  # nothing to look up: every inference crosses the stages
+            pass
+        self._compute(plan)
+
+    def _compute(self, plan: Plan) -> None:
+        """The stages from tokenize to reassemble, each timed under its name."""
         # the tokenizer spends from the request's budget as it goes (backend/budget.py): the
         # request's own (``_infer``), or a fresh one for a shadow's plan
         with timing.stage("tokenize"), budget.scope(self.settings, plan.deadline):
@@ -596,6 +620,78 @@ class Gateway:
                 chunks, plan.results, len(plan.encoded), per_token=plan.per_token,
                 token_outputs=(TOKEN_WEIGHTS_OUTPUT, TOKEN_VECTORS_OUTPUT),
             )  # fmt: skip
+
+    def _cached_stages(self, plan: Plan, cache: ResultCache) -> None:
+        """Stage ``cache``, then tokenize to reassemble on the misses only: each text's tokens
+        and model rows from the cache or from the model, in the caller's order (the route
+        post-processes them as it would uncached ones). Concurrent misses of one text are
+        computed once; ``Cache-Control: no-store`` computes every text and keeps none."""
+        clock = timing.current()
+        if clock is not None and clock.no_store:
+            with timing.stage("cache"):
+                clock.cache = "bypass"
+            self._compute(plan)
+            return
+        with timing.stage("cache"):
+            keys = self._cache_keys(plan)
+            found, mine, theirs = cache.lookup(keys, claim=True)
+        if clock is not None:
+            hits = len(keys) - len(mine) - len(theirs)
+            clock.cache = "hit" if hits == len(keys) else "miss" if not hits else "partial"
+        if mine:
+            try:
+                self._compute_texts(plan, mine, keys, found, cache)
+            finally:
+                cache.release([keys[i] for i in mine])
+        if theirs:
+            left = []
+            with timing.stage("cache"):
+                for index, flight in theirs:
+                    flight.wait(max(0.0, plan.deadline - time.monotonic()))
+                    found[index] = cache.get(keys[index])
+                    if found[index] is None:  # theirs failed, or was too big to keep
+                        left.append(index)
+            if left:
+                self._compute_texts(plan, left, keys, found, cache)
+        entries = [entry for entry in found if entry is not None]
+        plan.encoded = [entry.encoded for entry in entries]
+        plan.outputs = stack(entries)
+        _check_truncation(plan)  # a hit cut under truncate=true is a 413 under false
+        if plan.options is not None and plan.kinds != ("dense",):
+            self._check_answer_bytes(plan)
+
+    def _cache_keys(self, plan: Plan) -> list[Key]:
+        """Return each text's key: scope, model, served version, the route's inputs, text."""
+        scope = ""
+        key = auth.current_key.get()
+        if key is not None and not self.settings.cache_shared_keys:
+            scope = key.name
+        head = (scope, plan.model, plan.served, plan.reuse)
+        return [(*head, text) for text in plan.texts]
+
+    def _compute_texts(
+        self,
+        plan: Plan,
+        indices: list[int],
+        keys: Sequence[Key],
+        found: list[Entry | None],
+        cache: ResultCache,
+    ) -> None:
+        """Run tokenize to reassemble on the texts at ``indices`` only; put each one's entry in
+        ``found`` and in the cache."""
+        texts = plan.texts
+        plan.texts = [texts[i] for i in indices]
+        plan.positions = indices
+        try:
+            self._compute(plan)
+        finally:
+            plan.texts, plan.positions = texts, None
+        outputs = plan.outputs
+        for row, index in enumerate(indices):
+            entry = entry_of(keys[index], plan.encoded[row],
+                             {name: value[row] for name, value in outputs.items()})  # fmt: skip
+            found[index] = entry
+            cache.put(keys[index], entry)
 
     def _resolve(self, plan: Plan, choice: Choice | None) -> None:
         """Stage ``resolve``: the first time (``choice`` None) the key's reach and the routing
@@ -767,7 +863,7 @@ class Gateway:
         model = done.model
 
         def run() -> tuple[Sequence[str], dict[str, np.ndarray]]:
-            again = replace(done, version=shadow, label=None, check=None)
+            again = replace(done, version=shadow, label=None, check=None, reuse=None)
             upstream = self.shadow_upstream()
             again.deadline = time.monotonic() + self.settings.shadow_timeout_s
             upstream._stages(again, (shadow, None))
@@ -860,11 +956,22 @@ def _check_truncation(plan: Plan) -> None:
     encoded = plan.encoded
     first = next((i for i, e in enumerate(encoded) if e.truncated), None)
     if first is not None:
+        # only the cache's misses are tokenized: the error names the text's index in the request
+        where = plan.positions[first] if plan.positions is not None else first
         raise TextTooLong(
-            f"{plan.what}[{first}] needs {encoded[first].full_length} tokens, over "
+            f"{plan.what}[{where}] needs {encoded[first].full_length} tokens, over "
             f"max_seq_len {plan.assets.max_seq_len} of model {plan.model!r}; send "
             "truncate=true to cut it"
         )
+
+
+def _cacheable(plan: Plan) -> bool:
+    """Return whether the result cache keeps the plan's texts: one row per text of one shape
+    (not token classification, not multi-vectors, whose rows are as long as their tokens) and
+    a model call (not inference-free sparse queries)."""
+    outputs = plan.assets.outputs
+    multivectors = outputs is not None and outputs.multivector is not None
+    return not (plan.per_token or plan.from_idf or multivectors)
 
 
 def embed_options(request: EmbedRequest) -> Options:
@@ -988,12 +1095,13 @@ def _dense_only(model: str) -> Callable[[ModelAssets], None]:
     return check
 
 
-def _directed(texts: Sequence[str], direction: str | None) -> Encoder | None:
-    """Return an encoder that cuts on ``direction``'s side, or None for the tokenizer's own
-    side (model.json's truncation_side: right unless the checkpoint said left)."""
+def _directed(plan: Plan, direction: str | None) -> Encoder | None:
+    """Return an encoder of the plan's texts that cuts on ``direction``'s side, or None for the
+    tokenizer's own side (model.json's truncation_side: right unless the checkpoint said
+    left)."""
     if direction is None:
         return None
-    return lambda assets: assets.tokenizer.encode(texts, direction=direction)
+    return lambda assets: assets.tokenizer.encode(plan.texts, direction=direction)
 
 
 def _paired(pairs: Sequence[tuple[str, str]], direction: str | None) -> Encoder:

@@ -88,6 +88,14 @@ class Settings:
     # upstream calls of one kind (model, version, bucket) a worker runs at once; requests that
     # arrive meanwhile share the next call (backend/grouping.py); 0: every request calls alone
     group_in_flight: int = 2
+    # the result cache (backend/cache.py), per worker: bytes its entries may hold (0: off), the
+    # most one entry may hold (a bigger answer is computed and not kept), the most entries;
+    # entries are per API key unless shared across keys (a hit's timing tells one key that
+    # another sent the same text)
+    cache_bytes: int = 0
+    cache_entry_bytes: int = 65_536
+    cache_entries: int = 100_000
+    cache_shared_keys: bool = False
     # observability (backend/observability.py): TEI's x-*-time headers and Server-Timing on
     # inference answers; access and error log lines as JSON ("json") or gunicorn's text
     timing_headers: bool = True
@@ -103,6 +111,10 @@ class Settings:
         for name in ("max_batch_size", "max_concurrent_chunks", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1")
+        if min(self.cache_bytes, self.cache_entry_bytes, self.cache_entries) < 0:
+            raise SettingsError(
+                "cache_bytes, cache_entry_bytes and cache_entries must be at least 0"
+            )
         if self.shadow_queue_size < 0 or self.group_in_flight < 0:
             raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
         limits = ("max_texts_per_request", "max_text_chars", "max_token_ids",
@@ -195,6 +207,10 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_SHADOW_TFS_GRPC": "shadow_tfs_grpc_target",
     "GATEWAY_SHADOW_TFS_REST": "shadow_tfs_rest_url",
     "GATEWAY_GROUP_IN_FLIGHT": "group_in_flight",
+    "GATEWAY_CACHE_BYTES": "cache_bytes",
+    "GATEWAY_CACHE_ENTRY_BYTES": "cache_entry_bytes",
+    "GATEWAY_CACHE_ENTRIES": "cache_entries",
+    "GATEWAY_CACHE_SHARED_KEYS": "cache_shared_keys",
     "GATEWAY_TIMING_HEADERS": "timing_headers",
     "GATEWAY_LOG_FORMAT": "log_format",
 }

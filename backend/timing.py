@@ -3,7 +3,8 @@
 A request's ``Clock`` (a context variable, set when the request starts) collects how long each
 stage of an inference took, the stages every inference request crosses in this order
 (backend/plan.py says what each does): ``validate`` (the body parsed and checked), ``resolve``
-(the key's reach, the version and its assets), ``tokenize``, ``plan`` (chunks and their
+(the key's reach, the version and its assets), ``cache`` (the result cache's lookups:
+backend/cache.py; 0 when it is off), ``tokenize``, ``plan`` (chunks and their
 tensors), ``call`` (the model server's calls), ``reassemble``, ``postprocess`` and ``answer``
 (the answer in its API's shape, serialized). ``queue`` is the part of ``call`` spent waiting for
 a call shared with concurrent requests (backend/grouping.py). The same measured seconds go to
@@ -19,8 +20,9 @@ Hugging Face's text-embeddings-inference (whole milliseconds, as TEI sends them)
 - ``x-total-time`` (the request in the gateway, from its first hook to its headers),
 - ``x-compute-tokens`` (tokens sent, specials included, before padding), ``x-compute-characters``;
 
-and the eight stages in W3C ``Server-Timing`` with fractional milliseconds, in order, then
-``total`` (``validate;dur=0.041, resolve;dur=0.012, tokenize;dur=0.231, ...``), which browsers'
+and the nine stages in W3C ``Server-Timing`` with fractional milliseconds, in order, then
+``total`` (``validate;dur=0.041, resolve;dur=0.012, cache;dur=0.000, tokenize;dur=0.231,
+...``), which browsers'
 developer tools show.
 """
 
@@ -33,9 +35,12 @@ from typing import Any
 
 from backend import metrics, tracing
 
-STAGES = ("validate", "resolve", "tokenize", "plan", "call", "reassemble", "postprocess", "answer")
+STAGES = (
+    "validate", "resolve", "cache", "tokenize", "plan", "call", "reassemble", "postprocess",
+    "answer",
+)  # fmt: skip
 # the inference's own work (x-compute-time): what the model server was asked for, and its answer
-COMPUTE = ("tokenize", "plan", "call", "reassemble", "postprocess")
+COMPUTE = ("cache", "tokenize", "plan", "call", "reassemble", "postprocess")
 
 
 @dataclass
@@ -46,7 +51,9 @@ class Clock:
     stages: dict[str, float] = field(default_factory=dict)
     tokens: int = 0
     characters: int = 0
-    inferred: bool = False  # a tokenize stage ran: the answer is an inference's
+    inferred: bool = False  # a cache or tokenize stage ran: the answer is an inference's
+    no_store: bool = False  # the request said Cache-Control: no-store (backend/cache.py)
+    cache: str = ""  # the result cache's answer: hit, miss, partial or bypass (x-cache)
     trace_id: str = ""  # for the error log's lines (backend/access_log.py)
 
     def add(self, stage: str, seconds: float) -> None:
@@ -128,7 +135,7 @@ class stage:  # lower case: called as the function it replaces was, ``with timin
         clock = _current.get()
         if clock is not None:
             clock.add(name, elapsed)
-            if name == "tokenize":
+            if name in ("tokenize", "cache"):
                 clock.inferred = True
         metrics.observe_stage(name, elapsed)
         if span is not None:
@@ -142,3 +149,9 @@ def add_headers(headers: Any, clock: Clock) -> None:
     would look through every header already there for each one it sets."""
     if clock.inferred:
         headers.extend(clock.headers())
+
+
+def add_cache_header(headers: Any, clock: Clock) -> None:
+    """Say on the answer what the result cache did (``x-cache``: hit, miss, partial, bypass)."""
+    if clock.cache:
+        headers["x-cache"] = clock.cache

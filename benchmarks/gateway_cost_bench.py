@@ -71,6 +71,7 @@ class Target:
     path: str
     body: bytes
     texts: int
+    headers: tuple[tuple[str, str], ...] = ()  # request headers beside Content-Type
 
 
 @dataclass
@@ -89,8 +90,8 @@ class Client:
         self.host, self.port = host, int(port)
         self.conn = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
 
-    def post(self, path: str, body: bytes) -> str:
-        headers = {"Content-Type": "application/json"}
+    def post(self, path: str, body: bytes, extra: tuple[tuple[str, str], ...] = ()) -> str:
+        headers = {"Content-Type": "application/json", **dict(extra)}
         try:
             self.conn.request("POST", path, body=body, headers=headers)
             response = self.conn.getresponse()
@@ -124,10 +125,10 @@ def sequential(url: str, target: Target, pid: int, n: int) -> Reading:
     client = Client(url)
     try:
         for _ in range(max(3, n // 10)):
-            client.post(target.path, target.body)
+            client.post(target.path, target.body, target.headers)
         before, headers = worker_cpu_s(pid), []
         for _ in range(MAX_STRETCHES):
-            headers += [client.post(target.path, target.body) for _ in range(n)]
+            headers += [client.post(target.path, target.body, target.headers) for _ in range(n)]
             spent = worker_cpu_s(pid) - before
             if spent >= MIN_CPU_S:
                 break
@@ -167,11 +168,13 @@ def _burst(url: str, target: Target, pid: int, each: int, clients: int) -> float
     def run() -> None:
         client = Client(url)
         try:
-            client.post(target.path, target.body)  # connect and warm this connection
+            client.post(
+                target.path, target.body, target.headers
+            )  # connect and warm this connection
             ready.wait()
             go.wait()
             for _ in range(each):
-                client.post(target.path, target.body)
+                client.post(target.path, target.body, target.headers)
         except BaseException as exc:  # any failure: reported by the caller below
             errors.append(exc)
             ready.abort()

@@ -36,6 +36,7 @@ MODULES = [
     "observability_bench",
     "architectures_bench",
     "gateway_cost_bench",
+    "cache_bench",
     "batch_bench",
     "tfs_passthrough_bench",
     "retrieval_bench",

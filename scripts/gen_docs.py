@@ -127,6 +127,13 @@ SETTING_MEANINGS: dict[str, str] = {
     "worker runs at once; requests that arrive meanwhile share the next call, up to "
     "`GATEWAY_MAX_BATCH` rows (no timer: a lone request never waits); `0`: every request calls "
     "alone",
+    "GATEWAY_CACHE_BYTES": "bytes the result cache's entries may hold per worker (least recently "
+    "used out first); `0`: the cache is off (docs/guides/result-cache.md)",
+    "GATEWAY_CACHE_ENTRY_BYTES": "the most bytes one result-cache entry may hold: a bigger "
+    "answer is computed and not kept",
+    "GATEWAY_CACHE_ENTRIES": "the most entries the result cache keeps per worker",
+    "GATEWAY_CACHE_SHARED_KEYS": "share result-cache entries across API keys (else each key's "
+    "are its own: a hit's timing would tell one key what another sent)",
     # docker/gunicorn.conf.py
     "GATEWAY_BIND": "the address gunicorn listens on",
     "GATEWAY_WORKERS": "gunicorn worker processes (default: the CPU cores this process may use)",

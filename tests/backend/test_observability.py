@@ -73,7 +73,8 @@ def test_every_inference_answer_carries_tei_timing_headers_and_server_timing(
     assert int(headers["x-compute-tokens"]) >= 2 * len(body["texts"])  # [CLS] ... [SEP] each
     stages = _server_timing(headers["Server-Timing"])
     assert list(stages) == _documented_stages()  # the stages the guide shows, in its order
-    assert all(dur > 0 for dur in stages.values()), stages  # each one measured
+    # each one measured (the cache stage looks nothing up: the result cache is off here)
+    assert all(dur > 0 for name, dur in stages.items() if name != "cache"), stages
     assert sum(v for k, v in stages.items() if k != "total") <= stages["total"] <= elapsed_ms
     assert int(headers["x-total-time"]) == int(stages["total"])
     # a lone request's call goes at once: no queue, the whole call is inference
@@ -91,7 +92,7 @@ def test_every_inference_answer_carries_tei_timing_headers_and_server_timing(
         ("/v1/rerank", {"model": EMBED, "query": "card", "documents": ["my card", "hello"]}),
     ],
 )  # fmt: skip
-def test_every_inference_route_times_each_of_the_eight_stages(
+def test_every_inference_route_times_each_of_the_nine_stages(
     gateway: Gateway, path: str, body: dict[str, Any]
 ) -> None:
     response = requests.post(f"{gateway.url}{path}", json=body, timeout=30)
@@ -99,7 +100,7 @@ def test_every_inference_route_times_each_of_the_eight_stages(
     assert response.status_code == 200, response.text
     stages = _server_timing(response.headers["Server-Timing"])
     assert list(stages) == _documented_stages()  # the stages the guide shows, in its order
-    assert all(dur > 0 for dur in stages.values()), stages
+    assert all(dur > 0 for name, dur in stages.items() if name != "cache"), stages
 
 
 def test_answers_that_are_not_inferences_carry_no_timing_headers(gateway: Gateway) -> None:
@@ -199,9 +200,9 @@ def test_clock_headers_split_the_call_into_queue_and_inference() -> None:
     assert headers["x-total-time"] == "20"
     assert (headers["x-compute-tokens"], headers["x-compute-characters"]) == ("12", "40")
     assert headers["Server-Timing"] == (
-        "validate;dur=0.500, resolve;dur=0.100, tokenize;dur=2.000, plan;dur=0.200, "
-        "call;dur=10.000, reassemble;dur=0.100, postprocess;dur=1.000, answer;dur=0.400, "
-        "total;dur=20.000"
+        "validate;dur=0.500, resolve;dur=0.100, cache;dur=0.000, tokenize;dur=2.000, "
+        "plan;dur=0.200, call;dur=10.000, reassemble;dur=0.100, postprocess;dur=1.000, "
+        "answer;dur=0.400, total;dur=20.000"
     )  # fmt: skip
 
 

@@ -95,7 +95,7 @@ def test_a_request_is_a_span_tree_joined_to_the_callers_traceparent(
     assert root.service == "bert-gateway-test"
     assert root.attributes["http.response.status_code"] == 200
     assert root.attributes["gateway.model"] == INTENT and root.attributes["gateway.version"] == 1
-    # the eight stages, children of the request, one after the other in their order
+    # the nine stages, children of the request, one after the other in their order
     assert all(by_name[stage].parent_id == root.span_id for stage in stages)
     for before, after in itertools.pairwise(stages):
         assert by_name[before].end_ns <= by_name[after].start_ns, (before, after)

@@ -1,0 +1,32 @@
+"""cache_bench --quick: its whole code path once on tiny models (real modelserver, a gateway with
+the result cache on and the relay floor under gunicorn). Speed is never asserted: only that every
+figure was measured and is well-formed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import BenchContext
+from benchmarks.cache_bench import run
+from scripts.bench import module_name
+
+
+def test_only_takes_the_group_name() -> None:
+    assert module_name("cache") == "cache_bench"
+
+
+@pytest.mark.slow  # two tiny exports, a model server, a gateway and the floor
+@pytest.mark.timeout(400)
+def test_quick_run_gives_every_row_well_formed(tmp_path: Path) -> None:
+    ctx = BenchContext(base_path=tmp_path / "no-demo-models", work_dir=tmp_path, quick=True)
+
+    rows = run(ctx)
+
+    assert len(rows) == 6  # floor, hit, no-store; sequential and 16 clients
+    for row in rows:
+        assert re.fullmatch(r"\d+\.\d\d ms", row.value), row.value
+        assert row.ratio == "the floor" or re.fullmatch(r"\d+\.\d\d× the floor", row.ratio)
+        assert "--quick" in row.how
