@@ -317,7 +317,6 @@ def numpy_hybrid(flag: dict[str, Any], q: int) -> tuple[dict[int, float], list[i
 def test_qdrant_hybrid_search_on_the_gateways_vectors_finds_what_numpy_finds_on_flagembeddings(
     gateway: Gateway, flagembedding: dict[str, Any]
 ) -> None:
-    pytest.importorskip("qdrant_client")
     answer = m3_answer(gateway, REAL_TEXTS + QUERIES)
     client = qdrant_collection(answer)
 

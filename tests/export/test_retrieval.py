@@ -35,7 +35,6 @@ from export.tiny_retrieval import (
     save_stanford_checkpoint,
 )
 
-pytest.importorskip("torch")  # the test-time references (requirements-dev.txt)
 TEXTS = ["where is my order? it is three days late.", "refund, please!",
          "the quick brown fox jumps over the lazy dog; my card was charged twice"]  # fmt: skip
 QUERIES = ["where is my order?", "refund"]
