@@ -117,8 +117,8 @@ def save_m3_checkpoint(dest: str | Path, arch: str = "xlm-roberta", *, colbert_d
     # to the shared part (else its weights are differences of large numbers, which no 16-bit
     # graph keeps), then scaled and shifted on a few texts so that about half of the tokens
     # weigh > 0, with O(1) weights
-    tokenizer = transformers.AutoTokenizer.from_pretrained(dest)
-    model = transformers.AutoModel.from_pretrained(dest).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(dest, local_files_only=True)
+    model = transformers.AutoModel.from_pretrained(dest, local_files_only=True).eval()
     sample = tokenizer(SAMPLE, padding=True, return_tensors="pt")
     with torch.no_grad():
         states = model(**sample).last_hidden_state[sample["attention_mask"].bool()]
