@@ -22,11 +22,9 @@ from benchmarks.gateway_cost_bench import (
     Reading,
     Target,
     _embed_output,
-    _sizes,
     compile_floor_protos,
-    concurrent,
+    measure_rounds,
     prepare_requests,
-    sequential,
 )
 from benchmarks.stack import Stack
 from ops.load.cells import make_texts
@@ -60,18 +58,7 @@ def measure(ctx: BenchContext) -> tuple[list[Target], dict[tuple[str, str], list
         ]  # fmt: skip
         urls = {"floor": floor.url, "gateway": stack.gateways["grpc"]}
         pids = {"floor": floor.worker_pid, "gateway": stack.worker_pids("grpc")[0]}
-        rounds = 1 if ctx.quick else max(3, ctx.repeats)
-        readings: dict[tuple[str, str], list[Reading]] = {}
-        for r in range(rounds):
-            print(f"cache: round {r + 1}/{rounds}", flush=True)
-            for target in measured:
-                n, each = _sizes(ctx, target)
-                url, pid = urls[target.server], pids[target.server]
-                readings.setdefault((target.key, "sequential"), []).append(
-                    sequential(url, target, pid, n)
-                )
-                readings.setdefault((target.key, "concurrent"), []).append(
-                    concurrent(url, target, pid, each))  # fmt: skip
+        readings, rounds = measure_rounds(ctx, "cache", measured, urls, pids)
         return measured, readings, rounds
     finally:
         if floor is not None:

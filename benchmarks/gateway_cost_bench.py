@@ -307,24 +307,37 @@ def measure(ctx: BenchContext) -> dict[str, Any]:
         pids = {"floor": floor.worker_pid, "gateway": stack.worker_pids("grpc")[0],
                 "gateway-rest": stack.worker_pids("rest")[0]}  # fmt: skip
         measured = targets(embed_model, classify_model, one, batch)
-        rounds = 1 if ctx.quick else max(3, ctx.repeats)
-        readings: dict[tuple[str, str], list[Reading]] = {}
-        for r in range(rounds):
-            print(f"gateway_cost: round {r + 1}/{rounds}", flush=True)
-            for target in measured:
-                n, each = _sizes(ctx, target)
-                url, pid = urls[target.server], pids[target.server]
-                readings.setdefault((target.key, "sequential"), []).append(
-                    sequential(url, target, pid, n)
-                )
-                readings.setdefault((target.key, "concurrent"), []).append(
-                    concurrent(url, target, pid, each))  # fmt: skip
+        readings, rounds = measure_rounds(ctx, "gateway_cost", measured, urls, pids)
         return {"targets": measured, "readings": readings, "rounds": rounds,
                 "models": (embed_model, classify_model, version), "base": base}  # fmt: skip
     finally:
         if floor is not None:
             floor.stop()
         stack.stop()
+
+
+def measure_rounds(
+    ctx: BenchContext,
+    name: str,
+    measured: list[Target],
+    urls: dict[str, str],
+    pids: dict[str, int],
+) -> tuple[dict[tuple[str, str], list[Reading]], int]:
+    """Return each target's sequential and concurrent readings over the run's rounds (every
+    target once per round, in turn, so the machine's drift lands on all of them) and the rounds."""
+    rounds = 1 if ctx.quick else max(3, ctx.repeats)
+    readings: dict[tuple[str, str], list[Reading]] = {}
+    for r in range(rounds):
+        print(f"{name}: round {r + 1}/{rounds}", flush=True)
+        for target in measured:
+            n, each = _sizes(ctx, target)
+            url, pid = urls[target.server], pids[target.server]
+            readings.setdefault((target.key, "sequential"), []).append(
+                sequential(url, target, pid, n)
+            )
+            readings.setdefault((target.key, "concurrent"), []).append(
+                concurrent(url, target, pid, each))  # fmt: skip
+    return readings, rounds
 
 
 def _sizes(ctx: BenchContext, target: Target) -> tuple[int, int]:
