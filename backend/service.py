@@ -39,7 +39,7 @@ from backend.errors import (
 from backend.grouping import UpstreamGroups
 from backend.outputs import KINDS, Options, dense, multivector, sparse
 from backend.passthrough import Passthrough
-from backend.plan import Call, Choice, Encoder, Plan, chunk_inputs
+from backend.plan import Attempt, Call, Encoder, Plan, chunk_inputs
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
 from backend.readiness import Readiness
 from backend.routing import RoutingTable, routing_file_for
@@ -47,7 +47,7 @@ from backend.schemas import ClassifyRequest, EmbedRequest, TagRequest
 from backend.settings import Settings
 from backend.shadow import ShadowJob, ShadowRunner
 from backend.tagging import tag_text, window_stride
-from backend.tokenization import Encoded, FirstSegmentTooLong, TokenWindow
+from backend.tokenization import Encoded, FirstSegmentTooLong
 from backend.versions import (
     AssetCache,
     LabelTable,
@@ -170,7 +170,7 @@ class Gateway:
             plan.what = "pairs"
             plan.encode = _paired([(a, b) for a, b in pairs], direction)
         else:
-            plan.encode = _directed(plan, direction)
+            plan.encode = _directed(direction)
             if not isinstance(request.speed, list):  # one speed per text: not cached
                 plan.reuse = ("classify", direction, request.speed, self.settings.default_speed)
         done = self._infer(plan)
@@ -231,7 +231,8 @@ class Gateway:
         chunked = request.long_text == "chunk"
         is_query = plan.options is not None and plan.options.is_query
 
-        def encode(assets: ModelAssets) -> list[Encoded]:
+        def encode(plan: Plan) -> list[Encoded]:
+            assets = plan.assets
             texts = with_prompt(plan.texts, _prompt(assets, request.prompt_name,
                                                        request.input_type))  # fmt: skip
             spec = assets.outputs.multivector if assets.outputs is not None else None
@@ -239,11 +240,12 @@ class Gateway:
             most = multivector.max_tokens(side, assets.max_seq_len)
             tokenizer = assets.tokenizer
             if chunked:
-                plan.owners = []
+                owners: list[int] = []
                 encoded = []
                 for index, windows in enumerate(tokenizer.windows(texts, max_len=most)):
-                    plan.owners.extend([index] * len(windows))
+                    owners.extend([index] * len(windows))
                     encoded.extend(windows)
+                plan.owners = owners
             else:
                 encoded = tokenizer.encode(texts, direction=request.truncation_direction,
                                            max_len=most)  # fmt: skip
@@ -350,12 +352,17 @@ class Gateway:
         if token_ids is not None:
             if prompt_name is not None or input_type is not None:
                 raise UnprocessableInput("prompt_name and input_type need texts, not token ids")
-            encode = lambda assets: assets.tokenizer.encode_ids(token_ids)  # noqa: E731
+
+            def encode(plan: Plan) -> list[Encoded]:
+                plan.characters = 0  # the caller sent tokens, not text
+                return plan.assets.tokenizer.encode_ids(token_ids)
+
+            texts = [""] * len(token_ids)  # an input each (errors name input[i])
         if encode is None:
 
-            def encode(assets: ModelAssets) -> list[Encoded]:
-                prompted = with_prompt(texts, _prompt(assets, prompt_name, input_type))
-                return assets.tokenizer.encode(prompted, direction=direction)
+            def encode(plan: Plan) -> list[Encoded]:
+                prompted = with_prompt(plan.texts, _prompt(plan.assets, prompt_name, input_type))
+                return plan.assets.tokenizer.encode(prompted, direction=direction)
 
         done = self._infer(Plan(model, texts, version, label, truncate, encode=encode,
                                 check=_dense_only(model)))  # fmt: skip
@@ -371,16 +378,15 @@ class Gateway:
 
     def tag(self, model: str, request: TagRequest) -> dict[str, Any]:
         """Return the :tag answer: each text's entities with character offsets into it."""
-        windows: list[list[TokenWindow]] = []
         cut = request.long_text == "truncate"
 
-        def encode(assets: ModelAssets) -> list[Encoded]:
-            windows.clear()
+        def encode(plan: Plan) -> list[Encoded]:
+            assets = plan.assets
             stride = window_stride(assets.max_seq_len)
-            budget.expect(len(request.texts))  # a row each at least, before any is tokenized
-            for text in request.texts:
-                windows.append(assets.tokenizer.tag_windows(text, stride, truncate=cut))
-            return [window.encoded for text_windows in windows for window in text_windows]
+            budget.expect(len(plan.texts))  # a row each at least, before any is tokenized
+            plan.windows = [assets.tokenizer.tag_windows(text, stride, truncate=cut)
+                            for text in plan.texts]  # fmt: skip
+            return [window.encoded for text_windows in plan.windows for window in text_windows]
 
         done = self._infer(Plan(
             model, request.texts, request.version, request.label, tasks=("tag",),
@@ -400,7 +406,7 @@ class Gateway:
             if len(names) != values.shape[-1]:
                 names = [str(i) for i in range(values.shape[-1])]
             predictions, row = [], 0
-            for text, text_windows in zip(request.texts, windows, strict=True):
+            for text, text_windows in zip(request.texts, done.windows or [], strict=True):
                 budget.past_deadline(done.deadline)
                 rows = [values[row + k, : w.encoded.ids.shape[0]] for k, w in
                         enumerate(text_windows)]  # fmt: skip
@@ -450,7 +456,8 @@ class Gateway:
                     f"outputs to weigh (its outputs: {kinds})"
                 )
 
-        def encode(assets: ModelAssets) -> list[Encoded]:
+        def encode(plan: Plan) -> list[Encoded]:
+            assets = plan.assets
             spec = assets.outputs.multivector if assets.outputs is not None else None
             if spec is not None and spec.query is not None and spec.document is not None:
                 return _colbert_sides(assets, spec, query, documents, direction)
@@ -461,6 +468,8 @@ class Gateway:
                     give = _prompt(assets, None, "search_document")
                 texts = [ask + query, *with_prompt(documents, give)]
                 return assets.tokenizer.encode(texts, direction=direction)
+            # a cross-encoder reads the query again beside each document
+            plan.characters = len(query) * len(documents) + sum(map(len, documents))
             try:
                 return assets.tokenizer.encode_pairs([(query, d) for d in documents], direction)
             except FirstSegmentTooLong as exc:
@@ -492,22 +501,25 @@ class Gateway:
     ) -> tuple[ModelAssets, list[dict[str, Any]]]:
         """Return the assets of the version that would serve, and each text's tokens with their
         character offsets in the text (no call to the model server beyond version resolution)."""
+        assets = self._assets_for(model, version, label)
         with budget.scope(self.settings, time.monotonic() + self._timeout()):
-            assets = self._assets_for(model, version, label)
             return assets, assets.tokenizer.describe(texts)
 
     def detokenize(
         self, model: str, ids: Sequence[Sequence[int]], version: int | None, label: str | None
     ) -> tuple[ModelAssets, list[dict[str, Any]]]:
         """Return the assets of the version that would serve, and each id list's text."""
+        assets = self._assets_for(model, version, label)
         with budget.scope(self.settings, time.monotonic() + self._timeout()):
-            assets = self._assets_for(model, version, label)
             return assets, assets.tokenizer.decode(ids)
 
     def _assets_for(self, model: str, version: int | None, label: str | None) -> ModelAssets:
-        self._check_reach(model, version, label)
-        resolved = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
-        return self.assets.get(model, resolved)
+        """Return the assets of the version an inference request naming ``version`` or
+        ``label`` (or neither: the routing file's weights) would be served by: stage resolve
+        alone, with the inference routes' retries."""
+        plan = Plan(model, (), version, label, tasks=None)
+        self._attempts(plan, self._resolve_stage)
+        return plan.assets
 
     def model_status(self, model: str) -> dict[str, Any]:
         """Return the model's versions and states (from the model server) and its labels."""
@@ -547,45 +559,58 @@ class Gateway:
         """Run ``plan`` through resolve, tokenize, plan, call and reassemble, in order, again
         on the next version to try when the one resolved is not served (at most twice more);
         the route post-processes what it returns."""
-        plan.deadline = time.monotonic() + self._timeout()
-        choice: Choice | None = None  # the first time: resolve's own (reach, routing file)
-        refreshed = False
-        # one budget for the request: an attempt on the next version spends from the same
-        with budget.scope(self.settings, plan.deadline):
-            while True:
-                try:
-                    self._stages(plan, choice)
-                    break
-                except NotFound as exc:
-                    choice, refreshed = self._next_choice(plan, exc, refreshed)
+        self._attempts(plan, self._stages)
         if plan.route is not None:
             self._plan_shadow(plan.route, plan)
         return plan
 
-    def _next_choice(self, plan: Plan, exc: NotFound, refreshed: bool) -> tuple[Choice, bool]:
-        """Return the (version, label) to try after ``exc`` and whether labels were re-read;
-        re-raise ``exc`` when there is none."""
-        if not plan.reached:
+    def _attempts(self, plan: Plan, stages: Callable[[Plan], None]) -> None:
+        """Start the request's clock (its deadline, once) and budget, and run ``stages`` on
+        it, again on the next version to try while the one resolved is not served."""
+        plan.deadline = time.monotonic() + self._timeout()
+        # one budget for the request: an attempt on the next version spends from the same
+        with budget.scope(self.settings, plan.deadline):
+            while True:
+                try:
+                    stages(plan)
+                    return
+                except NotFound as exc:
+                    plan.attempt = self._next_attempt(plan, exc)
+
+    def _next_attempt(self, plan: Plan, exc: NotFound) -> Attempt:
+        """Return the attempt after ``exc`` (plan.attempt's version was not served); re-raise
+        ``exc`` when there is none to make."""
+        tried = plan.attempt
+        if not tried.reached or tried.choice is None:
             raise exc  # from before the key's reach was checked: nothing to try again
-        version, label = plan.choice
-        if plan.weighted:
+        version, label = tried.choice
+        after = Attempt(reached=True, refreshed=tried.refreshed, number=tried.number + 1)
+        if tried.weighted:
             # The weights name a version that is not (or no longer) served here: the request
             # goes to the vetted version (the first public label the model has), never to the
             # newest AVAILABLE one (in a pinned rollout: the unvetted version).
-            return (None, self._fallback_label(plan.model)), refreshed
-        if isinstance(exc, VersionNotFound) and version is None and not refreshed:
+            after.choice = (None, self._fallback_label(plan.model))
+            return after
+        if isinstance(exc, VersionNotFound) and version is None and not tried.refreshed:
             # The label or newest version we resolved was unloaded since we cached it (a
             # rollback moves the label and drops the old version in one config change): read
             # labels and states afresh and try once more. A version the caller named: their 404.
             self.labels.refresh()
             self.statuses.invalidate(plan.model)
-            return (None, label), True
+            after.choice, after.refreshed = (None, label), True
+            return after
         raise exc
 
-    def _stages(self, plan: Plan, choice: Choice | None) -> None:
+    def _resolve_stage(self, plan: Plan) -> None:
+        """Stage ``resolve`` alone (``:tokenize``, ``:detokenize``): the version the same request
+        to an inference route would get."""
+        with timing.stage("resolve"):
+            self._resolve(plan)
+
+    def _stages(self, plan: Plan) -> None:
         """The stages from resolve to reassemble, each timed under its name (backend/timing.py)."""
         with timing.stage("resolve"):
-            self._resolve(plan, choice)
+            self._resolve(plan)
         cache = self.cache
         if cache is not None and plan.reuse is not None and _cacheable(plan):
             self._cached_stages(plan, cache)
@@ -601,8 +626,7 @@ class Gateway:
         with timing.stage("tokenize"), budget.scope(self.settings, plan.deadline):
             encode = plan.encode
             plan.encoded = (
-                encode(plan.assets) if encode is not None
-                else plan.assets.tokenizer.encode(plan.texts)
+                encode(plan) if encode is not None else plan.assets.tokenizer.encode(plan.texts)
             )  # fmt: skip
             if plan.options is not None and plan.kinds != ("dense",):  # dense: texts x dim
                 self._check_answer_bytes(plan)
@@ -693,28 +717,25 @@ class Gateway:
             found[index] = entry
             cache.put(keys[index], entry)
 
-    def _resolve(self, plan: Plan, choice: Choice | None) -> None:
-        """Stage ``resolve``: the first time (``choice`` None) the key's reach and the routing
-        file's pick for default traffic, then the version that serves and its assets; 403/404/
-        409/422 for a version or task the request can't have."""
-        model = plan.model
-        if choice is None:
-            plan.route, plan.weighted = None, False
+    def _resolve(self, plan: Plan) -> None:
+        """Stage ``resolve``: the first time (no choice in ``plan.attempt``) the key's reach
+        and the routing file's pick for default traffic, then the version that serves and its
+        assets; 403/404/409/422 for a version or task the request can't have."""
+        model, attempt = plan.model, plan.attempt
+        if attempt.choice is None:
+            plan.route = None
             self._check_reach(model, plan.version, plan.label)
-            plan.reached = True
+            attempt.reached = True
             # Default traffic (no version, no label) follows the routing file's weights and
             # shadow.
             default = plan.version is None and plan.label is None
             plan.route = self.routing.route(model) if default else None
-            plan.weighted = plan.route is not None and bool(plan.route.weights)
-            if plan.route is not None and plan.weighted:
-                choice = (self.routing.choose(model, plan.route), None)
+            attempt.weighted = plan.route is not None and bool(plan.route.weights)
+            if plan.route is not None and attempt.weighted:
+                attempt.choice = (self.routing.choose(model, plan.route), None)
             else:
-                choice = (plan.version, plan.label)
-        else:
-            plan.weighted = False
-        plan.choice = choice
-        version, label = choice
+                attempt.choice = (plan.version, plan.label)
+        version, label = attempt.choice
         served = self._upstream_call(lambda: self.resolver.resolve(model, version, label))
         try:
             assets = self.assets.get(model, served)
@@ -730,7 +751,7 @@ class Gateway:
         # Only now is it a version the model tree has (the client's ``version`` is any number
         # until its assets load): the request's metrics may name it from here on.
         routing.resolved_version.set((model, served))
-        if assets.task not in plan.tasks:
+        if plan.tasks is not None and assets.task not in plan.tasks:
             wanted = " or ".join(repr(t) for t in plan.tasks)
             raise TaskMismatch(
                 f"model {model!r} is {assets.head.describe()} (task {assets.task!r}), not {wanted}"
@@ -782,7 +803,8 @@ class Gateway:
         tokens = sum(lengths)
         metrics.TEXTS_PER_REQUEST.observe(len(encoded))
         metrics.TOKENS_PER_REQUEST.observe(tokens)
-        timing.count(tokens, sum(map(len, plan.texts)))
+        characters = plan.characters
+        timing.count(tokens, sum(map(len, plan.texts)) if characters is None else characters)
         bucketing = self.settings.bucketing
         chunks = plan_chunks(
             lengths, self.settings.max_batch_size, assets.max_seq_len, bucketing=bucketing,
@@ -866,7 +888,8 @@ class Gateway:
             again = replace(done, version=shadow, label=None, check=None, reuse=None)
             upstream = self.shadow_upstream()
             again.deadline = time.monotonic() + self.settings.shadow_timeout_s
-            upstream._stages(again, (shadow, None))
+            again.attempt = Attempt(choice=(shadow, None), reached=True)
+            upstream._stages(again)
             return again.assets.labels, again.outputs
 
         routing.pending_shadow.set(ShadowJob(
@@ -1095,19 +1118,21 @@ def _dense_only(model: str) -> Callable[[ModelAssets], None]:
     return check
 
 
-def _directed(plan: Plan, direction: str | None) -> Encoder | None:
+def _directed(direction: str | None) -> Encoder | None:
     """Return an encoder of the plan's texts that cuts on ``direction``'s side, or None for the
     tokenizer's own side (model.json's truncation_side: right unless the checkpoint said
     left)."""
     if direction is None:
         return None
-    return lambda assets: assets.tokenizer.encode(plan.texts, direction=direction)
+    return lambda plan: plan.assets.tokenizer.encode(plan.texts, direction=direction)
 
 
 def _paired(pairs: Sequence[tuple[str, str]], direction: str | None) -> Encoder:
     """Return an encoder of sentence pairs; 422 for a pair whose first segment fills the model."""
 
-    def encode(assets: ModelAssets) -> list[Encoded]:
+    def encode(plan: Plan) -> list[Encoded]:
+        assets = plan.assets
+        plan.characters = sum(len(a) + len(b) for a, b in pairs)
         try:
             return assets.tokenizer.encode_pairs(pairs, direction)
         except FirstSegmentTooLong as exc:

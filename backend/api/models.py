@@ -79,20 +79,24 @@ def rerank(model: str) -> Response:
 @bp.post("/v1/models/<model>:tokenize")
 def tokenize(model: str) -> Response:
     """Tokens of each text as the serving version's vocabulary cuts them, with character offsets."""
-    body = body_as(TokenizeRequest)
+    with timing.stage("validate"):
+        body = body_as(TokenizeRequest)
     assets, tokens = current_gateway().tokenize(model, body.texts, body.version, body.label)
-    return json_response(
-        {"model": {"name": model, "version": assets.version}, "max_seq_len": assets.max_seq_len,
-         "tokens": tokens}
-    )  # fmt: skip
+    with timing.stage("answer"):
+        return json_response(
+            {"model": {"name": model, "version": assets.version},
+             "max_seq_len": assets.max_seq_len, "tokens": tokens}
+        )  # fmt: skip
 
 
 @bp.post("/v1/models/<model>:detokenize")
 def detokenize(model: str) -> Response:
     """The text of token ids, with the serving version's vocabulary."""
-    body = body_as(DetokenizeRequest)
+    with timing.stage("validate"):
+        body = body_as(DetokenizeRequest)
     try:
         assets, texts = current_gateway().detokenize(model, body.ids, body.version, body.label)
     except ValueError as exc:
         raise UnprocessableInput(str(exc)) from None
-    return json_response({"model": {"name": model, "version": assets.version}, "texts": texts})
+    with timing.stage("answer"):
+        return json_response({"model": {"name": model, "version": assets.version}, "texts": texts})

@@ -212,6 +212,9 @@ def test_pair_logits_match_transformers_on_the_same_pairs(url: str, stack: dict[
     want = _reference_logits(stack["checkpoints"][PAIR], PAIRS)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
     assert [p["truncated"] for p in response.json()["predictions"]] == [False, False, True, True]
+    # both texts of each pair were tokenized
+    characters = sum(len(a) + len(b) for a, b in PAIRS)
+    assert int(response.headers["x-compute-characters"]) == characters
 
 
 def test_a_one_logit_cross_encoder_scores_the_sigmoid_of_transformers_logit(
@@ -403,6 +406,9 @@ def test_a_cross_encoder_reranks_by_its_relevance_score(
     response = _post(url, path, body)
 
     assert response.status_code == 200, response.text
+    # what was tokenized: the query again beside each document
+    characters = len(QUERY) * len(DOCUMENTS) + sum(map(len, DOCUMENTS))
+    assert int(response.headers["x-compute-characters"]) == characters
     results = response.json()["results"]
     want = _relevance(stack, model)
     assert [r["index"] for r in results] == np.argsort(-want, kind="stable").tolist()

@@ -90,6 +90,10 @@ def test_every_inference_answer_carries_tei_timing_headers_and_server_timing(
                        "embedding_types": ["float"]}),
         (f"/v1/models/{EMBED}:rerank", {"query": "card", "documents": ["my card", "hello"]}),
         ("/v1/rerank", {"model": EMBED, "query": "card", "documents": ["my card", "hello"]}),
+        # a long text in windows, pooled in postprocess
+        (f"/v1/models/{EMBED}:embed", {"texts": ["word " * 200, "short"], "long_text": "chunk"}),
+        # token ids: no characters were tokenized
+        ("/v1/embeddings", {"model": EMBED, "input": [[5, 6, 7], [8]]}),
     ],
 )  # fmt: skip
 def test_every_inference_route_times_each_of_the_nine_stages(
@@ -101,6 +105,10 @@ def test_every_inference_route_times_each_of_the_nine_stages(
     stages = _server_timing(response.headers["Server-Timing"])
     assert list(stages) == _documented_stages()  # the stages the guide shows, in its order
     assert all(dur > 0 for name, dur in stages.items() if name != "cache"), stages
+    texts = body.get("texts") or body.get("input") or [body["query"], *body["documents"]]
+    texts = [texts] if isinstance(texts, str) else texts
+    characters = sum(len(t) for t in texts if isinstance(t, str))  # the query once: embedded
+    assert int(response.headers["x-compute-characters"]) == characters
 
 
 def test_answers_that_are_not_inferences_carry_no_timing_headers(gateway: Gateway) -> None:

@@ -160,6 +160,25 @@ def test_weights_naming_a_version_that_is_not_served_fall_back_to_stable(stack: 
     assert {served(url) for _ in range(3)} == {1}
 
 
+def test_tokenize_resolves_the_version_an_inference_request_would_get(stack: dict) -> None:
+    url = stack["gateway"].url
+
+    def tokenized(**body: Any) -> int:
+        reply = requests.post(f"{url}/v1/models/{ROUTED}:tokenize",
+                              json={"texts": ["hi"], **body}, timeout=10)  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        return int(reply.json()["model"]["version"])
+
+    # the weights, not the newest version (v3)
+    set_routing(stack["routing"], f"{ROUTED}:\n  weights: {{1: 100}}\n")
+    assert {tokenized() for _ in range(6)} == {1}
+    # a version the weights name that is not served: stable, as for :classify
+    set_routing(stack["routing"], f"{ROUTED}:\n  weights: {{9: 100}}\n")
+    assert {tokenized() for _ in range(3)} == {1} == {served(url) for _ in range(3)}
+    # a version or label named: not split
+    assert (tokenized(version=2), tokenized(label="canary")) == (2, 3)
+
+
 def test_a_broken_routing_file_keeps_the_last_good_split(stack: dict) -> None:
     url = stack["gateway"].url
     set_routing(stack["routing"], f"{ROUTED}:\n  weights: {{1: 100}}\n")

@@ -90,3 +90,21 @@ def test_chunks_run_concurrently_but_never_more_than_the_limit(
     # Row i came back for text i: its real length is 2 + the number of words.
     lengths = [2 + len(t.split()) for t in texts]
     np.testing.assert_array_equal(np.asarray(answer["embeddings"])[:, 0], lengths)
+
+
+def test_the_plan_keeps_the_retry_state_in_one_record_and_its_deadline_is_set_once() -> None:
+    from dataclasses import fields, replace
+
+    from backend.plan import Attempt, Plan
+
+    with pytest.raises(TypeError):
+        Plan("m", ["a"], deadline=5.0)  # type: ignore[call-arg]  # set when the request starts
+    plan = Plan("m", ["a"])
+    plan.attempt.choice, plan.attempt.weighted, plan.deadline = (3, None), True, 9.0
+    # a shadow's plan (dataclasses.replace) starts a fresh attempt and has no deadline yet
+    again = replace(plan, version=3)
+    assert again.attempt == Attempt() and again.deadline == float("inf")
+    # the retry state is the attempt's alone, and each stage's findings are fields of the plan
+    names = {f.name for f in fields(Plan)}
+    assert not names & {"reached", "weighted", "choice"}
+    assert {"attempt", "owners", "windows", "characters"} <= names
