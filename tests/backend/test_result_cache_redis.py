@@ -19,6 +19,7 @@ import redis
 import requests
 
 from backend.cache import SharedTier, decode, encode, entry_of
+from backend.settings import SettingsError, load_settings
 from backend.tokenization import Encoded
 from ops.procs import free_port
 from tests.backend.conftest import EMBED, INTENT
@@ -196,3 +197,38 @@ def test_a_redis_that_is_not_there_is_skipped_at_once() -> None:
     assert tier.fetch([("k",)]) is None and tier.degraded
     assert time.monotonic() - started < 0.5
     tier.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"cache_redis": True, "rate_limit_redis_url": "redis://r:6379/0"}, "GATEWAY_CACHE_BYTES"),
+        ({"cache_redis": True, "cache_bytes": 1000}, "needs a Redis"),
+        ({"cache_redis": True, "cache_bytes": 1000, "cache_redis_url": "http://r"}, "redis://"),
+        ({"cache_redis": True, "cache_bytes": 1000, "cache_redis_url": "redis://r",
+          "cache_redis_timeout_s": 0}, "positive"),
+    ],
+)  # fmt: skip
+def test_the_shared_tier_needs_the_workers_tier_and_a_redis(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SettingsError, match=message):
+        load_settings(settings)
+
+
+def test_the_shared_tier_uses_the_rate_limits_redis_only_once_turned_on() -> None:
+    shared = {"cache_bytes": 1000, "rate_limit_redis_url": "redis://r:6379/0"}
+    assert not load_settings(shared).cache_redis
+    assert load_settings({**shared, "cache_redis": True}).cache_redis_target == "redis://r:6379/0"
+    own = load_settings({**shared, "cache_redis": True, "cache_redis_url": "redis://c:6379/1"})
+    assert own.cache_redis_target == "redis://c:6379/1"
+
+
+def test_a_keys_name_in_redis_holds_the_whole_key() -> None:
+    tier = SharedTier("redis://127.0.0.1:1/0", PREFIX, 60.0, 0.05, 5.0, 10_000)
+    key = ("key-a", EMBED, 1, ("embed", None, None, None, False), "text")
+    others = [("key-b", *key[1:]), (key[0], key[1], 2, *key[3:]),
+              (*key[:3], ("embed", "query", None, None, False), key[4])]  # fmt: skip
+    names = {tier.name(k) for k in [key, *others]}
+    tier.close()
+    assert len(names) == 4 and all(name.startswith(PREFIX) for name in names)
