@@ -19,22 +19,41 @@ Bounded: the entries' bytes (GATEWAY_CACHE_BYTES, least recently used first out)
 (GATEWAY_CACHE_ENTRY_BYTES: a bigger one is computed and not kept) and their count
 (GATEWAY_CACHE_ENTRIES). Concurrent misses of one key in a worker are computed once: the first
 request claims the key, the others wait for it (until their deadline) and then read it.
+
+The shared tier (``SharedTier``, GATEWAY_CACHE_REDIS): Redis behind every worker's tier, so a
+text one worker or pod computed is a hit in the others. The texts a worker's tier misses are read
+in one MGET; its hits fill the worker's tier; the texts computed are written in one pipeline of
+``SET name value PX ttl``. A name is the prefix and the BLAKE2b digest of the whole key (the same
+scope, model, served version, inputs key and text); a value is the entry's tokens and rows, the
+arrays' raw bytes after a small JSON header (``encode``: never pickle, which would run what a
+Redis holds), at most the entry bound. Every call waits at most GATEWAY_CACHE_REDIS_TIMEOUT_S;
+one that fails or times out is counted (``gateway_cache_errors_total{tier="redis"}``), and the
+worker skips the tier for GATEWAY_CACHE_REDIS_RETRY_S (``gateway_cache_degraded``): the texts
+are computed and nothing fails, and a Redis down costs requests nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import struct
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 from backend import metrics
 from backend.tokenization import Encoded
 
+log = logging.getLogger(__name__)
+
 TIER = "local"
+SHARED_TIER = "redis"
 Key = tuple[Hashable, ...]
 
 
@@ -76,10 +95,182 @@ def stack(entries: Sequence[Entry]) -> dict[str, np.ndarray]:
     return outputs
 
 
-class ResultCache:
-    """A worker's LRU of entries, bounded in bytes, per entry and in count; single flight."""
+# a value: this, the header's length, the JSON header, then each array's bytes in its order
+_FORMAT = b"bgc1"
+_LENGTH = struct.Struct("<I")
 
-    def __init__(self, max_bytes: int, max_entry_bytes: int, max_entries: int) -> None:
+
+def encode(entry: Entry) -> bytes:
+    """Return ``entry`` as the shared tier's value: its flags, then its arrays' raw bytes."""
+    arrays: list[tuple[str, np.ndarray]] = [("ids", entry.encoded.ids)]
+    for name in ("type_ids", "attention"):
+        extra = getattr(entry.encoded, name)
+        if extra is not None:
+            arrays.append((name, extra))
+    arrays.extend((f"row:{name}", row) for name, row in entry.rows.items())
+    header = orjson.dumps({
+        "truncated": entry.encoded.truncated, "full_length": entry.encoded.full_length,
+        "arrays": [[name, array.dtype.str, array.shape] for name, array in arrays],
+    })  # fmt: skip
+    parts = [_FORMAT, _LENGTH.pack(len(header)), header]
+    parts.extend(np.ascontiguousarray(array).tobytes() for _, array in arrays)
+    return b"".join(parts)
+
+
+def decode(key: Key, value: bytes) -> Entry:
+    """Return the entry that ``encode`` made ``value`` of; ValueError for anything else."""
+    if value[:4] != _FORMAT:
+        raise ValueError("not an entry of this format")
+    start = 4 + _LENGTH.size
+    (length,) = _LENGTH.unpack_from(value, 4)
+    header = orjson.loads(value[start : start + length])
+    offset = start + length
+    arrays: dict[str, np.ndarray] = {}
+    for name, dtype, shape in header["arrays"]:
+        kind = np.dtype(dtype)
+        if kind.hasobject:
+            raise ValueError("an entry holds numbers only")
+        count = int(np.prod(shape, dtype=np.int64))
+        arrays[name] = np.frombuffer(value, kind, count, offset).reshape(shape)
+        offset += count * kind.itemsize
+    if offset != len(value):
+        raise ValueError("the entry's length does not match its header")
+    encoded = Encoded(
+        arrays.pop("ids"), bool(header["truncated"]), int(header["full_length"]),
+        arrays.pop("type_ids", None), arrays.pop("attention", None),
+    )  # fmt: skip
+    rows = {name.removeprefix("row:"): row for name, row in arrays.items()}
+    return entry_of(key, encoded, rows)
+
+
+class SharedTier:
+    """The result cache's tier in Redis, shared by every worker and pod that names it."""
+
+    def __init__(
+        self, url: str, prefix: str, ttl_s: float, timeout_s: float, retry_s: float,
+        max_entry_bytes: int,
+    ) -> None:  # fmt: skip
+        import redis  # only when configured: the default needs no client
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        # no retries: one timeout is the most a request waits on this tier
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            health_check_interval=30, retry=Retry(NoBackoff(), 0),
+        )  # fmt: skip
+        self.prefix = prefix
+        self.ttl_ms = max(1, round(ttl_s * 1000))
+        self.retry_s = retry_s
+        self.max_entry_bytes = max_entry_bytes
+        self._down_until = 0.0
+        self._failing = False
+        self._hits = metrics.child(metrics.CACHE_LOOKUPS, SHARED_TIER, "hit")
+        self._misses = metrics.child(metrics.CACHE_LOOKUPS, SHARED_TIER, "miss")
+        self._read = metrics.child(metrics.CACHE_TRANSFER_BYTES, SHARED_TIER, "read")
+        self._written = metrics.child(metrics.CACHE_TRANSFER_BYTES, SHARED_TIER, "write")
+        self._too_big = metrics.child(metrics.CACHE_NOT_STORED, SHARED_TIER, "too_big")
+        self._skipped = metrics.child(metrics.CACHE_NOT_STORED, SHARED_TIER, "degraded")
+        self._failures = metrics.child(metrics.CACHE_ERRORS, SHARED_TIER)
+        self._degraded = metrics.child(metrics.CACHE_DEGRADED, SHARED_TIER)
+        self._degraded.set(0)
+
+    def name(self, key: Key) -> str:
+        """Return ``key``'s name in Redis: the prefix and the digest of the whole key."""
+        return self.prefix + hashlib.blake2b(repr(key).encode(), digest_size=20).hexdigest()
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the tier is being skipped after an error."""
+        return time.monotonic() < self._down_until
+
+    def fetch(self, keys: Sequence[Key]) -> list[Entry | None] | None:
+        """Return each key's entry (None: a miss), read in one MGET; None when the tier is
+        skipped (after an error, for ``retry_s``) or fails now."""
+        if self.degraded:
+            return None
+        try:
+            values = self._client.mget([self.name(key) for key in keys])
+        except self._errors as exc:
+            self._failed(exc)
+            return None
+        self._answered()
+        found: list[Entry | None] = []
+        for key, value in zip(keys, values, strict=True):
+            entry = None
+            if isinstance(value, bytes):  # never str: the client does not decode answers
+                self._read.inc(len(value))
+                try:
+                    entry = decode(key, value)
+                except (ValueError, TypeError, KeyError, struct.error) as exc:
+                    self._failures.inc()  # not ours, or another format's: computed again
+                    log.warning("result cache: an entry in Redis does not decode (%s)", exc)
+            found.append(entry)
+        hits = sum(entry is not None for entry in found)
+        if hits:
+            self._hits.inc(hits)
+        if len(found) > hits:
+            self._misses.inc(len(found) - hits)
+        return found
+
+    def store(self, items: Sequence[tuple[Key, Entry]]) -> None:
+        """Write the entries (those within the entry bound) in one pipeline of SET ... PX ttl;
+        nothing when the tier is skipped or fails."""
+        if self.degraded:
+            self._skipped.inc(len(items))
+            return
+        values = []
+        for key, entry in items:
+            value = encode(entry) if entry.size <= self.max_entry_bytes else None
+            if value is None or len(value) > self.max_entry_bytes:
+                self._too_big.inc()
+                continue
+            values.append((self.name(key), value))
+        if not values:
+            return
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for name, value in values:
+                pipe.set(name, value, px=self.ttl_ms)
+            pipe.execute()
+        except self._errors as exc:
+            self._failed(exc)
+            return
+        self._answered()
+        self._written.inc(sum(len(value) for _, value in values))
+
+    def _failed(self, exc: BaseException) -> None:
+        """Count the failure and skip the tier for ``retry_s``."""
+        self._failures.inc()
+        self._down_until = time.monotonic() + self.retry_s
+        self._degraded.set(1)
+        if not self._failing:
+            log.warning("result cache: Redis fails (%s); skipping it for %.0f s at a time",
+                        exc, self.retry_s)  # fmt: skip
+        self._failing = True
+
+    def _answered(self) -> None:
+        """Mark the tier healthy again after a failure."""
+        if self._failing:
+            self._failing = False
+            self._degraded.set(0)
+            log.warning("result cache: Redis answers again; its tier is used again")
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()
+
+
+class ResultCache:
+    """A worker's LRU of entries, bounded in bytes, per entry and in count; single flight;
+    the shared tier behind it, when there is one."""
+
+    def __init__(
+        self, max_bytes: int, max_entry_bytes: int, max_entries: int,
+        shared: SharedTier | None = None,
+    ) -> None:  # fmt: skip
+        self.shared = shared
         self.max_bytes = max_bytes
         self.max_entry_bytes = min(max_entry_bytes, max_bytes)
         self.max_entries = max_entries
@@ -162,6 +353,38 @@ class ResultCache:
             self._evictions.inc(evicted)
         self._bytes_gauge.set(size)
         self._count_gauge.set(count)
+
+    def fill(self, keys: Sequence[Key], found: list[Entry | None], mine: list[int]) -> list[int]:
+        """Return the misses ``mine`` left after the shared tier: its hits go into ``found`` and
+        this tier, and their flights end (their waiters read them)."""
+        shared = self.shared
+        if shared is None or not mine:
+            return mine
+        fetched = shared.fetch([keys[i] for i in mine])
+        if fetched is None:
+            return mine
+        left, filled = [], []
+        for index, entry in zip(mine, fetched, strict=True):
+            if entry is None:
+                left.append(index)
+                continue
+            found[index] = entry
+            self.put(keys[index], entry)
+            filled.append(keys[index])
+        self.release(filled)
+        return left
+
+    def keep(self, items: Sequence[tuple[Key, Entry]]) -> None:
+        """Keep the computed entries in this tier and write them to the shared tier."""
+        for key, entry in items:
+            self.put(key, entry)
+        if self.shared is not None and items:
+            self.shared.store(items)
+
+    def close(self) -> None:
+        """Close the shared tier's client."""
+        if self.shared is not None:
+            self.shared.close()
 
     def release(self, keys: Sequence[Key]) -> None:
         """End the flights of ``keys`` (claimed by this request): their waiters read them."""

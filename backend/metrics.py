@@ -221,7 +221,7 @@ CACHE_EVICTIONS = Counter(
 CACHE_NOT_STORED = Counter(
     "gateway_cache_not_stored_total",
     "Computed answers the result cache did not keep, per tier and reason: too_big (over "
-    "GATEWAY_CACHE_ENTRY_BYTES).",
+    "GATEWAY_CACHE_ENTRY_BYTES), degraded (the shared tier was being skipped).",
     ["tier", "reason"],
 )
 CACHE_BYTES = Gauge(
@@ -235,6 +235,25 @@ CACHE_ENTRIES = Gauge(
     "Entries in the result cache, per tier (summed over workers).",
     ["tier"],
     multiprocess_mode="livesum",
+)
+CACHE_TRANSFER_BYTES = Counter(
+    "gateway_cache_transfer_bytes_total",
+    "Bytes of entries the result cache read from (read) and wrote to (write) its shared tier "
+    "(redis: GATEWAY_CACHE_REDIS).",
+    ["tier", "direction"],
+)
+CACHE_ERRORS = Counter(
+    "gateway_cache_errors_total",
+    "Calls to the result cache's shared tier that failed or ran past GATEWAY_CACHE_REDIS_TIMEOUT_S "
+    "(and entries read back that could not be decoded): the tier was skipped, the texts computed.",
+    ["tier"],
+)
+CACHE_DEGRADED = Gauge(
+    "gateway_cache_degraded",
+    "1 while a worker skips the result cache's shared tier after an error (for "
+    "GATEWAY_CACHE_REDIS_RETRY_S), else 0; the most over live workers.",
+    ["tier"],
+    multiprocess_mode="livemax",
 )
 
 # (metric, label values) -> the labelled child. ``labels()`` validates and looks the values up

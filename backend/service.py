@@ -18,7 +18,7 @@ import numpy as np
 
 from backend import auth, budget, metrics, routing, timing, tracing
 from backend.bucketing import plan_chunks, reassemble
-from backend.cache import Entry, Key, ResultCache, entry_of, stack
+from backend.cache import Entry, Key, ResultCache, SharedTier, entry_of, stack
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
 from backend.early_exit import EXIT_OUTPUT, ignored_note, text_speeds
@@ -108,17 +108,15 @@ class Gateway:
             else None
         )
         self._pool = ThreadPoolExecutor(max_workers=chunk_threads, thread_name_prefix="chunk")
-        self.cache = (
-            ResultCache(settings.cache_bytes, settings.cache_entry_bytes, settings.cache_entries)
-            if settings.cache_bytes and settings.cache_entries
-            else None
-        )
+        self.cache = _result_cache(settings)
 
     def close(self) -> None:
         """Stop the pool and close the client (and the shadow target's)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.statuses.close()
         self.client.close()
+        if self.cache is not None:
+            self.cache.close()
         if self._shadow_upstream is not None:
             self._shadow_upstream.close()
 
@@ -659,6 +657,12 @@ class Gateway:
         with timing.stage("cache"):
             keys = self._cache_keys(plan)
             found, mine, theirs = cache.lookup(keys, claim=True)
+            if cache.shared is not None and mine:
+                asked = len(mine)
+                mine = cache.fill(keys, found, mine)
+                if clock is not None:
+                    clock.cache_shared = _tier_answer(asked, asked - len(mine),
+                                                      cache.shared.degraded)  # fmt: skip
         if clock is not None:
             hits = len(keys) - len(mine) - len(theirs)
             clock.cache = "hit" if hits == len(keys) else "miss" if not hits else "partial"
@@ -711,11 +715,13 @@ class Gateway:
         finally:
             plan.texts, plan.positions = texts, None
         outputs = plan.outputs
+        computed = []
         for row, index in enumerate(indices):
             entry = entry_of(keys[index], plan.encoded[row],
                              {name: value[row] for name, value in outputs.items()})  # fmt: skip
             found[index] = entry
-            cache.put(keys[index], entry)
+            computed.append((keys[index], entry))
+        cache.keep(computed)
 
     def _resolve(self, plan: Plan) -> None:
         """Stage ``resolve``: the first time (no choice in ``plan.attempt``) the key's reach
@@ -986,6 +992,29 @@ def _check_truncation(plan: Plan) -> None:
             f"max_seq_len {plan.assets.max_seq_len} of model {plan.model!r}; send "
             "truncate=true to cut it"
         )
+
+
+def _result_cache(settings: Settings) -> ResultCache | None:
+    """Return the worker's result cache (with its shared tier when GATEWAY_CACHE_REDIS), or
+    None when it is off."""
+    if not (settings.cache_bytes and settings.cache_entries):
+        return None
+    shared = None
+    if settings.cache_redis:
+        shared = SharedTier(
+            settings.cache_redis_target, settings.cache_redis_prefix, settings.cache_redis_ttl_s,
+            settings.cache_redis_timeout_s, settings.cache_redis_retry_s,
+            min(settings.cache_entry_bytes, settings.cache_bytes),
+        )  # fmt: skip
+    return ResultCache(settings.cache_bytes, settings.cache_entry_bytes, settings.cache_entries,
+                       shared)  # fmt: skip
+
+
+def _tier_answer(asked: int, hits: int, degraded: bool) -> str:
+    """Return what the shared tier did for the ``asked`` texts (x-cache-shared)."""
+    if degraded:
+        return "degraded"
+    return "hit" if hits == asked else "miss" if not hits else "partial"
 
 
 def _cacheable(plan: Plan) -> bool:

@@ -96,6 +96,17 @@ class Settings:
     cache_entry_bytes: int = 65_536
     cache_entries: int = 100_000
     cache_shared_keys: bool = False
+    # the result cache's shared tier (backend/cache.py, SharedTier), behind the worker's: off
+    # unless turned on; then in the Redis of cache_redis_url, else of rate_limit_redis_url, under
+    # its own key prefix (a Redis ACL names it: deploy/k8s/base/redis.yaml), each entry kept
+    # cache_redis_ttl_s; every call waits at most cache_redis_timeout_s, and after a failure the
+    # tier is skipped for cache_redis_retry_s (a Redis down costs requests nothing)
+    cache_redis: bool = False
+    cache_redis_url: str = ""
+    cache_redis_prefix: str = "bert-gateway:cache:"
+    cache_redis_ttl_s: float = 3600.0
+    cache_redis_timeout_s: float = 0.05
+    cache_redis_retry_s: float = 5.0
     # observability (backend/observability.py): TEI's x-*-time headers and Server-Timing on
     # inference answers; access and error log lines as JSON ("json") or gunicorn's text
     timing_headers: bool = True
@@ -115,6 +126,7 @@ class Settings:
             raise SettingsError(
                 "cache_bytes, cache_entry_bytes and cache_entries must be at least 0"
             )
+        self._check_cache_redis()
         if self.shadow_queue_size < 0 or self.group_in_flight < 0:
             raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
         limits = ("max_texts_per_request", "max_text_chars", "max_token_ids",
@@ -134,15 +146,43 @@ class Settings:
             raise SettingsError(
                 f"GATEWAY_METRICS_BIND must be host:port, not {self.metrics_bind!r}"
             )
-        if self.rate_limit_redis_url and not self.rate_limit_redis_url.startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
-            raise SettingsError("GATEWAY_RATE_LIMIT_REDIS_URL must be a redis://, rediss:// or "
-                                f"unix:// URL, not {self.rate_limit_redis_url!r}")  # fmt: skip
         if self.default_speed is not None and not 0 <= self.default_speed <= 1:  # NaN too
             raise SettingsError(
                 f"GATEWAY_DEFAULT_SPEED must be in [0, 1] or unset, not {self.default_speed}"
             )
+
+    def _check_cache_redis(self) -> None:
+        """Refuse a shared tier without the worker's tier, a Redis, a prefix or positive times."""
+        for name in ("rate_limit_redis_url", "cache_redis_url"):
+            url = getattr(self, name)
+            if url and not url.startswith(("redis://", "rediss://", "unix://")):
+                raise SettingsError(f"GATEWAY_{name.upper()} must be a redis://, rediss:// or "
+                                    f"unix:// URL, not {url!r}")  # fmt: skip
+        if not self.cache_redis:
+            return
+        if not (self.cache_bytes and self.cache_entries):
+            raise SettingsError(
+                "GATEWAY_CACHE_REDIS needs the worker's tier it sits behind: set "
+                "GATEWAY_CACHE_BYTES (and GATEWAY_CACHE_ENTRIES) above 0"
+            )
+        if not self.cache_redis_target:
+            raise SettingsError(
+                "GATEWAY_CACHE_REDIS needs a Redis: set GATEWAY_CACHE_REDIS_URL "
+                "(or GATEWAY_RATE_LIMIT_REDIS_URL, which it then shares)"
+            )
+        if not self.cache_redis_prefix:
+            raise SettingsError("GATEWAY_CACHE_REDIS_PREFIX must not be empty")
+        times = (self.cache_redis_ttl_s, self.cache_redis_timeout_s, self.cache_redis_retry_s)
+        if not min(times) > 0:  # NaN too
+            raise SettingsError(
+                "GATEWAY_CACHE_REDIS_TTL_S, GATEWAY_CACHE_REDIS_TIMEOUT_S and "
+                "GATEWAY_CACHE_REDIS_RETRY_S must be positive"
+            )
+
+    @property
+    def cache_redis_target(self) -> str:
+        """The Redis URL of the result cache's shared tier (the rate limits' unless its own)."""
+        return self.cache_redis_url or self.rate_limit_redis_url
 
     @property
     def public_label_names(self) -> tuple[str, ...]:
@@ -211,6 +251,12 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_CACHE_ENTRY_BYTES": "cache_entry_bytes",
     "GATEWAY_CACHE_ENTRIES": "cache_entries",
     "GATEWAY_CACHE_SHARED_KEYS": "cache_shared_keys",
+    "GATEWAY_CACHE_REDIS": "cache_redis",
+    "GATEWAY_CACHE_REDIS_URL": "cache_redis_url",
+    "GATEWAY_CACHE_REDIS_PREFIX": "cache_redis_prefix",
+    "GATEWAY_CACHE_REDIS_TTL_S": "cache_redis_ttl_s",
+    "GATEWAY_CACHE_REDIS_TIMEOUT_S": "cache_redis_timeout_s",
+    "GATEWAY_CACHE_REDIS_RETRY_S": "cache_redis_retry_s",
     "GATEWAY_TIMING_HEADERS": "timing_headers",
     "GATEWAY_LOG_FORMAT": "log_format",
 }

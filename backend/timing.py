@@ -54,6 +54,8 @@ class Clock:
     inferred: bool = False  # a cache or tokenize stage ran: the answer is an inference's
     no_store: bool = False  # the request said Cache-Control: no-store (backend/cache.py)
     cache: str = ""  # the result cache's answer: hit, miss, partial or bypass (x-cache)
+    # its shared tier's for the texts the worker's missed: hit, miss, partial or degraded
+    cache_shared: str = ""
     trace_id: str = ""  # for the error log's lines (backend/access_log.py)
 
     def add(self, stage: str, seconds: float) -> None:
@@ -152,6 +154,9 @@ def add_headers(headers: Any, clock: Clock) -> None:
 
 
 def add_cache_header(headers: Any, clock: Clock) -> None:
-    """Say on the answer what the result cache did (``x-cache``: hit, miss, partial, bypass)."""
+    """Say on the answer what the result cache did (``x-cache``: hit, miss, partial, bypass)
+    and, when its shared tier was asked, what that did (``x-cache-shared``)."""
     if clock.cache:
         headers["x-cache"] = clock.cache
+        if clock.cache_shared:
+            headers["x-cache-shared"] = clock.cache_shared

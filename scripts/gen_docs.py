@@ -134,6 +134,20 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_CACHE_ENTRIES": "the most entries the result cache keeps per worker",
     "GATEWAY_CACHE_SHARED_KEYS": "share result-cache entries across API keys (else each key's "
     "are its own: a hit's timing would tell one key what another sent)",
+    "GATEWAY_CACHE_REDIS": "the result cache's shared tier: Redis behind every worker's cache, "
+    "so a text one worker or pod computed is a hit in the others (needs `GATEWAY_CACHE_BYTES`; "
+    "docs/guides/result-cache.md)",
+    "GATEWAY_CACHE_REDIS_URL": "the shared tier's Redis (the same forms as "
+    "`GATEWAY_RATE_LIMIT_REDIS_URL`); empty: the rate limits' Redis, once `GATEWAY_CACHE_REDIS` "
+    "is on",
+    "GATEWAY_CACHE_REDIS_PREFIX": "the prefix of the shared tier's keys (Redis's ACL names it: "
+    "deploy/k8s/base/redis.yaml)",
+    "GATEWAY_CACHE_REDIS_TTL_S": "how long Redis keeps a shared entry (an entry is never stale: "
+    "its key holds the served version; the TTL bounds what Redis holds of retired versions)",
+    "GATEWAY_CACHE_REDIS_TIMEOUT_S": "the most one call to the shared tier waits (one MGET or "
+    "one pipeline of SETs per request); past it the texts are computed",
+    "GATEWAY_CACHE_REDIS_RETRY_S": "after a failed or timed-out call, how long a worker skips the "
+    "shared tier before asking Redis again",
     # docker/gunicorn.conf.py
     "GATEWAY_BIND": "the address gunicorn listens on",
     "GATEWAY_WORKERS": "gunicorn worker processes (default: the CPU cores this process may use)",

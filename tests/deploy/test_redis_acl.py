@@ -1,6 +1,7 @@
 """The Kubernetes base's Redis (deploy/k8s/base/redis.yaml) run for real with its own arguments
 (issue 41 item 5): it lets in only the user "gateway", with the Secret's password, whose ACL allows
-what the rate limiter runs and nothing else: of Lua, the limiter's script alone, by its hash (issue
+what the rate limiter runs and what the result cache's shared tier runs (MGET and SET on its
+prefix's keys: issue 50) and nothing else: of Lua, the limiter's script alone, by its hash (issue
 48 item 3); and the token-bucket script clamps a bucket at both ends, whatever its hash holds."""
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 import yaml
 
+from backend.cache import SharedTier, entry_of
 from backend.ratelimit import _TAKE, PREFIX, RedisStore, _bucket_id
+from backend.settings import Settings
+from backend.tokenization import Encoded
 from ops.procs import REPO, ServerProcess, free_port
 from tests.backend.test_ratelimit_redis import redis_server_binary
 
@@ -67,12 +72,36 @@ def test_the_rate_limiter_works_as_the_gateway_user(server: tuple[int, str]) -> 
     assert waits[:3] == [0.0, 0.0, 0.0] and waits[3] > 0.5
 
 
+CACHE = Settings.cache_redis_prefix  # the default prefix: the ACL's selector names it
+
+
+def test_the_result_caches_shared_tier_works_as_the_gateway_user(server: tuple[int, str]) -> None:
+    port, password = server
+    tier = SharedTier(f"redis://gateway:{password}@127.0.0.1:{port}/0", CACHE, 60.0, 0.25, 5.0,
+                      100_000)  # fmt: skip
+    keys = [("", "m", 1, ("embed",), "a text"), ("", "m", 1, ("embed",), "another")]
+    entry = entry_of(keys[0], Encoded(np.arange(3, dtype=np.int32), False, 3),
+                     {"embedding": np.ones(4, dtype=np.float32)})  # fmt: skip
+    tier.store([(keys[0], entry)])
+    found = tier.fetch(keys)
+    tier.close()
+    assert found is not None and found[1] is None and not tier.degraded
+    assert found[0] is not None and found[0].rows["embedding"].tolist() == [1.0] * 4
+    client = redis.Redis(port=port, username="gateway", password=password)
+    assert client.set(CACHE + "x", b"1", px=1000) and client.mget([CACHE + "x"]) == [b"1"]
+
+
 @pytest.mark.parametrize(
     "command",
     [
         ("SET", "x", "1"), ("SET", PREFIX + "x", "1"), ("FLUSHALL",), ("CONFIG", "GET", "*"),
         ("KEYS", "*"), ("EVAL", "return 1", "0"), ("ACL", "LIST"), ("SHUTDOWN",),
         ("HGETALL", "other:key"), ("CLIENT", "LIST"),
+        # the cache's selector: MGET and SET on its prefix only, nothing else there
+        ("MGET", PREFIX + "x"), ("MGET", CACHE + "x", "other:key"), ("GET", CACHE + "x"),
+        ("DEL", CACHE + "x"), ("UNLINK", CACHE + "x"), ("HSET", CACHE + "x", "f", "1"),
+        ("PEXPIRE", CACHE + "x", "1"), ("GETDEL", CACHE + "x"), ("KEYS", CACHE + "*"),
+        ("SCAN", "0"), ("FLUSHDB",), ("HMGET", CACHE + "x", "tokens"),
     ],
 )  # fmt: skip
 def test_the_gateway_user_may_run_nothing_else(server: tuple[int, str], command: tuple) -> None:
