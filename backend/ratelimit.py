@@ -115,11 +115,15 @@ class RedisStore:
         self, url: str, fallback: RateStore, timeout_s: float = 0.25, retry_s: float = 1.0
     ) -> None:
         import redis  # only when configured: the single-pod default needs no client
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        # one try per take: redis-py 8 retries 3 times with backoff by default (a refused
+        # login took 4 s), and ``timeout_s`` is the most a request may wait on the store
         self._client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            health_check_interval=30,
+            health_check_interval=30, retry=Retry(NoBackoff(), 0),
         )  # fmt: skip
         self._script = self._client.register_script(_TAKE)
         self._fallback = fallback

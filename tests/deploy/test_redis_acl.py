@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from backend.cache import SharedTier, entry_of
-from backend.ratelimit import _TAKE, PREFIX, RedisStore, _bucket_id
+from backend.ratelimit import _TAKE, PREFIX, PodStore, RedisStore, _bucket_id
 from backend.settings import Settings
 from backend.tokenization import Encoded
 from ops.procs import REPO, ServerProcess, free_port
@@ -73,6 +73,16 @@ def test_the_rate_limiter_works_as_the_gateway_user(server: tuple[int, str]) -> 
     store = RedisStore(f"redis://gateway:{password}@127.0.0.1:{port}/0", fallback=None)  # type: ignore[arg-type]
     waits = [store.take("team-acl", 1.0, 3.0) for _ in range(4)]
     assert waits[:3] == [0.0, 0.0, 0.0] and waits[3] > 0.5
+
+
+def test_a_refused_login_costs_the_rate_limiter_one_try_not_retries(
+    server: tuple[int, str], tmp_path: Path
+) -> None:
+    port, _ = server
+    store = RedisStore(f"redis://gateway:guess@127.0.0.1:{port}/0", PodStore(str(tmp_path)))
+    started = time.perf_counter()
+    wait = store.take("team-wrong-password", 1.0, 3.0)  # the pod's own bucket answers
+    assert wait == 0.0 and time.perf_counter() - started < 1.0  # redis-py's retries: 4 s
 
 
 CACHE = Settings.cache_redis_prefix  # the default prefix: the ACL's selector names it
