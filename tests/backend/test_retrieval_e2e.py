@@ -438,14 +438,19 @@ class Recording:
         return getattr(self._client, name)
 
 
-def test_over_grpc_only_the_outputs_asked_for_leave_the_model_server(
-    retrieval: dict[str, Any],
+@pytest.mark.parametrize("upstream", ["grpc", "rest"])
+def test_only_the_outputs_asked_for_leave_the_model_server(
+    retrieval: dict[str, Any], upstream: str
 ) -> None:
+    """gRPC filters the outputs (``output_filter``); REST asks the narrowest output-subset
+    signature the export wrote (modelformat/outputs.py ``kind_signatures``): either way the
+    upstream answer of a dense-only call holds no token outputs."""
     from backend.app import create_app
     from backend.clients import make_client
     from backend.service import Gateway as Service
 
-    app = create_app({"upstream": "grpc", "tfs_grpc_target": retrieval["server"].grpc_target,
+    app = create_app({"upstream": upstream, "tfs_grpc_target": retrieval["server"].grpc_target,
+                      "tfs_rest_url": retrieval["server"].rest_url,
                       "model_base_path": str(retrieval["base"]),
                       "model_config_file": str(retrieval["config"])})  # fmt: skip
     settings = app.extensions["gateway_settings"]
@@ -456,13 +461,15 @@ def test_over_grpc_only_the_outputs_asked_for_leave_the_model_server(
 
     dense = client.post(path, json={"texts": TEXTS})
     sparse = client.post(path, json={"texts": TEXTS, "outputs": ["sparse"]})
+    hybrid = client.post(path, json={"texts": TEXTS, "outputs": ["dense", "sparse"]})
     every = client.post(path, json={"texts": TEXTS, "outputs": ["dense", "sparse", "multivector"]})
 
-    assert dense.status_code == sparse.status_code == every.status_code == 200, dense.text
+    assert {r.status_code for r in (dense, sparse, hybrid, every)} == {200}, dense.text
     assert recording.calls == [
         (("embedding",), {"embedding"}),
         (("token_weights",), {"token_weights"}),
+        (("embedding", "token_weights"), {"embedding", "token_weights"}),
         ((), {"embedding", "token_weights", "token_vectors"}),
     ]
-    assert dense.json["embeddings"] == every.json["embeddings"]
-    assert sparse.json["sparse"] == every.json["sparse"]
+    assert dense.json["embeddings"] == hybrid.json["embeddings"] == every.json["embeddings"]
+    assert sparse.json["sparse"] == hybrid.json["sparse"] == every.json["sparse"]
