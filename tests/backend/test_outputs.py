@@ -114,6 +114,33 @@ def test_multivector_answer_bytes_count_rows_times_dims_per_type() -> None:
     assert KINDS["sparse"].answer_bytes(topk, [5, 300], Options(top_k=10)) == 2 * 10 * 26
 
 
+def test_base64_answers_are_the_little_endian_bytes_and_counted_as_such() -> None:
+    import base64
+
+    from backend.outputs.base import encoded
+
+    matrix = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    item = multivector.answer(matrix, ("float", "int8"), lambda m, t: (m * 100).astype(np.int8),
+                              "base64")  # fmt: skip
+    assert item["rows"] == 2
+    back = np.frombuffer(base64.b64decode(item["vectors"]), "<f4").reshape(2, 3)
+    np.testing.assert_array_equal(back, matrix)
+    int8 = (matrix * 100).astype("i1")
+    assert base64.b64decode(item["vectors_by_type"]["int8"]) == int8.tobytes()
+    assert encoded(matrix, "float") is matrix  # orjson writes the array's numbers itself
+    answer = {"embeddings": matrix, "embeddings_by_type": {"int8": matrix.astype(np.int8)}}
+    dense.encode_answer(answer, "base64")
+    assert [np.frombuffer(base64.b64decode(v), "<f4").tolist() for v in answer["embeddings"]] \
+        == matrix.tolist()  # fmt: skip
+    assert len(answer["embeddings_by_type"]["int8"]) == 2
+    spec = MultiVectorOutput(dim=384, rows="after_cls")
+    floats = KINDS["multivector"].answer_bytes(spec, [21], Options())
+    packed = KINDS["multivector"].answer_bytes(spec, [21], Options(encoding="base64"))
+    small = KINDS["multivector"].answer_bytes(spec, [21], Options(types=("int8",),
+                                                                  encoding="base64"))  # fmt: skip
+    assert packed == 20 * (512 * 4 + 4) and small == 20 * (128 * 4 + 4) and floats > 2.9 * packed
+
+
 def test_shadow_agreement_is_one_for_the_same_outputs_and_less_for_others() -> None:
     rng = np.random.default_rng(1)
     outputs = {

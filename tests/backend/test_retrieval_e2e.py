@@ -237,6 +237,38 @@ def test_a_real_bge_m3_export_answers_as_flagembedding_encodes(
     assert keys >= len(REAL_TEXTS)  # the tiny sparse head weighs some tokens > 0
 
 
+def test_base64_vectors_are_the_float_answers_bytes(gateway: Gateway) -> None:
+    """encoding_format base64: each dense vector and each text's multi-vector matrix is one
+    string of the same numbers' little-endian bytes (float32, int8 one byte each)."""
+    import base64
+
+    body = {"texts": TEXTS, "outputs": ["dense", "multivector"],
+            "embedding_types": ["float", "int8"]}  # fmt: skip
+    plain = _post(gateway, f"/v1/models/{REAL_M3}:embed", body)
+    packed = _post(gateway, f"/v1/models/{REAL_M3}:embed", {**body, "encoding_format": "base64"})
+    assert plain.status_code == packed.status_code == 200, packed.text
+    want, got = plain.json(), packed.json()
+    assert len(packed.content) < len(plain.content) / 2
+
+    def decode(text: str, dtype: str) -> np.ndarray:
+        return np.frombuffer(base64.b64decode(text), dtype)
+
+    def f32(values: Any) -> np.ndarray:  # a JSON float32 read back as float32: the same bits
+        return np.asarray(values, np.float32)
+
+    np.testing.assert_array_equal([decode(v, "<f4") for v in got["embeddings"]],
+                                  f32(want["embeddings"]))  # fmt: skip
+    np.testing.assert_array_equal([decode(v, "i1") for v in got["embeddings_by_type"]["int8"]],
+                                  want["embeddings_by_type"]["int8"])  # fmt: skip
+    dim = got["multivector_dim"]
+    for ours, theirs in zip(got["multivectors"], want["multivectors"], strict=True):
+        assert ours["rows"] == theirs["rows"]
+        rows = decode(ours["vectors"], "<f4").reshape(-1, dim)
+        np.testing.assert_array_equal(rows, f32(theirs["vectors"]))
+        int8 = decode(ours["vectors_by_type"]["int8"], "i1").reshape(-1, dim)
+        np.testing.assert_array_equal(int8, theirs["vectors_by_type"]["int8"])
+
+
 PREFETCH = 10  # each prefetch's limit; the fusion keeps their union (no RRF tie at a cut)
 RRF_K = 2  # qdrant_client's local RRF constant (hybrid/fusion.py DEFAULT_RANKING_CONSTANT_K)
 
