@@ -277,8 +277,8 @@ class EmbedRequest(_Request):
         "encoding_format), base64 of their little-endian bytes (float32 4 bytes a component, "
         "int8/uint8/binary/ubinary one byte a value): each dense vector one string, each "
         "text's multi-vector one string of its rows × dim matrix, row after row (rows and "
-        "multivector_dim give its shape). About a third of float JSON's bytes; with int8 "
-        "multi-vectors a tenth.",
+        "multivector_dim give its shape): 5.3 characters a float32 component against about 12 "
+        "as JSON numbers; int8 multi-vectors 1.3.",
     )
 
 
