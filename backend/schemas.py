@@ -271,6 +271,15 @@ class EmbedRequest(_Request):
         "string of each id (Elasticsearch's sparse_vector and OpenSearch's rank_features "
         "form; WordPiece's ## kept; no two ids share a string).",
     )
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float",
+        description="How vectors are written: 'float', JSON numbers; 'base64' (OpenAI's "
+        "encoding_format), base64 of their little-endian bytes (float32 4 bytes a component, "
+        "int8/uint8/binary/ubinary one byte a value): each dense vector one string, each "
+        "text's multi-vector one string of its rows × dim matrix, row after row (rows and "
+        "multivector_dim give its shape): 5.3 characters a float32 component against about 12 "
+        "as JSON numbers; int8 multi-vectors 1.3.",
+    )
 
 
 class TokenizeRequest(BaseModel):
@@ -506,6 +515,16 @@ class EmbeddingsByType(BaseModel):
     ubinary: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
 
 
+class Base64EmbeddingsByType(BaseModel):
+    """encoding_format base64: each type's vectors, one base64 string each."""
+
+    float_: list[str] | None = Field(default=None, alias="float")
+    int8: list[str] | None = None
+    uint8: list[str] | None = None
+    binary: list[str] | None = None
+    ubinary: list[str] | None = None
+
+
 class CohereEmbedResponse(BaseModel):
     """Answer of POST /v2/embed (Cohere v2's shape: embeddings by type)."""
 
@@ -527,12 +546,13 @@ class SparseEmbedding(BaseModel):
 
 
 class MultiVectorsByType(BaseModel):
-    """One text's token vectors as each non-float type asked in embedding_types."""
+    """One text's token vectors as each non-float type asked in embedding_types (with
+    encoding_format base64: one string of the matrix's bytes each)."""
 
-    int8: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = None
-    uint8: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
-    binary: list[list[Annotated[int, Field(ge=-128, le=127)]]] | None = None
-    ubinary: list[list[Annotated[int, Field(ge=0, le=255)]]] | None = None
+    int8: list[list[Annotated[int, Field(ge=-128, le=127)]]] | str | None = None
+    uint8: list[list[Annotated[int, Field(ge=0, le=255)]]] | str | None = None
+    binary: list[list[Annotated[int, Field(ge=-128, le=127)]]] | str | None = None
+    ubinary: list[list[Annotated[int, Field(ge=0, le=255)]]] | str | None = None
 
 
 class MultiVector(BaseModel):
@@ -541,8 +561,10 @@ class MultiVector(BaseModel):
     ColBERT queries: every position, [MASK] expansions included)."""
 
     rows: int = Field(ge=0, description="How many vectors (tokens) the text has.")
-    vectors: list[list[float]] | None = Field(
-        default=None, description="float32 rows; left out when embedding_types lacks 'float'."
+    vectors: list[list[float]] | str | None = Field(
+        default=None,
+        description="float32 rows (encoding_format base64: one string of the [rows, dim] "
+        "matrix's little-endian float32 bytes); left out when embedding_types lacks 'float'.",
     )
     vectors_by_type: MultiVectorsByType | None = Field(
         default=None, description="embedding_types: the rows as each other type asked."
@@ -586,10 +608,12 @@ class EmbedResponse(BaseModel):
     """Answer of :embed, embeddings in the order of the request's texts."""
 
     model: ModelRef
-    embeddings: list[list[float]] | None = Field(
-        default=None, description="float32 vectors; left out when embedding_types lacks 'float'."
+    embeddings: list[list[float]] | list[str] | None = Field(
+        default=None,
+        description="float32 vectors (encoding_format base64: each a string of its "
+        "little-endian bytes); left out when embedding_types lacks 'float'.",
     )
-    embeddings_by_type: EmbeddingsByType | None = Field(
+    embeddings_by_type: EmbeddingsByType | Base64EmbeddingsByType | None = Field(
         default=None, description="embedding_types: the vectors as each type asked."
     )
     dim: int | None = Field(

@@ -220,6 +220,7 @@ class Gateway:
             answer["embeddings_by_type"] = typed_embeddings(answer["embeddings"], types)
             if "float" not in types:
                 del answer["embeddings"]
+        dense.encode_answer(answer, options.encoding)
         return answer
 
     def _embed_encoder(self, plan: Plan, request: EmbedRequest) -> Encoder:
@@ -307,7 +308,8 @@ class Gateway:
             if owners is not None:
                 matrices = multivector.merge(matrices, owners, texts)
             try:
-                answer["multivectors"] = [multivector.answer(m, options.types, quantize)
+                answer["multivectors"] = [multivector.answer(m, options.types, quantize,
+                                                             options.encoding)
                                           for m in matrices]  # fmt: skip
             except ValueError as exc:
                 raise UnprocessableInput(str(exc)) from None
@@ -1042,6 +1044,7 @@ def embed_options(request: EmbedRequest) -> Options:
         kinds=tuple(dict.fromkeys(request.outputs)) if request.outputs else None,
         is_query=is_query, top_k=request.top_k, min_weight=request.min_weight or 0.0,
         with_tokens=request.return_tokens, types=tuple(request.embedding_types or ("float",)),
+        encoding=request.encoding_format,
     )  # fmt: skip
 
 

@@ -114,6 +114,11 @@ def from_tensor_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
             flat = flat.astype(_FROM_DT[dtype])
         return flat.reshape(shape)
     # TF Serving answers with typed *_val fields unless --enable_serialization_as_tensor_content.
+    packed = _PACKED_FIXED.get(dtype)
+    if packed is not None and count > _PACKED_FROM:
+        flat = _packed_values(proto, *packed)
+        if flat is not None:
+            return _fill(flat, shape, count)
     # list() first: numpy reads a list in one pass, a repeated field value by value (~2x).
     values = list(getattr(proto, _VAL_FIELD[dtype]))
     if dtype == _HALF:
@@ -121,6 +126,56 @@ def from_tensor_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
     else:
         flat = np.array(values, dtype=_FROM_DT[dtype])
     return _fill(flat, shape, count)
+
+
+# float_val / double_val: packed on the wire as little-endian fixed-width values, which numpy reads
+# as they are: for [8, 32, 384] token vectors 0.04 ms against 7 ms through Python floats.
+_PACKED_FIXED: dict[int, tuple[int, np.dtype[Any]]] = {
+    int(DT.DT_FLOAT): (5, np.dtype("<f4")),
+    int(DT.DT_DOUBLE): (6, np.dtype("<f8")),
+}
+_PACKED_FROM = 64  # values: below, the repeated field is read as it is
+
+
+def _varint(buf: bytes, at: int) -> tuple[int, int]:
+    """Return (the varint at ``at`` of ``buf``, where the next field starts)."""
+    value = shift = 0
+    while True:
+        byte = buf[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _packed_values(proto: tensor_pb2.TensorProto, number: int, wire: np.dtype[Any]) -> Any:
+    """Return the values of the packed fixed-width repeated field ``number`` of ``proto`` read
+    from its serialized bytes (one C serialization, no Python float per value), or None when
+    that field is not packed there (the caller then reads the field)."""
+    buf = proto.SerializeToString()
+    chunks: list[np.ndarray] = []
+    at, end = 0, len(buf)
+    while at < end:
+        key, at = _varint(buf, at)
+        field, kind = key >> 3, key & 7
+        if kind == 2:
+            length, at = _varint(buf, at)
+            if field == number:
+                chunks.append(np.frombuffer(buf, wire, length // wire.itemsize, at))
+            at += length
+        elif field == number:
+            return None  # unpacked values: legal, rare; read through the field
+        elif kind == 0:
+            _, at = _varint(buf, at)
+        elif kind in (1, 5):
+            at += 8 if kind == 1 else 4
+        else:
+            return None
+    flat = chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else None
+    if flat is not None and not _LITTLE_ENDIAN:
+        flat = flat.astype(wire.newbyteorder("="))
+    return flat
 
 
 def _fill(flat: np.ndarray, shape: tuple[int, ...], count: int) -> np.ndarray:

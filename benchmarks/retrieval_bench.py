@@ -3,9 +3,11 @@
 One BGE-M3-shaped model (a random checkpoint in FlagEmbedding's layout, export/tiny_retrieval.py
 ``save_m3_checkpoint``: MiniLM-L6's dims, or the tests' tiny one under --quick), exported by
 export.build and served by the model server behind a gunicorn gateway (one worker) per upstream.
-``:embed`` of the same batch of texts asking for dense alone, sparse alone and all three outputs,
-interleaved request by request: end-to-end wall time and the gateway worker's CPU (psutil, as
-gateway_cost_bench reads it) per text, each as a ratio to dense alone; answer bytes per text.
+``:embed`` of the same batch of texts asking for dense alone, sparse alone and all three outputs
+(the vectors as JSON floats, the default; as base64 of their float32 bytes, ``encoding_format``;
+and the multi-vectors as int8 in base64), interleaved request by request: end-to-end wall time
+and the gateway worker's CPU (psutil, as gateway_cost_bench reads it) per text, each as a ratio
+to dense alone; answer bytes per text.
 Then SPLADE's top-k in the graph against the pooled vocabulary vector (splade_bench.compare).
 """
 
@@ -24,7 +26,17 @@ MINILM = {"hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 15
           "num_hidden_layers": 6, "max_position_embeddings": 130,
           "initializer_range": 0.1}  # fmt: skip
 MAX_SEQ_LEN = 128
-MODES = {"dense": ["dense"], "sparse": ["sparse"], "all three": ["dense", "sparse", "multivector"]}
+ALL = ["dense", "sparse", "multivector"]
+# each output set's :embed fields; "all three" answers its vectors as JSON floats (the default),
+# "all three b64" as base64 of their float32 bytes (encoding_format), "all three int8 b64" its
+# multi-vectors as int8 (embedding_types) in base64
+MODES: dict[str, dict[str, object]] = {
+    "dense": {"outputs": ["dense"]}, "sparse": {"outputs": ["sparse"]},
+    "all three": {"outputs": ALL},
+    "all three b64": {"outputs": ALL, "encoding_format": "base64"},
+    "all three int8 b64": {"outputs": ALL, "encoding_format": "base64",
+                           "embedding_types": ["int8"]},
+}  # fmt: skip
 TEXTS = [
     "where is my order? it is three days late and nobody answers my emails.",
     "my card was charged twice for the same subscription, please refund one of them",
@@ -59,7 +71,7 @@ def measure(url: str, pid: int, n: int) -> dict[str, dict[str, float]]:
     """Return per mode the median wall ms, the worker's CPU ms per text and the answer bytes per
     text of ``n`` :embed calls of TEXTS per mode, the modes interleaved call by call."""
     http = Http(url)
-    bodies = {m: json.dumps({"texts": TEXTS, "outputs": o}).encode() for m, o in MODES.items()}
+    bodies = {m: json.dumps({"texts": TEXTS, **o}).encode() for m, o in MODES.items()}
     path = f"/v1/models/{MODEL}:embed"
     for body in bodies.values():  # warm: tokenizer, channels, each signature
         for _ in range(3):
@@ -96,22 +108,29 @@ def run(ctx: BenchContext) -> list[Row]:
     how = (f"{what}; :embed of {len(TEXTS)} texts (~20 tokens) per call, {n} calls per output "
            "set interleaved; one gunicorn worker; wall: median per call / texts; CPU: the "
            "worker's utime+stime (psutil) over all calls / texts")  # fmt: skip
+    what = ("dense / sparse / all three as float JSON / all three base64 / all three, "
+            "multi-vectors int8, base64")  # fmt: skip
     for upstream, r in results.items():
-        d, s, a = r["dense"], r["sparse"], r["all three"]
         rows += [
-            Row(f"BGE-M3 :embed time per text, dense / sparse / all three ({upstream})",
-                f"{d['wall_ms']:.2f} / {s['wall_ms']:.2f} / {a['wall_ms']:.2f} ms",
-                f"sparse {s['wall_ms'] / d['wall_ms']:.2f}×, all three "
-                f"{a['wall_ms'] / d['wall_ms']:.2f}× dense",
-                "all three ≤ 1.25× dense", how),
-            Row(f"BGE-M3 :embed gateway CPU per text, dense / sparse / all three ({upstream})",
-                f"{d['cpu_ms']:.2f} / {s['cpu_ms']:.2f} / {a['cpu_ms']:.2f} ms",
-                f"sparse {s['cpu_ms'] / d['cpu_ms']:.2f}×, all three "
-                f"{a['cpu_ms'] / d['cpu_ms']:.2f}× dense",
-                "sparse ≤ 1.3× dense", how),
-            Row(f"BGE-M3 :embed answer bytes per text, dense / sparse / all three ({upstream})",
-                f"{d['bytes']:.0f} / {s['bytes']:.0f} / {a['bytes']:.0f} B",
-                f"all three {a['bytes'] / d['bytes']:.1f}× dense", "", how),
+            Row(f"BGE-M3 :embed time per text, {what} ({upstream})", _figures(r, "wall_ms", "ms"),
+                _ratios(r, "wall_ms"), "all three ≤ 1.25× dense", how),
+            Row(f"BGE-M3 :embed gateway CPU per text, {what} ({upstream})",
+                _figures(r, "cpu_ms", "ms"), _ratios(r, "cpu_ms"), "sparse ≤ 1.3× dense", how),
+            Row(f"BGE-M3 :embed answer bytes per text, {what} ({upstream})",
+                _figures(r, "bytes", "B", 0), _ratios(r, "bytes"), "", how),
         ]  # fmt: skip
     rows += splade_bench.run(ctx)[:2]
     return rows
+
+
+def _figures(r: dict[str, dict[str, float]], key: str, unit: str, digits: int = 2) -> str:
+    """Return each mode's ``key`` figure, in MODES' order."""
+    return " / ".join(f"{r[m][key]:.{digits}f}" for m in MODES) + f" {unit}"
+
+
+def _ratios(r: dict[str, dict[str, float]], key: str) -> str:
+    """Return sparse's and each all-three mode's ``key`` figure as a ratio to dense alone."""
+    d = r["dense"][key]
+    return (f"sparse {r['sparse'][key] / d:.2f}×, all three {r['all three'][key] / d:.2f}× "
+            f"(float JSON), {r['all three b64'][key] / d:.2f}× (base64), "
+            f"{r['all three int8 b64'][key] / d:.2f}× (int8 base64) dense")  # fmt: skip

@@ -533,11 +533,16 @@ def _write_version(
     from export.model import INPUT_NAMES, SPEED
     from export.warmup import token_batch, warmup_plan, write_warmup
     from modelformat.buckets import buckets, signature_name
+    from modelformat.outputs import kind_signatures
 
     lens = buckets(max_seq_len)
     bucket_signatures = {str(n): signature_name(n) for n in lens}
-    say(f"writing SavedModel to {temp} (serving_default + {', '.join(bucket_signatures.values())})")
-    tf.saved_model.save(target, str(temp), signatures=target.signatures(lens))
+    # more than one kind: each signature also narrowed to each subset of them (REST's filter)
+    subsets = kind_signatures(retrieval.outputs) if retrieval is not None else {}
+    narrowed = f", each also narrowed to {', '.join(subsets)}" if subsets else ""
+    say(f"writing SavedModel to {temp} (serving_default + "
+        f"{', '.join(bucket_signatures.values())}{narrowed})")  # fmt: skip
+    tf.saved_model.save(target, str(temp), signatures=target.signatures(lens, subsets))
     say("verifying the saved model against fp32 on a probe batch")
     loaded = tf.saved_model.load(str(temp))
 
@@ -613,6 +618,8 @@ def _write_version(
         write_idf_asset(temp, splade[0], ckpt.config.vocab_size, _special_ids(ckpt))
     if retrieval is not None:
         info["retrieval_layout"] = retrieval.layout
+        if subsets:
+            info["kind_signatures"] = {k: list(v) for k, v in subsets.items()}
     if task == "embed" and "embedding" in expected:
         info["embedding_dim"] = int(expected["embedding"].shape[-1])
     if sentence is not None:  # prompts and normalize for the gateway

@@ -380,19 +380,43 @@ class EncoderModule(tf.Module):
         """Return the current weights in the canonical names the constructor takes (float32)."""
         return {k: tf.cast(v, tf.float32).numpy() for k, v in self.named_variables().items()}
 
-    def signatures(self, bucket_lens: Sequence[int] = ()) -> dict[str, Any]:
-        """Return the signatures to save: ``serving_default`` and one ``seq_<L>`` per bucket.
+    def signatures(
+        self, bucket_lens: Sequence[int] = (), subsets: Mapping[str, Sequence[str]] | None = None
+    ) -> dict[str, Any]:
+        """Return the signatures to save: ``serving_default`` and one ``seq_<L>`` per bucket,
+        and beside each, one per entry of ``subsets`` (suffix -> output names) returning only
+        those outputs (modelformat/outputs.py ``kind_signatures``).
 
         TF Serving's batching keeps one queue per signature (distinct feed/fetch tensors), so
         a fixed-length signature per bucket lets requests of one length batch together with
         no padding (TF Serving pads with each task's first element, which changes BERT's
-        outputs). Each is its own traced function over the same variables.
+        outputs). Each is its own traced function over the same variables; a subset signature
+        calls its base's function (one graph in the SavedModel, not one per subset).
         """
-        out = {"serving_default": self.serve.get_concrete_function()}
+        from modelformat.outputs import subset_signature
+
+        bases = {"serving_default": self.serve}
         for seq_len in bucket_lens:
-            fn = tf.function(self._serving_fn(), input_signature=self._specs(seq_len))
-            out[signature_name(seq_len)] = fn.get_concrete_function()
+            bases[signature_name(seq_len)] = tf.function(
+                self._serving_fn(), input_signature=self._specs(seq_len)
+            )
+        out = {}
+        for base, fn in bases.items():
+            out[base] = fn.get_concrete_function()
+            for suffix, names in (subsets or {}).items():
+                out[subset_signature(base, suffix)] = _narrowed(fn, names).get_concrete_function()
         return out
+
+
+def _narrowed(fn: Any, names: Sequence[str]) -> Any:
+    """Return a ``tf.function`` of ``fn``'s input signature returning only its ``names``."""
+    keep = tuple(names)
+
+    def call(*args: tf.Tensor) -> dict[str, tf.Tensor]:
+        outputs = fn(*args)
+        return {name: outputs[name] for name in keep}
+
+    return tf.function(call, input_signature=fn.input_signature)
 
 
 def _layer_weights(weights: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:

@@ -29,6 +29,14 @@ An ``embed`` version answers one or more kinds from one forward pass; export wri
   (``prefix_id``), the length a query is padded to with ``expansion_id`` (``[MASK]``; attention 0
   unless ``attend_to_expansion``), the document's max length.
 
+Output-subset signatures (``kind_signatures``): a version with more than one kind also has, beside
+each signature ``B`` (``serving_default`` and every ``seq_<L>``), one signature per proper subset
+of its kinds, named ``B.<kinds joined by +>`` (``serving_default.dense``, ``seq_64.dense+sparse``),
+that returns only those kinds' outputs: the same traced function, called, its other outputs left
+out. model.json's ``kind_signatures`` maps each suffix to its output names. TF Serving's gRPC has
+``output_filter``; its REST API has none, so a REST client asks the narrowest such signature
+(``narrowest_signature``) and a dense-only call never receives the token outputs.
+
 No TensorFlow here.
 """
 
@@ -48,6 +56,7 @@ SPARSE_FORMS = ("token_weights", "topk")
 SPLADE_POOLINGS = ("max", "sum")
 SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 ROW_RULES = ("after_cls", "attention")
+SUBSET_SEPARATOR = "."  # B.<kinds>: signature B's outputs narrowed to <kinds>
 SCORE_REDUCTIONS = ("mean", "sum")
 
 
@@ -229,3 +238,47 @@ def parse_outputs(info: Mapping[str, Any]) -> Outputs | None:
             document=_side(m.get("document"), "outputs.multivector.document"),
         )  # fmt: skip
     return Outputs(dense=dense, sparse=sparse, multivector=multi)
+
+
+def kind_outputs(outputs: Outputs) -> dict[str, tuple[str, ...]]:
+    """Return each kind the version has with the signature outputs it reads."""
+    names: dict[str, tuple[str, ...]] = {}
+    if outputs.dense is not None:
+        names["dense"] = (DENSE_OUTPUT,)
+    if outputs.sparse is not None:
+        names["sparse"] = outputs.sparse.outputs
+    if outputs.multivector is not None:
+        names["multivector"] = (TOKEN_VECTORS_OUTPUT,)
+    return names
+
+
+def kind_signatures(outputs: Outputs) -> dict[str, tuple[str, ...]]:
+    """Return the suffix (kinds joined by +) and output names of each proper, non-empty subset of
+    the version's kinds: the output-subset signatures export writes beside each signature."""
+    names = kind_outputs(outputs)
+    kinds = list(names)
+    out: dict[str, tuple[str, ...]] = {}
+    for mask in range(1, (1 << len(kinds)) - 1):
+        chosen = [k for i, k in enumerate(kinds) if mask >> i & 1]
+        out["+".join(chosen)] = tuple(n for k in chosen for n in names[k])
+    return out
+
+
+def subset_signature(base: str, suffix: str) -> str:
+    """Return the name of signature ``base`` narrowed to the kinds of ``suffix``."""
+    return f"{base}{SUBSET_SEPARATOR}{suffix}"
+
+
+def narrowest_signature(
+    base: str, signatures: Mapping[str, Sequence[str]], wanted: Sequence[str]
+) -> str:
+    """Return the signature with the fewest outputs that has every one of ``wanted``, among
+    ``base`` and its output-subset signatures (``signatures``: name -> output names, as the
+    model server's metadata lists them); ``base`` when none narrower has them."""
+    best, fewest = base, len(signatures.get(base, ())) or 1 << 30
+    need = set(wanted)
+    prefix = base + SUBSET_SEPARATOR
+    for name, names in signatures.items():
+        if name.startswith(prefix) and need <= set(names) and len(names) < fewest:
+            best, fewest = name, len(names)
+    return best

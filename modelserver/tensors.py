@@ -101,11 +101,32 @@ def to_proto(array: np.ndarray, as_content: bool = False) -> tensor_pb2.TensorPr
         proto.tensor_content = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
         return proto
     field = entry[1]
+    packed = _PACKED_FIXED.get(field)
+    if packed is not None and array.size:
+        # the same packed field extend() writes, from the array's bytes in one C parse (an
+        # [8, 32, 384] float tensor: ~0.1 ms against 8 ms through Python floats)
+        number, wire = packed
+        raw = np.ascontiguousarray(array, dtype=wire).tobytes()
+        proto.MergeFromString(_varint((number << 3) | 2) + _varint(len(raw)) + raw)
+        return proto
     if field == "half_val":
         proto.half_val.extend(array.ravel().view(np.uint16).tolist())
     else:
         getattr(proto, field).extend(array.ravel().tolist())
     return proto
+
+
+_PACKED_FIXED = {"float_val": (5, "<f4"), "double_val": (6, "<f8")}  # field number, wire type
+
+
+def _varint(value: int) -> bytes:
+    """Return ``value`` as a protobuf varint."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def shape_proto(shape: tuple[int | None, ...] | None) -> tensor_shape_pb2.TensorShapeProto:

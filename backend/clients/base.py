@@ -45,7 +45,9 @@ class PredictClient(Protocol):
     ) -> tuple[Outputs, int]:
         """Return the outputs of a signature (default serving_default) and the version served;
         ``output_filter`` names the outputs wanted (all when empty; TF Serving's gRPC
-        ``PredictRequest.output_filter``: its REST API has none, so REST answers them all)."""
+        ``PredictRequest.output_filter``: its REST API has none, so REST asks the narrowest
+        output-subset signature that has them, modelformat/outputs.py ``kind_signatures``, and
+        answers every output where the version has none)."""
         ...
 
     def model_status(self, model: str, *, timeout_s: float) -> list[VersionStatus]:

@@ -32,6 +32,7 @@ from backend import tracing
 from backend.clients.base import Outputs, error_for_status
 from backend.clients.replicas import ReplicaSet
 from backend.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from modelformat.outputs import narrowest_signature
 from modelformat.status import VersionStatus, from_rest
 
 # TF Serving's HTTP status → TF code name (the inverse of http_server.cc ToHTTPStatusCode).
@@ -81,8 +82,8 @@ class RestClient:
             )
         # One pool of idle connections per replica.
         self._pools = {url: Connections(url, pool_size) for url in {*self.base_urls, self.base_url}}
-        # (model, version, signature) → output name → numpy dtype, from the signature metadata.
-        self._outputs: dict[tuple[str, str, str], dict[str, Any]] = {}
+        # (model, version) → signature → output name → numpy dtype, from the version's metadata.
+        self._outputs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
     def predict(
@@ -94,21 +95,34 @@ class RestClient:
         label: str | None = None,
         timeout_s: float,
         signature_name: str | None = None,
-        output_filter: Sequence[str] = (),  # REST has no output filter: every output comes back
+        output_filter: Sequence[str] = (),
     ) -> tuple[Outputs, int]:
-        """Return the outputs and the version served (the version asked for; REST echoes none)."""
+        """Return the outputs and the version served (the version asked for; REST echoes none).
+
+        REST has no output filter: with ``output_filter``, a version call asks the narrowest
+        signature that has those outputs (an output-subset signature, modelformat/outputs.py
+        ``narrowest_signature``, as the version's metadata lists them), else every output of the
+        signature comes back."""
         path = self._model_path(model, version, label)
-        signature = signature_name or SIGNATURE
-        body = orjson.dumps(
-            {"signature_name": signature, "inputs": dict(inputs)},
-            option=orjson.OPT_SERIALIZE_NUMPY,
-        )
+        asked = signature_name or SIGNATURE
+        plain = {"inputs": dict(inputs)}
+        bodies: dict[str, bytes] = {}
 
         def at(url: str, left: float) -> tuple[Any, dict[str, Any]]:
             tracing.annotate("tfserving.replica", url)
             deadline = time.monotonic() + left
-            reply = self._request_at(url, "POST", f"{path}:predict", model, left, body)
-            # The first call of a version also asks its signature: within what the predict left
+            signature = asked
+            if output_filter and version is not None:  # the signatures, asked once per version
+                signatures = self._signatures(url, model, path, version, label, deadline)
+                outputs = {name: list(specs) for name, specs in signatures.items()}
+                signature = narrowest_signature(asked, outputs, output_filter)
+            if signature not in bodies:
+                bodies[signature] = orjson.dumps(
+                    {"signature_name": signature, **plain}, option=orjson.OPT_SERIALIZE_NUMPY
+                )
+            reply = self._request_at(url, "POST", f"{path}:predict", model,
+                                     _left_of(deadline), bodies[signature])  # fmt: skip
+            # The first call of a version also asks its signatures: within what the predict left
             # of the deadline, never a second full timeout.
             specs = self._output_specs(url, model, path, version, label, signature, deadline)
             return reply, specs
@@ -200,9 +214,26 @@ class RestClient:
         signature: str,
         deadline: float,
     ) -> dict[str, Any]:
-        """Return a signature's output names → numpy dtypes, cached per model version (asked
+        """Return a signature's output names → numpy dtypes (the version's metadata, asked for
+        once per model version, before ``deadline``)."""
+        signatures = self._signatures(url, model, path, version, label, deadline)
+        specs = signatures.get(signature)
+        if specs is None:
+            raise UpstreamError(f"the model server's metadata has no {signature}")
+        return specs
+
+    def _signatures(
+        self,
+        url: str,
+        model: str,
+        path: str,
+        version: int | None,
+        label: str | None,
+        deadline: float,
+    ) -> dict[str, dict[str, Any]]:
+        """Return every signature's output names → numpy dtypes, cached per model version (asked
         for once, before ``deadline``)."""
-        key = (model, str(version) if version is not None else f"label:{label}", signature)
+        key = (model, str(version) if version is not None else f"label:{label}")
         with self._lock:
             cached = self._outputs.get(key)
         if cached is not None:
@@ -212,17 +243,21 @@ class RestClient:
             raise UpstreamTimeout("the model server did not answer in time (signature metadata)")
         reply = self._request_at(url, "GET", f"{path}/metadata", model, left)
         try:
-            sig = reply["metadata"]["signature_def"]["signature_def"][signature]
-            specs = {
-                name: _TF_DTYPES.get(info.get("dtype", "DT_FLOAT"), np.float32)
-                for name, info in sig["outputs"].items()
+            sigs = reply["metadata"]["signature_def"]["signature_def"]
+            found = {
+                name: {
+                    output: _TF_DTYPES.get(info.get("dtype", "DT_FLOAT"), np.float32)
+                    for output, info in sig["outputs"].items()
+                }
+                for name, sig in sigs.items()
+                if isinstance(sig, dict) and isinstance(sig.get("outputs"), dict)
             }
         except (KeyError, TypeError, AttributeError) as exc:
-            raise UpstreamError(f"the model server's metadata has no {signature}") from exc
-        if version is not None:  # a label may move; a version's signature never changes
+            raise UpstreamError("the model server's metadata has no signature_def") from exc
+        if version is not None:  # a label may move; a version's signatures never change
             with self._lock:
-                self._outputs[key] = specs
-        return specs
+                self._outputs[key] = found
+        return found
 
     def _request_at(
         self,
@@ -335,6 +370,11 @@ class RestClient:
             raise UpstreamUnavailable(
                 f"cannot reach the model server at {base_url}", retry_after_s=self.retry_after_s
             ) from exc
+
+
+def _left_of(deadline: float) -> float:
+    """Return the seconds left before ``deadline`` (0 or less once it has passed)."""
+    return deadline - time.monotonic()
 
 
 def _left(deadline: float) -> float:

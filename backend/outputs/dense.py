@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from backend.outputs.base import Options, number_bytes
+from backend.outputs.base import Options, encoded, number_bytes
 from backend.postprocessing import l2_normalize
 from modelformat.outputs import DENSE_OUTPUT, DenseOutput
 
@@ -16,7 +17,21 @@ OUTPUTS = (DENSE_OUTPUT,)
 
 def answer_bytes(spec: DenseOutput, rows: Sequence[int], options: Options) -> int:
     """Return the answer bytes of one vector per text (``rows``: each text's token count)."""
-    return len(rows) * number_bytes(spec.dim or 1024, options.types)
+    return len(rows) * number_bytes(spec.dim or 1024, options.types, options.encoding)
+
+
+def encode_answer(answer: dict[str, Any], encoding: str) -> None:
+    """Put ``answer``'s vectors (``embeddings``, ``embeddings_by_type``) in ``encoding``: with
+    base64 each vector one string (OpenAI's ``encoding_format``)."""
+    if encoding == "float":
+        return
+    if "embeddings" in answer:
+        answer["embeddings"] = [encoded(v, encoding) for v in answer["embeddings"]]
+    by_type = answer.get("embeddings_by_type")
+    if by_type is not None:
+        answer["embeddings_by_type"] = {
+            kind: [encoded(v, encoding) for v in vectors] for kind, vectors in by_type.items()
+        }
 
 
 def vectors(embeddings: np.ndarray, normalize: bool) -> np.ndarray:

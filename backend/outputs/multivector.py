@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.outputs.base import Options, number_bytes
+from backend.outputs.base import Options, encoded, number_bytes
 from backend.postprocessing import l2_normalize
 from backend.tokenization import Encoded
 from modelformat.outputs import TOKEN_VECTORS_OUTPUT, MarkerSide, MultiVectorOutput
@@ -126,19 +126,23 @@ def expected_rows(spec: MultiVectorOutput, tokens: int, is_query: bool) -> int:
 def answer_bytes(spec: MultiVectorOutput, rows: Sequence[int], options: Options) -> int:
     """Return the answer bytes of texts of ``rows`` tokens each: rows x dims numbers, in each
     output type asked."""
-    per_row = number_bytes(spec.dim or 1, options.types)
+    per_row = number_bytes(spec.dim or 1, options.types, options.encoding)
     return sum(expected_rows(spec, n, options.is_query) for n in rows) * per_row
 
 
-def answer(matrix: np.ndarray, types: Sequence[str], quantize: Any) -> dict[str, Any]:
+def answer(
+    matrix: np.ndarray, types: Sequence[str], quantize: Any, encoding: str = "float"
+) -> dict[str, Any]:
     """Return one text's answer: its row count and vectors (float, and each other type asked
-    under ``vectors_by_type``; ``quantize`` is embeddings.quantize)."""
+    under ``vectors_by_type``; ``quantize`` is embeddings.quantize): each type's rows as the
+    array itself (JSON numbers, written by orjson straight from numpy) or, with ``encoding``
+    base64, one string of the [rows, dim] matrix's little-endian bytes, row after row."""
     item: dict[str, Any] = {"rows": int(matrix.shape[0])}
     if "float" in types:
-        item["vectors"] = matrix
+        item["vectors"] = encoded(matrix, encoding)
     others = [t for t in types if t != "float"]
     if others:
-        item["vectors_by_type"] = {t: quantize(matrix, t) for t in others}
+        item["vectors_by_type"] = {t: encoded(quantize(matrix, t), encoding) for t in others}
     return item
 
 

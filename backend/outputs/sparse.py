@@ -38,42 +38,69 @@ class SparseVector:
     values: np.ndarray
 
 
-def _sorted(ids: np.ndarray, values: np.ndarray) -> SparseVector:
-    """Return the entries with a weight > 0, largest first (ties: smaller id first)."""
+def _by_text(
+    text: np.ndarray, ids: np.ndarray, values: np.ndarray, texts: int
+) -> list[SparseVector]:
+    """Return one vector per text of a batch's entries (``text``: each entry's text): those
+    weighing > 0, largest first (ties: smaller id first). One sort for the whole batch."""
     keep = values > 0
-    ids, values = ids[keep].astype(np.int64), values[keep].astype(np.float32)
-    order = np.lexsort((ids, -values))
-    return SparseVector(ids[order], values[order])
+    text, ids, values = text[keep], ids[keep].astype(np.int64), values[keep].astype(np.float32)
+    order = np.lexsort((ids, -values, text))
+    text, ids, values = text[order], ids[order], values[order]
+    bounds = np.searchsorted(text, np.arange(1, texts))
+    return [SparseVector(i, v) for i, v in zip(np.split(ids, bounds), np.split(values, bounds),
+                                               strict=True)]  # fmt: skip
+
+
+def _max_per_id(
+    text: np.ndarray, ids: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return a batch's distinct (text, id) pairs and each one's max weight: one sort of the
+    pairs as int64 keys (text above bit 32), ``np.maximum.reduceat`` over each run."""
+    if ids.size == 0:
+        return text, ids.astype(np.int64), values.astype(np.float32)
+    key = (text.astype(np.int64) << 32) | ids.astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    key, values = key[order], values[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    key = key[starts]
+    return key >> 32, key & 0xFFFFFFFF, np.maximum.reduceat(values, starts)
 
 
 def max_per_id(ids: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return the distinct ids and each one's max weight."""
-    if ids.size == 0:
-        return ids.astype(np.int64), weights.astype(np.float32)
-    order = np.argsort(ids, kind="stable")
-    ids, weights = ids[order], weights[order]
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    return ids[starts], np.maximum.reduceat(weights, starts)
+    _, ids, weights = _max_per_id(np.zeros(ids.shape, np.int64), ids, weights)
+    return ids, weights
 
 
 def from_token_weights(
     weights: np.ndarray, rows: Sequence[np.ndarray], drop_ids: Sequence[int]
 ) -> list[SparseVector]:
-    """Return each text's vector from per-position weights [texts, seq] and its token ids."""
-    drop = np.asarray(drop_ids, dtype=np.int64)
-    out = []
-    for row, ids in zip(weights, rows, strict=True):
-        ids = ids.astype(np.int64)
-        values = np.asarray(row[: ids.shape[0]], dtype=np.float32)
-        keep = ~np.isin(ids, drop) & (values > 0)
-        out.append(_sorted(*max_per_id(ids[keep], values[keep])))
-    return out
+    """Return each text's vector from per-position weights [texts, seq] and its token ids:
+    the batch's positions flattened, the specials and weights <= 0 dropped, the max per
+    (text, id) and the ranking each done once for all texts (no loop over texts)."""
+    texts = len(rows)
+    if texts == 0:
+        return []
+    lengths = np.asarray([r.shape[0] for r in rows], dtype=np.int64)
+    weights = np.asarray(weights, dtype=np.float32)
+    lengths = np.minimum(lengths, weights.shape[1])
+    values = weights[np.arange(weights.shape[1]) < lengths[:, None]]  # row-major: text order
+    ids = np.concatenate([r[:n] for r, n in zip(rows, lengths.tolist(), strict=True)])
+    ids = ids.astype(np.int64)
+    text = np.repeat(np.arange(texts, dtype=np.int64), lengths)
+    keep = values > 0
+    for drop in drop_ids:  # a handful of special ids: cheaper than np.isin
+        keep &= ids != drop
+    return _by_text(*_max_per_id(text[keep], ids[keep], values[keep]), texts)
 
 
 def from_topk(indices: np.ndarray, values: np.ndarray) -> list[SparseVector]:
     """Return each text's vector from the graph's top-k ids and values [texts, k]."""
-    return [_sorted(np.asarray(i), np.asarray(v, dtype=np.float32))
-            for i, v in zip(indices, values, strict=True)]  # fmt: skip
+    indices, values = np.asarray(indices), np.asarray(values, dtype=np.float32)
+    texts, k = indices.shape[0], indices.shape[1] if indices.ndim == 2 else 0
+    text = np.repeat(np.arange(texts, dtype=np.int64), k)
+    return _by_text(text, indices.reshape(-1), values.reshape(-1), texts)
 
 
 def from_idf(rows: Sequence[np.ndarray], idf: np.ndarray) -> list[SparseVector]:
@@ -82,7 +109,7 @@ def from_idf(rows: Sequence[np.ndarray], idf: np.ndarray) -> list[SparseVector]:
     for ids in rows:
         distinct = np.unique(ids.astype(np.int64))
         distinct = distinct[(distinct >= 0) & (distinct < idf.shape[0])]
-        out.append(_sorted(distinct, idf[distinct]))
+        out.extend(_by_text(np.zeros(distinct.shape, np.int64), distinct, idf[distinct], 1))
     return out
 
 
@@ -107,16 +134,13 @@ def limit(vector: SparseVector, top_k: int | None, min_weight: float) -> SparseV
 
 def merge(vectors: Sequence[SparseVector], owners: Sequence[int], texts: int) -> list[SparseVector]:
     """Return one vector per text: its windows' entries merged by the max weight per id."""
-    parts: list[list[SparseVector]] = [[] for _ in range(texts)]
-    for owner, vector in zip(owners, vectors, strict=True):
-        parts[owner].append(vector)
-    out = []
-    for windows in parts:
-        ids = np.concatenate([w.indices for w in windows]) if windows else np.zeros(0, np.int64)
-        values = (np.concatenate([w.values for w in windows]) if windows
-                  else np.zeros(0, np.float32))  # fmt: skip
-        out.append(_sorted(*max_per_id(ids, values)))
-    return out
+    if not vectors:
+        return [SparseVector(np.zeros(0, np.int64), np.zeros(0, np.float32))] * texts
+    sizes = [v.indices.shape[0] for v in vectors]
+    text = np.repeat(np.asarray(owners, dtype=np.int64), sizes)
+    ids = np.concatenate([v.indices for v in vectors])
+    values = np.concatenate([v.values for v in vectors])
+    return _by_text(*_max_per_id(text, ids, values), texts)
 
 
 def lexical(a: SparseVector, b: SparseVector) -> float:

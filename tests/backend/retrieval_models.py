@@ -84,6 +84,26 @@ def write_versions(base: Path) -> dict[str, Any]:
     return made
 
 
+def write_m3_versions(base: Path, name: str, seeds: dict[int, int]) -> None:
+    """Write BGE-M3-like versions of ``name`` (version -> the seed of its tables): the same
+    seed twice is a re-export (the same outputs), another seed a different model."""
+    from export.tiny import export_tiny_model
+
+    outputs = Outputs(
+        dense=DenseOutput(DIM, normalized=True),
+        sparse=SparseOutput(form="token_weights", drop_ids=SPECIAL_IDS),
+        multivector=MultiVectorOutput(dim=DIM, rows="after_cls", score="mean"),
+    )
+    for version, seed in seeds.items():
+        path = export_tiny_model(base, name, task="embed", version=version, seed=seed,
+                                 max_seq_len=32, warmup=False)  # fmt: skip
+        info = json.loads((path / "assets" / "model.json").read_text(encoding="utf-8"))
+        weights, sparse_w = table(seed, int(info["vocab_size"]))
+        _save_graph(path, weights, sparse_w, outputs)
+        info.update(outputs=outputs.to_info(), bucket_signatures={}, dim=DIM)
+        (path / "assets" / "model.json").write_text(json.dumps(info), encoding="utf-8")
+
+
 def _save_graph(version: Path, weights: np.ndarray, sparse_w: np.ndarray, outputs: Outputs) -> None:
     """Replace ``version``'s SavedModel by the table graph answering ``outputs``' kinds."""
     import tensorflow as tf

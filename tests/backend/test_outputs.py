@@ -46,6 +46,29 @@ def test_token_weights_match_flagembeddings_rule() -> None:
     assert list(vector.values) == sorted(vector.values, reverse=True)
 
 
+def test_a_batch_of_token_weights_answers_each_text_as_alone() -> None:
+    """The batch is post-processed at once (one sort over (text, id)): each text's vector is
+    FlagEmbedding's rule on its own tokens, an all-special or all-zero text empty."""
+    rng = np.random.default_rng(3)
+    rows = [rng.integers(0, 250_002, size=n) for n in (9, 2, 14, 5)]
+    rows[1][:] = [0, 2]  # specials only
+    rows[2][3:6] = rows[2][0]  # a repeated id
+    weights = np.maximum(rng.normal(size=(4, 16)), 0).astype(np.float32)
+    weights[3] = 0.0
+    batch = sparse.from_token_weights(weights, rows, (0, 1, 2, 3))
+    for row, ids, got in zip(weights, rows, batch, strict=True):
+        want: dict[int, float] = {}  # FlagEmbedding's _process_token_weights, written out
+        for token, weight in zip(ids.tolist(), row.tolist(), strict=False):
+            if token not in (0, 1, 2, 3) and weight > 0:
+                want[token] = max(want.get(token, 0.0), weight)
+        ranked = sorted(want.items(), key=lambda item: (-item[1], item[0]))
+        assert got.indices.tolist() == [token for token, _ in ranked]
+        assert got.values.tolist() == [weight for _, weight in ranked]
+    assert batch[1].indices.size == batch[3].indices.size == 0 < batch[2].indices.size
+    empty = sparse.merge([], [], 2)
+    assert [v.indices.size for v in empty] == [0, 0]
+
+
 def test_topk_drops_zeros_and_limits_apply_top_k_then_min_weight() -> None:
     (vector,) = sparse.from_topk(np.asarray([[5, 9, 2, 0]]), np.asarray([[0.3, 0.9, 0.3, 0.0]]))
     assert vector.indices.tolist() == [9, 2, 5]  # largest first, ties by smaller id
@@ -112,6 +135,33 @@ def test_multivector_answer_bytes_count_rows_times_dims_per_type() -> None:
     assert both == floats + (4 + 2) * 8 * 5
     topk = SparseOutput(form="topk", top_k=64)
     assert KINDS["sparse"].answer_bytes(topk, [5, 300], Options(top_k=10)) == 2 * 10 * 26
+
+
+def test_base64_answers_are_the_little_endian_bytes_and_counted_as_such() -> None:
+    import base64
+
+    from backend.outputs.base import encoded
+
+    matrix = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    item = multivector.answer(matrix, ("float", "int8"), lambda m, t: (m * 100).astype(np.int8),
+                              "base64")  # fmt: skip
+    assert item["rows"] == 2
+    back = np.frombuffer(base64.b64decode(item["vectors"]), "<f4").reshape(2, 3)
+    np.testing.assert_array_equal(back, matrix)
+    int8 = (matrix * 100).astype("i1")
+    assert base64.b64decode(item["vectors_by_type"]["int8"]) == int8.tobytes()
+    assert encoded(matrix, "float") is matrix  # orjson writes the array's numbers itself
+    answer = {"embeddings": matrix, "embeddings_by_type": {"int8": matrix.astype(np.int8)}}
+    dense.encode_answer(answer, "base64")
+    assert [np.frombuffer(base64.b64decode(v), "<f4").tolist() for v in answer["embeddings"]] \
+        == matrix.tolist()  # fmt: skip
+    assert len(answer["embeddings_by_type"]["int8"]) == 2
+    spec = MultiVectorOutput(dim=384, rows="after_cls")
+    floats = KINDS["multivector"].answer_bytes(spec, [21], Options())
+    packed = KINDS["multivector"].answer_bytes(spec, [21], Options(encoding="base64"))
+    small = KINDS["multivector"].answer_bytes(spec, [21], Options(types=("int8",),
+                                                                  encoding="base64"))  # fmt: skip
+    assert packed == 20 * (512 * 4 + 4) and small == 20 * (128 * 4 + 4) and floats > 2.9 * packed
 
 
 def test_shadow_agreement_is_one_for_the_same_outputs_and_less_for_others() -> None:

@@ -8,13 +8,16 @@ real exports of tiny random checkpoints (export/tiny_retrieval.py, built by expo
 BGE-M3 layout checked against FlagEmbedding's ``BGEM3FlagModel`` and a PyLate ColBERT checked
 against PyLate's ``ColBERT.encode``. The BGE-M3 export's answers also feed Qdrant's local mode
 (``test_qdrant_hybrid_search_...``): sparse and dense prefetches fused by RRF, rescored by MaxSim,
-checked against the same search in numpy on FlagEmbedding's vectors.
+checked against the same search in numpy on FlagEmbedding's vectors. A BGE-M3-like table model
+with three versions (v2 a re-export of v1, v3 another seed) is shadowed in turn: the sparse
+overlap and MaxSim agreement, and the rollout's shadow verdict on them, tell the two apart.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +25,15 @@ import pytest
 import requests
 
 from tests.backend.corpus import CORPUS
-from tests.backend.retrieval_models import COLBERT, M3, SPECIAL_IDS, SPLADE, TOP_K, write_versions
+from tests.backend.retrieval_models import (
+    COLBERT,
+    M3,
+    SPECIAL_IDS,
+    SPLADE,
+    TOP_K,
+    write_m3_versions,
+    write_versions,
+)
 from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
 
 TEXTS = ["hello world", "my card was charged twice, and the refund is late!"]
@@ -38,6 +49,8 @@ EXPORTED = "st-splade"  # an inference-free SPLADE exported by export/ (sentence
 REAL_M3 = "bge-m3"  # FlagEmbedding's layout, exported by export/
 REAL_COLBERT = "pylate"  # a PyLate ColBERT, exported by export/
 REAL_SEQ = 64
+# BGE-M3-like tables: v2 re-exports v1 (the same seed), v3 is another seed; shadowed in turn
+SHADOWED, SHADOW_SEEDS = "tiny-m3-shadowed", {1: 40, 2: 40, 3: 77}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +62,7 @@ def retrieval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
 
     base = tmp_path_factory.mktemp("retrieval")
     made = write_versions(base)
+    write_m3_versions(base, SHADOWED, SHADOW_SEEDS)
     checkpoints = tmp_path_factory.mktemp("retrieval-ckpt")
     checkpoint = save_tiny_inference_free(checkpoints / EXPORTED, seed=3)
     build(checkpoint, EXPORTED, base, version=1, task="embed", top_k=TOP_K, warmup=False)
@@ -58,13 +72,14 @@ def retrieval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         build(checkpoint, name, base, version=1, task="embed", max_seq_len=REAL_SEQ,
               warmup=False)  # fmt: skip
         made[name] = {"checkpoint": checkpoint}
-    served = [*MODELS, EXPORTED, REAL_M3, REAL_COLBERT]
+    served = [*MODELS, EXPORTED, REAL_M3, REAL_COLBERT, SHADOWED]
     config = base / "models.config"
     config.write_text(model_config(base, {}, served), encoding="utf-8")
     server = ModelServer(config, tmp_path_factory.mktemp("retrieval-logs"))
     try:
         for name in served:
-            server.wait_available(name, 1)
+            for version in SHADOW_SEEDS if name == SHADOWED else (1,):
+                server.wait_available(name, version)
         yield {"made": made, "server": server, "base": base, "config": config}
     finally:
         server.stop()
@@ -235,6 +250,38 @@ def test_a_real_bge_m3_export_answers_as_flagembedding_encodes(
         assert vectors["rows"] == len(rows)
         np.testing.assert_allclose(vectors["vectors"], rows, atol=1e-4)
     assert keys >= len(REAL_TEXTS)  # the tiny sparse head weighs some tokens > 0
+
+
+def test_base64_vectors_are_the_float_answers_bytes(gateway: Gateway) -> None:
+    """encoding_format base64: each dense vector and each text's multi-vector matrix is one
+    string of the same numbers' little-endian bytes (float32, int8 one byte each)."""
+    import base64
+
+    body = {"texts": TEXTS, "outputs": ["dense", "multivector"],
+            "embedding_types": ["float", "int8"]}  # fmt: skip
+    plain = _post(gateway, f"/v1/models/{REAL_M3}:embed", body)
+    packed = _post(gateway, f"/v1/models/{REAL_M3}:embed", {**body, "encoding_format": "base64"})
+    assert plain.status_code == packed.status_code == 200, packed.text
+    want, got = plain.json(), packed.json()
+    assert len(packed.content) < len(plain.content) / 2
+
+    def decode(text: str, dtype: str) -> np.ndarray:
+        return np.frombuffer(base64.b64decode(text), dtype)
+
+    def f32(values: Any) -> np.ndarray:  # a JSON float32 read back as float32: the same bits
+        return np.asarray(values, np.float32)
+
+    np.testing.assert_array_equal([decode(v, "<f4") for v in got["embeddings"]],
+                                  f32(want["embeddings"]))  # fmt: skip
+    np.testing.assert_array_equal([decode(v, "i1") for v in got["embeddings_by_type"]["int8"]],
+                                  want["embeddings_by_type"]["int8"])  # fmt: skip
+    dim = got["multivector_dim"]
+    for ours, theirs in zip(got["multivectors"], want["multivectors"], strict=True):
+        assert ours["rows"] == theirs["rows"]
+        rows = decode(ours["vectors"], "<f4").reshape(-1, dim)
+        np.testing.assert_array_equal(rows, f32(theirs["vectors"]))
+        int8 = decode(ours["vectors_by_type"]["int8"], "i1").reshape(-1, dim)
+        np.testing.assert_array_equal(int8, theirs["vectors_by_type"]["int8"])
 
 
 PREFETCH = 10  # each prefetch's limit; the fusion keeps their union (no RRF tie at a cut)
@@ -438,14 +485,19 @@ class Recording:
         return getattr(self._client, name)
 
 
-def test_over_grpc_only_the_outputs_asked_for_leave_the_model_server(
-    retrieval: dict[str, Any],
+@pytest.mark.parametrize("upstream", ["grpc", "rest"])
+def test_only_the_outputs_asked_for_leave_the_model_server(
+    retrieval: dict[str, Any], upstream: str
 ) -> None:
+    """gRPC filters the outputs (``output_filter``); REST asks the narrowest output-subset
+    signature the export wrote (modelformat/outputs.py ``kind_signatures``): either way the
+    upstream answer of a dense-only call holds no token outputs."""
     from backend.app import create_app
     from backend.clients import make_client
     from backend.service import Gateway as Service
 
-    app = create_app({"upstream": "grpc", "tfs_grpc_target": retrieval["server"].grpc_target,
+    app = create_app({"upstream": upstream, "tfs_grpc_target": retrieval["server"].grpc_target,
+                      "tfs_rest_url": retrieval["server"].rest_url,
                       "model_base_path": str(retrieval["base"]),
                       "model_config_file": str(retrieval["config"])})  # fmt: skip
     settings = app.extensions["gateway_settings"]
@@ -456,13 +508,67 @@ def test_over_grpc_only_the_outputs_asked_for_leave_the_model_server(
 
     dense = client.post(path, json={"texts": TEXTS})
     sparse = client.post(path, json={"texts": TEXTS, "outputs": ["sparse"]})
+    hybrid = client.post(path, json={"texts": TEXTS, "outputs": ["dense", "sparse"]})
     every = client.post(path, json={"texts": TEXTS, "outputs": ["dense", "sparse", "multivector"]})
 
-    assert dense.status_code == sparse.status_code == every.status_code == 200, dense.text
+    assert {r.status_code for r in (dense, sparse, hybrid, every)} == {200}, dense.text
     assert recording.calls == [
         (("embedding",), {"embedding"}),
         (("token_weights",), {"token_weights"}),
+        (("embedding", "token_weights"), {"embedding", "token_weights"}),
         ((), {"embedding", "token_weights", "token_vectors"}),
     ]
-    assert dense.json["embeddings"] == every.json["embeddings"]
-    assert sparse.json["sparse"] == every.json["sparse"]
+    assert dense.json["embeddings"] == hybrid.json["embeddings"] == every.json["embeddings"]
+    assert sparse.json["sparse"] == hybrid.json["sparse"] == every.json["sparse"]
+
+
+@pytest.mark.parametrize(("shadow", "agrees"), [(2, True), (3, False)])
+def test_a_shadow_compares_sparse_overlap_and_maxsim_and_the_rollout_decides_on_them(
+    retrieval: dict[str, Any], tmp_path: Path, shadow: int, agrees: bool
+) -> None:
+    """v1 serves and ``shadow`` shadows every default :embed of sparse and multi-vectors: the
+    shadow metrics' top-10 sparse overlap and MaxSim agreement are 1.0 for a re-export (v2) and
+    low for another seed (v3), and the rollout's shadow step (ops/rollout: MaxSim decides when
+    no dense vector is compared) says go, then roll back."""
+    from backend.app import create_app
+    from backend.worker import get_gateway
+    from ops.rollout.decisions import GO, ROLLBACK, Step, Thresholds, decide
+    from ops.rollout.metrics import figures, increase, parse_metrics_text
+
+    routing = tmp_path / "routing.yaml"
+    routing.write_text(f"{SHADOWED}:\n  weights: {{1: 1}}\n  shadow: {{version: {shadow}}}\n")
+    app = create_app({"tfs_grpc_target": retrieval["server"].grpc_target,
+                      "model_base_path": str(retrieval["base"]),
+                      "model_config_file": str(retrieval["config"]),
+                      "routing_file": str(routing), "shadow_queue_size": 64,
+                      "shadow_timeout_s": 30})  # fmt: skip
+    service = get_gateway(app)
+    client = app.test_client()
+    texts = [t for t in REAL_TEXTS if len(t) > 20][:12]
+    before = parse_metrics_text(client.get("/metrics").text, SHADOWED)
+    try:
+        for text in texts:  # one text a request: the step's error check counts requests
+            reply = client.post(
+                f"/v1/models/{SHADOWED}:embed",
+                json={"texts": [text], "outputs": ["sparse", "multivector"]},
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.json["model"]["version"] == 1
+        assert service.shadows.join(timeout_s=30)
+    finally:
+        service.close()
+    after = parse_metrics_text(client.get("/metrics").text, SHADOWED)
+    figs = figures(increase(before, after), SHADOWED, 1, shadow)
+    assert figs.shadow.compared == len(texts) and figs.shadow.errors == figs.shadow.dropped == 0
+    mean = {name: total / n for name, (total, n) in figs.shadow.agreement.items() if n}
+    assert set(mean) == {"sparse_overlap", "maxsim"}, mean  # only the kinds asked
+    decision = decide(Step(100, shadow=True), figs, Thresholds(min_samples=len(texts)), None,
+                      final=True)  # fmt: skip
+    print(f"shadow v{shadow}: {mean}, {decision.verdict}: {decision.reasons}")
+    if agrees:
+        assert mean == pytest.approx({"sparse_overlap": 1.0, "maxsim": 1.0})
+        assert decision.verdict == GO, decision.reasons
+    else:
+        assert max(mean.values()) < 0.9, mean
+        assert decision.verdict == ROLLBACK, decision.reasons
+    assert decision.figures["measure"] == "maxsim"

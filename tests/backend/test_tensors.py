@@ -31,6 +31,33 @@ def test_typed_float_val_is_read() -> None:
     np.testing.assert_array_equal(from_tensor_proto(proto), [[1, 2], [3, 4]])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_large_typed_float_vals_are_read_from_their_packed_bytes(dtype: type) -> None:
+    """Past _PACKED_FROM values a float_val / double_val is read from the packed field's bytes
+    (every bit kept: NaN, -0.0, subnormals); other fields of the proto around it skipped."""
+    values = np.random.default_rng(0).normal(size=(3, 50, 7)).astype(dtype)
+    values.flat[:4] = [np.nan, -0.0, np.finfo(dtype).tiny / 4, np.inf]
+    field, dt = ("float_val", DT.DT_FLOAT) if dtype is np.float32 else ("double_val", DT.DT_DOUBLE)
+    proto = tensor_pb2.TensorProto(dtype=dt, version_number=3, **{field: values.ravel().tolist()})
+    for size in values.shape:
+        proto.tensor_shape.dim.add().size = size
+
+    got = from_tensor_proto(proto)
+
+    assert got.dtype == dtype and got.shape == values.shape
+    assert got.tobytes() == values.tobytes()
+
+
+def test_the_model_servers_typed_floats_are_the_packed_field_extend_writes() -> None:
+    from modelserver.tensors import to_proto
+
+    values = np.random.default_rng(1).normal(size=(2, 40, 3)).astype(np.float32)
+    proto = to_proto(values)
+    slow = tensor_pb2.TensorProto(dtype=DT.DT_FLOAT, float_val=values.ravel().tolist())
+    assert list(proto.float_val) == list(slow.float_val) and not proto.tensor_content
+    assert from_tensor_proto(proto).tobytes() == values.tobytes()
+
+
 def test_single_typed_value_broadcasts_to_the_shape() -> None:
     proto = tensor_pb2.TensorProto(dtype=DT.DT_INT32, int_val=[7])
     proto.tensor_shape.dim.add().size = 3

@@ -4,7 +4,8 @@ The parity matrix: layout × architecture × precision. Each tiny random checkpo
 own library (export/tiny_retrieval.py: transformers + ``torch.save`` for FlagEmbedding's BGE-M3
 heads, PyLate's ``ColBERT.save``, Stanford's ``HF_ColBERT`` files), read by export's readers and
 built into export's module in-process (fp32, every architecture), and one checkpoint per layout is
-also exported end to end (SavedModel, model.json, the conversion gate; bf16 besides fp32), against:
+also exported end to end (SavedModel, model.json, the conversion gate; fp32, bf16 and fp16; each
+output-subset signature answering its base's outputs), against:
 
 - FlagEmbedding's ``BGEM3FlagModel`` (PyPI ``FlagEmbedding``): dense cosine 1.0; lexical weights
   with the same keys after its rules (max per token id, its special tokens dropped, weights > 0,
@@ -15,7 +16,7 @@ also exported end to end (SavedModel, model.json, the conversion gate; bf16 besi
   expansion keeps all of them, a document its attended tokens outside ``skiplist_ids``), and
   model.json's markers equal to PyLate's own (prefix ids, expansion id, skiplist ids, lengths).
 
-bf16 rows are held to the dense gate's tolerance (cosine 0.999), not to 1e-4.
+bf16 and fp16 rows are held to the dense gate's tolerance (cosine 0.999), not to 1e-4.
 """
 
 from __future__ import annotations
@@ -221,9 +222,15 @@ def exported(path: Path, base: Path, precision: str) -> tuple[dict, Callable[...
         feeds = {"input_ids": ids, "attention_mask": np.asarray(attention_mask),
                  "token_type_ids": np.zeros_like(ids) if token_type_ids is None
                  else np.asarray(token_type_ids)}  # fmt: skip
+        padded = {k: np.pad(v, [(0, 0), (0, pad)]) for k, v in feeds.items()}
         plain = run(loaded.signatures["serving_default"], feeds)
-        bucket = run(loaded.signatures["seq_32"],
-                     {k: np.pad(v, [(0, 0), (0, pad)]) for k, v in feeds.items()})  # fmt: skip
+        bucket = run(loaded.signatures["seq_32"], padded)
+        for suffix, names in result.model_info.get("kind_signatures", {}).items():
+            for base, fed, full in (("serving_default", feeds, plain), ("seq_32", padded, bucket)):
+                narrow = run(loaded.signatures[f"{base}.{suffix}"], fed)  # its outputs, the same
+                assert sorted(narrow) == sorted(names), (suffix, sorted(narrow))
+                for name in names:
+                    np.testing.assert_array_equal(narrow[name], full[name])
         for name, value in plain.items():  # the bucket answers the same on the real positions
             cut = value if name == "embedding" else bucket[name][:, : ids.shape[1]]
             np.testing.assert_allclose(bucket[name] if name == "embedding" else cut, value,
@@ -233,41 +240,57 @@ def exported(path: Path, base: Path, precision: str) -> tuple[dict, Callable[...
     return result.model_info, serve
 
 
-def test_m3_export_fp32_and_bf16(saved: Callable[[str, str], Path], tmp_path: Path) -> None:
+# an export's precisions: each held to the dense conversion gate's bounds (cosine 0.999) on
+# every kind beside fp32's 1e-4 (the dense fp16/bf16 exports' tolerances: test_architectures.py)
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_m3_export(saved: Callable[[str, str], Path], tmp_path: Path, precision: str) -> None:
     from modelformat.outputs import parse_outputs
 
     path = saved("bge-m3", "xlm-roberta")
     layout, _ = in_process(path)
-    for precision in ("fp32", "bf16"):
-        info, serve = exported(path, tmp_path, precision)
-        assert info["retrieval_layout"] == "bge-m3" and info["pooling"] == "cls"
-        assert parse_outputs(info) == layout.outputs
-        assert info["outputs"]["sparse"]["drop_ids"] == [0, 1, 2, 3]  # <s> <pad> </s> <unk>
-        conversion = info["conversion"]
-        assert {"min_cosine", "min_token_cosine", "min_token_weight_cosine"} <= set(conversion)
-        figures = m3_figures(path, serve, set(layout.outputs.sparse.drop_ids),
-                             strict=precision == "fp32")  # fmt: skip
-        print(f"parity bge-m3 xlm-roberta {precision} (SavedModel) {figures}")
-        if precision == "fp32":
-            assert figures["dense_cos"] > 1 - 1e-6
-            assert max(figures["lexical_diff"], figures["colbert_diff"]) <= 1e-4
-        else:  # the conversion gate's bounds, on each kind
-            assert min(figures["dense_cos"], figures["colbert_cos"]) >= 0.999
-            assert figures["lexical_cos"] >= 0.99
+    info, serve = exported(path, tmp_path, precision)
+    assert info["retrieval_layout"] == "bge-m3" and info["pooling"] == "cls"
+    assert parse_outputs(info) == layout.outputs
+    assert info["outputs"]["sparse"]["drop_ids"] == [0, 1, 2, 3]  # <s> <pad> </s> <unk>
+    assert info["kind_signatures"] == {  # each signature narrowed to each subset of the kinds
+        "dense": ["embedding"], "sparse": ["token_weights"], "multivector": ["token_vectors"],
+        "dense+sparse": ["embedding", "token_weights"],
+        "dense+multivector": ["embedding", "token_vectors"],
+        "sparse+multivector": ["token_weights", "token_vectors"],
+    }  # fmt: skip
+    conversion = info["conversion"]
+    assert {"min_cosine", "min_token_cosine", "min_token_weight_cosine"} <= set(conversion)
+    figures = m3_figures(path, serve, set(layout.outputs.sparse.drop_ids),
+                         strict=precision == "fp32")  # fmt: skip
+    print(f"parity bge-m3 xlm-roberta {precision} (SavedModel) {figures}")
+    if precision == "fp32":
+        assert figures["dense_cos"] > 1 - 1e-6
+        assert max(figures["lexical_diff"], figures["colbert_diff"]) <= 1e-4
+    else:  # the conversion gate's bounds, on each kind
+        assert min(figures["dense_cos"], figures["colbert_cos"]) >= 0.999
+        assert figures["lexical_cos"] >= 0.99
 
 
-def test_pylate_export(saved: Callable[[str, str], Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_pylate_export(saved: Callable[[str, str], Path], tmp_path: Path, precision: str) -> None:
     from modelformat.outputs import parse_outputs
 
     path = saved("pylate", "bert")
     layout, _ = in_process(path)
-    info, serve = exported(path, tmp_path, "fp32")
+    info, serve = exported(path, tmp_path, precision)
     assert info["retrieval_layout"] == "pylate" and info["pooling"] == "none"
     assert "embedding_dim" not in info and "dense" not in info["outputs"]
+    assert "kind_signatures" not in info  # one kind: nothing to narrow
     assert parse_outputs(info) == layout.outputs
     figures = colbert_figures(path, serve, layout)
-    print(f"parity pylate bert fp32 (SavedModel) {figures}")
-    assert max(figures["query_diff"], figures["document_diff"]) <= 1e-4
+    print(f"parity pylate bert {precision} (SavedModel) {figures}")
+    if precision == "fp32":
+        assert max(figures["query_diff"], figures["document_diff"]) <= 1e-4
+    else:
+        assert min(figures["query_cos"], figures["document_cos"]) >= 0.999
 
 
 def test_a_drifting_conversion_is_refused(saved: Callable[[str, str], Path]) -> None:
