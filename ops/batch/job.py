@@ -32,7 +32,7 @@ from backend.settings import Settings, load_settings
 from ops.batch import parts
 from ops.batch.answers import answer_line, embed_line, error_line
 from ops.batch.inputs import Bad, Item, error_body, read_batch, read_rows, split_spec
-from ops.batch.pacing import Pacer
+from ops.batch.pacing import Pacer, Yield
 from ops.batch.progress import Progress
 
 RETRIES = 5  # upstream failures of one call before the job stops (a rerun resumes)
@@ -53,6 +53,7 @@ class JobSpec:
     pacer: Pacer = field(default_factory=Pacer)
     output_format: str | None = None  # "parquet" or "openai"; None: the input form's own
     kinds: tuple[str, ...] = ("dense",)  # Parquet: the output kinds, a column group each
+    yields: Yield | None = None  # probe before each call (the command line's default); None: off
 
     @property
     def form(self) -> str:
@@ -85,6 +86,7 @@ class Summary:
     errors: dict[str, int] = field(default_factory=dict)
     parts: int = 0
     seconds: float = 0.0
+    yielded: dict[str, Any] | None = None  # the probes: how many, seconds waited, quiet ms
 
     def count_error(self, status: int) -> None:
         self.errors[str(status)] = self.errors.get(str(status), 0) + 1
@@ -94,7 +96,8 @@ class Summary:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
         return {"rows": self.rows, "errors": dict(sorted(self.errors.items())),
                 "error_lines": sum(self.errors.values()), "parts": self.parts,
-                "seconds": round(self.seconds, 3), "rows_per_s": round(rate, 1)}  # fmt: skip
+                "seconds": round(self.seconds, 3), "rows_per_s": round(rate, 1),
+                **({"yield": self.yielded} if self.yielded is not None else {})}  # fmt: skip
 
 
 def digest(spec: JobSpec) -> str:
@@ -212,6 +215,40 @@ class Runner:
 
     def __init__(self, spec: JobSpec, gateway: Gateway, job: str, models: dict[str, Any]):
         self.spec, self.gateway, self.job, self.models = spec, gateway, job, models
+        self.call_rows = spec.call_rows
+        self._probes: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+
+    def _probe(self, name: str, version: int) -> float:
+        """Return the seconds of one probe: a one-text Predict of ``name@version``, straight to
+        the model server (a failed probe counts as quiet: the call itself meets the failure)."""
+        from backend.bucketing import Chunk
+        from backend.plan import chunk_inputs
+
+        assert self.spec.yields is not None
+        inputs = self._probes.get((name, version))
+        if inputs is None:
+            tokenizer = self.gateway.assets.get(name, version).tokenizer
+            encoded = tokenizer.encode(["probe"])
+            chunk = Chunk((0,), int(encoded[0].ids.shape[0]))
+            inputs = chunk_inputs(chunk, encoded, tokenizer.pad_id, None)
+            self._probes[(name, version)] = inputs
+            for _ in range(2):  # a version's first calls of a shape are slow: not the baseline
+                self._probe(name, version)
+            for _ in range(self.spec.yields.first):  # before any call of the job's: quiet
+                self.spec.yields.quiet(self._probe(name, version))
+        started = time.monotonic()
+        try:
+            self.gateway.client.predict(name, inputs, version=version, timeout_s=30)
+        except Exception:
+            return self.spec.yields.baseline
+        return time.monotonic() - started
+
+    def _wait_quiet(self, item: Item) -> None:
+        """Wait until a probe says the model server is quiet (``JobSpec.yields``)."""
+        if self.spec.yields is None:
+            return
+        model = self.models[item.spec]
+        self.spec.yields.wait(lambda: self._probe(model["model"], model["version"]), time.sleep)
 
     def run_part(self, items: Sequence[Item]) -> tuple[list[Any], list[dict[str, Any]]]:
         """Return a part's outputs (a table's rows or answer lines) and its error lines."""
@@ -221,9 +258,20 @@ class Runner:
         outputs: list[Any] = []
         errors: list[dict[str, Any]] = []
         for group in groups.values():
-            for call in _calls(group, self.spec.call_rows):
+            start = 0
+            while start < len(group):
+                rows = self.call_rows
+                if self.spec.yields is not None:  # short calls, sized by the yield rule
+                    rows = self.spec.yields.rows or min(rows, self.gateway.settings.max_batch_size)
+                call = _calls(group[start : start + rows], rows)[0]  # each item >= 1 row
                 self._run_call(call, outputs, errors)
+                start += len(call)
         return outputs, errors
+
+    def _sized(self, took: float, rows: int) -> None:
+        """Size the next call by the yield rule (``Yield.size``), when it is on."""
+        if self.spec.yields is not None:
+            self.spec.yields.size(took, rows, self.call_rows)
 
     def _run_call(self, call: list[Item], outputs: list[Any], errors: list[dict[str, Any]]) -> None:
         first = call[0]
@@ -300,6 +348,7 @@ class Runner:
     def _paced(self, call: list[Item], run: Any) -> Any:
         """Return ``run()``, retried on upstream failures, then paced (ops/batch/pacing.py)."""
         for attempt in range(RETRIES + 1):
+            self._wait_quiet(call[0])
             started = time.monotonic()
             try:
                 result = run()
@@ -311,6 +360,7 @@ class Runner:
         took = time.monotonic() - started
         rows = sum(item.count for item in call)
         tokens = sum(item.size for item in call)  # characters: the pacer needs a size, not ids
+        self._sized(took, rows)
         time.sleep(self.spec.pacer.after_call(took, rows, tokens))
         return result
 
@@ -330,6 +380,7 @@ class Runner:
         elif first.route == "embed":
             truncate, normalize = req.truncate, req.normalize
         for attempt in range(RETRIES + 1):
+            self._wait_quiet(first)
             started = time.monotonic()
             try:
                 done, vectors = self.gateway.embeddings(
@@ -348,6 +399,7 @@ class Runner:
                 raise UnprocessableInput(str(exc)) from None
         took = time.monotonic() - started
         padded = sum(len(c.chunk.indices) * c.chunk.seq_len for c in done.calls)
+        self._sized(took, len(vectors))
         time.sleep(self.spec.pacer.after_call(took, len(vectors), padded))
         return done, vectors
 
@@ -432,6 +484,10 @@ def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> 
         for k in mine:
             _count_part(spec, k, summary)
         summary.parts = len(mine)
+        if spec.yields is not None:
+            summary.yielded = {"probes": spec.yields.probes,
+                               "waited_s": round(spec.yields.waited_s, 2),
+                               "quiet_probe_ms": round(spec.yields.baseline * 1000, 2)}  # fmt: skip
         summary.seconds = time.monotonic() - started
         if count == 1:
             _finish(spec, len(planned))
@@ -549,9 +605,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=64, help="rows per model-server call")
     p.add_argument("--concurrency", type=int, default=2, help="model-server calls in flight")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
-    p.add_argument("--slow-ratio", type=float, default=1.5, help="yield when a call's latency "
-                   "per token is over this x its quiet baseline (AIMD; 0: never)")  # fmt: skip
+    p.add_argument("--slow-ratio", type=float, default=0.0, help="AIMD: halve the duty cycle "
+                   "when a call's latency per token is over this x its quiet baseline (e.g. "
+                   "1.5; default 0: off, the probes yield)")  # fmt: skip
     p.add_argument("--max-rows-per-s", type=float, default=0.0, help="a cap (0: none)")
+    p.add_argument("--yield-ratio", type=float, default=1.2, help="online traffic first: probe "
+                   "the model server before each call and wait while the probe is over this x "
+                   "its quiet time (0: never probe)")  # fmt: skip
     return p
 
 
@@ -570,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         input=args.input, output=args.output, model=args.model, id_field=args.id_field,
         text_field=args.text_field, part_rows=args.part_rows, call_rows=args.call_rows,
         shard=args.shard, pacer=pacer, output_format=args.output_format, kinds=args.outputs,
+        yields=Yield(ratio=args.yield_ratio) if args.yield_ratio > 0 else None,
     )  # fmt: skip
     try:
         summary = run_job(spec, job_settings(args))

@@ -22,7 +22,7 @@ from backend.service import Gateway
 from backend.settings import load_settings
 from ops.batch.inputs import Item
 from ops.batch.job import JobSpec, plan_parts, run_job
-from ops.batch.pacing import Pacer
+from ops.batch.pacing import Pacer, Yield
 from ops.batch.progress import Progress
 from ops.procs import python_cmd
 from tests.backend.conftest import EMBED, INTENT
@@ -285,7 +285,18 @@ def test_a_job_killed_at_random_points_and_run_again_writes_each_row_once(
     """SIGKILL at seeded random moments, several times; the restarted job's rows are exactly an
     uninterrupted run's."""
     source = write_rows(tmp_path / "in.jsonl", corpus(320, seed=5))
-    flags = ["--model", EMBED, "--part-rows", "8", "--call-rows", "8", "--max-batch", "8"]
+    flags = [
+        "--model",
+        EMBED,
+        "--part-rows",
+        "8",
+        "--call-rows",
+        "8",
+        "--max-batch",
+        "8",
+        "--yield-ratio",
+        "0",
+    ]  # resumption, not the yield: the calls as given, no probes
     run_job(JobSpec(source, tmp_path / "whole", model=EMBED, part_rows=8, call_rows=8),
             settings_of(env, max_batch_size=8), io.StringIO())  # fmt: skip
     cmd = python_cmd("-m", "ops.batch", str(source), "--output", str(tmp_path / "killed"), *flags)
@@ -339,6 +350,25 @@ def test_the_pacer_halves_its_duty_when_calls_slow_and_grows_it_back() -> None:
     assert pacer.duty == 0.75
     capped = Pacer(max_rows_per_s=100)
     assert capped.after_call(0.05, 10, 100) == pytest.approx(0.05)
+
+
+def test_the_yield_waits_while_probes_are_slower_than_quiet_doubling_its_waits() -> None:
+    rule = Yield(ratio=1.2, first=3, first_wait_s=0.05, max_wait_s=0.3)
+    probes = iter([0.010, 0.012, 0.009, 0.0115, 0.030, 0.025, 0.020, 0.020, 0.0119])
+    slept: list[float] = []
+
+    rule.wait(lambda: next(probes), slept.append)  # the first three: the baseline, quiet
+    rule.wait(lambda: next(probes), slept.append)
+    rule.wait(lambda: next(probes), slept.append)
+    rule.wait(lambda: next(probes), slept.append)  # 1.15x the median: quiet
+    rule.wait(lambda: next(probes), slept.append)  # busy until the 1.19x probe
+
+    assert rule.baseline == 0.010 and slept == [0.05, 0.1, 0.2, 0.3]
+    assert rule.probes == 9 and rule.waited_s == pytest.approx(0.65)
+    rule.size(0.04, 16, 512)  # 16 rows in 4x the probe: 32 (at most doubling) toward 8x
+    assert rule.rows == 32
+    rule.size(0.16, 32, 512)  # 16x the probe: half as many
+    assert rule.rows == 16
 
 
 def test_progress_writes_plain_lines_with_rate_and_time_left_off_a_terminal() -> None:
