@@ -7,9 +7,11 @@ online p99 while a job runs against the p99 when quiet.
 - the job: ``ops.batch.job.run_job`` on the same corpus as id/text rows (reading, tokenizing,
   length-sorting, bucketing, calling, writing Parquet parts and the manifest all on the clock),
   in process, the same two calls in flight, pacing off: rows/s, and the ratio (aim ≥ 0.9);
-- online p99: one-text gRPC Predict calls back to back, quiet, then while ``python -m ops.batch``
-  runs in its own process, once with its AIMD pacing (ops/batch/pacing.py, the default) and once
-  with a cap of a quarter of the server's rows/s: the ratios (aim ≤ 1.3).
+- online p99: one-text gRPC Predict calls back to back (as many as quiet), quiet, then while
+  ``python -m ops.batch`` runs in its own process, starting once the job's calls run: with its
+  probe rule (ops/batch/pacing.py ``Yield``, the default), with AIMD pacing alone
+  (``--yield-ratio 0``) and with a cap of a quarter of the server's rows/s: the ratios (aim
+  ≤ 1.3), and the job's rows/s over its whole run (online traffic stops before it ends).
 
 Uses ``minilm`` (an embedder) under ctx.base_path when present, else a tiny random BERT.
 """
@@ -60,6 +62,12 @@ WORDS = [
 ]
 BATCH = 32
 IN_FLIGHT = 2
+# The job's yield rules side by side: the default, then the earlier ones (ops/batch/pacing.py).
+RULES = {
+    "probe": [],
+    "aimd": ["--yield-ratio", "0", "--slow-ratio", "1.5"],
+    "cap": ["--yield-ratio", "0", "--max-rows-per-s", "{cap:.1f}"],
+}
 
 
 def _model(ctx: BenchContext) -> tuple[Path, str]:
@@ -156,6 +164,7 @@ def _during_job(
     env: dict[str, str],
     out: Path,
     flags: list[str],
+    n: int,
 ) -> tuple[float, float]:
     """Return (online p99 ms, the job's rows/s) while ``python -m ops.batch`` runs with
     ``flags`` in its own process."""
@@ -164,7 +173,7 @@ def _during_job(
     proc = subprocess.Popen(cmd, env=child_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     time.sleep(3.0)  # past the job's start-up: its calls are running
-    p99 = _online_p99(gateway, name, version, lambda: proc.poll() is not None, 10**9)
+    p99 = _online_p99(gateway, name, version, lambda: proc.poll() is not None, n)
     stdout, _ = proc.communicate(timeout=900)
     return p99, float(json.loads(stdout.strip().splitlines()[-1])["rows_per_s"])
 
@@ -202,11 +211,13 @@ def run(ctx: BenchContext) -> list[Row]:
                         settings, open(os.devnull, "w")).as_dict()["rows_per_s"]  # noqa: SIM115
                 for i in range(2)
             )  # fmt: skip
-            quiet = _online_p99(gateway, name, version, lambda: False, 200 if ctx.quick else 500)
+            calls = 300 if ctx.quick else 1000
+            quiet = _online_p99(gateway, name, version, lambda: False, calls)
             busy = {}
-            for rule, flags in (("aimd", []), ("cap", ["--max-rows-per-s", f"{own / 4:.1f}"])):
+            for rule, flags in RULES.items():
+                flags = [f.format(cap=own / 4) for f in flags]
                 busy[rule] = _during_job(gateway, name, version, source, env, ctx.work_dir / rule,
-                                         flags)  # fmt: skip
+                                         flags, calls)  # fmt: skip
         finally:
             gateway.close()
     finally:
@@ -231,7 +242,8 @@ def run(ctx: BenchContext) -> list[Row]:
                 f"python -m ops.batch in its own process ({what}), job at {rate:.0f} rows/s",
             )
             for rule, what in (
-                ("aimd", "AIMD pacing, the default"),
+                ("probe", "a probe before each call, the default"),
+                ("aimd", "--yield-ratio 0 --slow-ratio 1.5: AIMD pacing alone"),
                 ("cap", f"--max-rows-per-s {own / 4:.1f}: a quarter of the server's"),
             )
             for p99, rate in [busy[rule]]

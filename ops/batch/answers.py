@@ -3,7 +3,8 @@
 The OpenAI Batch output line is ``{"id", "custom_id", "response": {"status_code",
 "request_id", "body"}, "error": null}``, ``body`` the answer the route gives over HTTP (built
 by the same helpers: backend/api/openai.py, backend/service.py); a failed item's line has the
-route's error body and status. Rows (Parquet) keep the vectors; their errors use the same line.
+route's error body and status; a row of id and text written as OpenAI Batch output is answered
+as ``/v1/embeddings`` answers one input. Parquet keeps the vectors; its errors use the same line.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def answer_line(
 ) -> dict[str, Any]:
     """Return the output line of ``item``: its route's answer to its vectors."""
     name = item.spec.partition("@")[0].partition(":")[0]
-    if item.route == "openai":
+    if item.route in ("rows", "openai"):  # a row: as /v1/embeddings answers one input
         body = _openai_body(item, vectors, tokens, f"{name}@{version}")
     else:
         body = _embed_body(item, vectors, truncated, name, version)
@@ -51,14 +52,28 @@ def answer_line(
     }
 
 
+def embed_line(job: str, item: Item, answer: dict[str, Any]) -> dict[str, Any]:
+    """Return the output line of an :embed ``item`` answered by ``Gateway.embed`` (its slice)."""
+    rid = request_id(job, item.index)
+    return {
+        "id": rid,
+        "custom_id": item.custom_id,
+        "response": {"status_code": 200, "request_id": rid, "body": answer},
+        "error": None,
+    }
+
+
 def _openai_body(item: Item, vectors: np.ndarray, tokens: int, model: str) -> dict[str, Any]:
-    """Return /v1/embeddings' answer (backend/api/openai.py's ``embeddings``)."""
+    """Return /v1/embeddings' answer (backend/api/openai.py's ``embeddings``); a row (no
+    request): float vectors as they are."""
     req = item.request
-    if req.dimensions is not None:
+    if req is not None and req.dimensions is not None:
         vectors = _shortened(vectors, req.dimensions)
-    typed = typed_embeddings(vectors, [req.embedding_type])[req.embedding_type]
+    kind = req.embedding_type if req is not None else "float"
+    typed = typed_embeddings(vectors, [kind])[kind]
+    encoding = req.encoding_format if req is not None else "float"
     data = [
-        {"object": "embedding", "index": i, "embedding": _encode(vector, req.encoding_format)}
+        {"object": "embedding", "index": i, "embedding": _encode(vector, encoding)}
         for i, vector in enumerate(typed)
     ]
     return {"object": "list", "data": data, "model": model,

@@ -158,7 +158,9 @@ def _embed_item(index: int, custom_id: str, model: str, raw: bytes, settings: Se
     if req.long_text == "chunk":
         raise UnprocessableInput("long_text 'chunk' is not run by batch jobs: send 'truncate'")
     options = ("embed", spec, req.truncate, req.normalize, req.truncation_direction,
-               req.prompt_name, req.input_type)  # fmt: skip
+               req.prompt_name, req.input_type, tuple(req.outputs or ()), req.is_query,
+               req.top_k, req.min_weight, req.return_tokens,
+               tuple(req.embedding_types or ()))  # fmt: skip
     return Item(index, custom_id, "embed", spec, list(req.texts or []), None, req, options)
 
 

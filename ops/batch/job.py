@@ -25,12 +25,14 @@ import numpy as np
 
 from backend.errors import GatewayError, UnprocessableInput, UpstreamError, UpstreamTimeout
 from backend.errors import UpstreamUnavailable as Unavailable
+from backend.outputs import KINDS
+from backend.schemas import EmbedRequest
 from backend.service import Gateway
 from backend.settings import Settings, load_settings
 from ops.batch import parts
-from ops.batch.answers import answer_line, error_line
+from ops.batch.answers import answer_line, embed_line, error_line
 from ops.batch.inputs import Bad, Item, error_body, read_batch, read_rows, split_spec
-from ops.batch.pacing import Pacer
+from ops.batch.pacing import Pacer, Yield
 from ops.batch.progress import Progress
 
 RETRIES = 5  # upstream failures of one call before the job stops (a rerun resumes)
@@ -49,16 +51,26 @@ class JobSpec:
     call_rows: int = 512
     shard: tuple[int, int] = (0, 1)
     pacer: Pacer = field(default_factory=Pacer)
+    output_format: str | None = None  # "parquet" or "openai"; None: the input form's own
+    kinds: tuple[str, ...] = ("dense",)  # Parquet: the output kinds, a column group each
+    yields: Yield | None = None  # probe before each call (the command line's default); None: off
 
     @property
     def form(self) -> str:
-        """Return "rows" (an id and a text per row, to Parquet) or "batch" (OpenAI Batch)."""
+        """Return the input's form: "rows" (an id and a text per row) or "batch" (OpenAI
+        Batch lines)."""
         return "rows" if self.model is not None else "batch"
+
+    @property
+    def fmt(self) -> str:
+        """Return the output's format: "parquet" (rows' default) or "openai" (OpenAI Batch
+        output and error files, the Batch form's default)."""
+        return self.output_format or ("parquet" if self.form == "rows" else "openai")
 
     @property
     def ext(self) -> str:
         """Return the part files' extension."""
-        return "parquet" if self.form == "rows" else "jsonl"
+        return "parquet" if self.fmt == "parquet" else "jsonl"
 
     @property
     def manifest_name(self) -> str:
@@ -74,6 +86,7 @@ class Summary:
     errors: dict[str, int] = field(default_factory=dict)
     parts: int = 0
     seconds: float = 0.0
+    yielded: dict[str, Any] | None = None  # the probes: how many, seconds waited, quiet ms
 
     def count_error(self, status: int) -> None:
         self.errors[str(status)] = self.errors.get(str(status), 0) + 1
@@ -83,7 +96,8 @@ class Summary:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
         return {"rows": self.rows, "errors": dict(sorted(self.errors.items())),
                 "error_lines": sum(self.errors.values()), "parts": self.parts,
-                "seconds": round(self.seconds, 3), "rows_per_s": round(rate, 1)}  # fmt: skip
+                "seconds": round(self.seconds, 3), "rows_per_s": round(rate, 1),
+                **({"yield": self.yielded} if self.yielded is not None else {})}  # fmt: skip
 
 
 def digest(spec: JobSpec) -> str:
@@ -93,12 +107,13 @@ def digest(spec: JobSpec) -> str:
         for block in iter(lambda: data.read(1 << 20), b""):
             hasher.update(block)
     hasher.update(repr((spec.form, spec.model, spec.id_field, spec.text_field,
-                        spec.part_rows)).encode())  # fmt: skip
+                        spec.part_rows, spec.fmt, spec.kinds)).encode())  # fmt: skip
     return hasher.hexdigest()
 
 
 def read_input(spec: JobSpec, settings: Settings) -> tuple[list[Item], list[Bad]]:
-    """Return the input's items and bad lines."""
+    """Return the input's items and bad lines (with Parquet output, also the lines that ask for
+    what its columns can't hold)."""
     if spec.model is not None:
         lines = read_rows(spec.input, spec.model, spec.id_field, spec.text_field, settings)
     else:
@@ -106,12 +121,43 @@ def read_input(spec: JobSpec, settings: Settings) -> tuple[list[Item], list[Bad]
     items: list[Item] = []
     bad: list[Bad] = []
     for line in lines:
+        if isinstance(line, Item) and spec.fmt == "parquet":
+            line = _parquet_check(line, spec.kinds)
         (items if isinstance(line, Item) else bad).append(line)  # type: ignore[arg-type]
     return items, bad
 
 
-def resolve_specs(gateway: Gateway, specs: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Return each model spec's served version (or its error), resolved now, once."""
+def _parquet_check(item: Item, kinds: tuple[str, ...]) -> Item | Bad:
+    """Return ``item``, or a 422 Bad line when Parquet columns can't hold its answer: float32
+    vectors of the model's own dimension, the kinds of ``--outputs``."""
+    req = item.request
+    if req is None:
+        return item
+    why = None
+    if item.route == "openai":
+        if req.dimensions is not None or req.embedding_type != "float":
+            why = "fields 'dimensions' and 'embedding_type' are not taken"
+        elif kinds != ("dense",):
+            why = f"/v1/embeddings answers dense vectors only, not {', '.join(kinds)}"
+    elif req.embedding_types not in (None, ["float"]):
+        why = "field 'embedding_types' is not taken"
+    elif req.outputs is not None and tuple(dict.fromkeys(req.outputs)) != kinds:
+        why = f"field 'outputs' asks {', '.join(req.outputs)}, the job's --outputs are "
+        why += ", ".join(kinds)
+    if why is None:
+        return item
+    error = UnprocessableInput(
+        f"{why}: a Parquet output holds float32 vectors of the model's dimension, the columns "
+        "of --outputs (use --output-format openai for the route's own answer)"
+    )
+    return Bad(item.index, item.custom_id, error.status_code, error_body(item.route, error))
+
+
+def resolve_specs(
+    gateway: Gateway, specs: Sequence[str], kinds: tuple[str, ...] = ("dense",)
+) -> dict[str, dict[str, Any]]:
+    """Return each model spec's served version (or its error: not served, not an embedder,
+    without one of ``kinds``), resolved now, once."""
     resolved: dict[str, dict[str, Any]] = {}
     for spec in sorted(set(specs)):
         try:
@@ -122,18 +168,31 @@ def resolve_specs(gateway: Gateway, specs: Sequence[str]) -> dict[str, dict[str,
                 raise UnprocessableInput(
                     f"model {name!r} is not an embedder (task {assets.task!r})"
                 )
+            has = assets.outputs.kinds if assets.outputs is not None else ("dense",)
+            missing = [kind for kind in kinds if kind not in has]
+            if missing:
+                raise UnprocessableInput(
+                    f"--outputs: model {name!r} version {served} has no {missing[0]} output "
+                    f"(its outputs: {', '.join(has)})"
+                )
             resolved[spec] = {"model": name, "version": served}
         except GatewayError as exc:
             resolved[spec] = {"status": exc.status_code, "code": exc.code, "message": exc.message}
     return resolved
 
 
-def plan_parts(items: Sequence[Item], part_rows: int) -> list[list[Item]]:
-    """Return the items sorted by size (then input order), cut into parts of ~part_rows inputs."""
+def plan_parts(items: Sequence[Item], part_rows: int, by_spec: bool = False) -> list[list[Item]]:
+    """Return the items sorted by size (then input order), cut into parts of ~part_rows inputs;
+    ``by_spec``: sorted by model spec first, a part never holding two (a Parquet part has one
+    vector dimension)."""
     planned: list[list[Item]] = []
     current: list[Item] = []
     rows = 0
-    for item in sorted(items, key=lambda i: (i.size, i.index)):
+    order = sorted(items, key=lambda i: (i.spec if by_spec else "", i.size, i.index))
+    for item in order:
+        if by_spec and current and current[-1].spec != item.spec:
+            planned.append(current)
+            current, rows = [], 0
         current.append(item)
         rows += item.count
         if rows >= part_rows:
@@ -156,6 +215,40 @@ class Runner:
 
     def __init__(self, spec: JobSpec, gateway: Gateway, job: str, models: dict[str, Any]):
         self.spec, self.gateway, self.job, self.models = spec, gateway, job, models
+        self.call_rows = spec.call_rows
+        self._probes: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+
+    def _probe(self, name: str, version: int) -> float:
+        """Return the seconds of one probe: a one-text Predict of ``name@version``, straight to
+        the model server (a failed probe counts as quiet: the call itself meets the failure)."""
+        from backend.bucketing import Chunk
+        from backend.plan import chunk_inputs
+
+        assert self.spec.yields is not None
+        inputs = self._probes.get((name, version))
+        if inputs is None:
+            tokenizer = self.gateway.assets.get(name, version).tokenizer
+            encoded = tokenizer.encode(["probe"])
+            chunk = Chunk((0,), int(encoded[0].ids.shape[0]))
+            inputs = chunk_inputs(chunk, encoded, tokenizer.pad_id, None)
+            self._probes[(name, version)] = inputs
+            for _ in range(2):  # a version's first calls of a shape are slow: not the baseline
+                self._probe(name, version)
+            for _ in range(self.spec.yields.first):  # before any call of the job's: quiet
+                self.spec.yields.quiet(self._probe(name, version))
+        started = time.monotonic()
+        try:
+            self.gateway.client.predict(name, inputs, version=version, timeout_s=30)
+        except Exception:
+            return self.spec.yields.baseline
+        return time.monotonic() - started
+
+    def _wait_quiet(self, item: Item) -> None:
+        """Wait until a probe says the model server is quiet (``JobSpec.yields``)."""
+        if self.spec.yields is None:
+            return
+        model = self.models[item.spec]
+        self.spec.yields.wait(lambda: self._probe(model["model"], model["version"]), time.sleep)
 
     def run_part(self, items: Sequence[Item]) -> tuple[list[Any], list[dict[str, Any]]]:
         """Return a part's outputs (a table's rows or answer lines) and its error lines."""
@@ -165,12 +258,30 @@ class Runner:
         outputs: list[Any] = []
         errors: list[dict[str, Any]] = []
         for group in groups.values():
-            for call in _calls(group, self.spec.call_rows):
+            start = 0
+            while start < len(group):
+                rows = self.call_rows
+                if self.spec.yields is not None:  # short calls, sized by the yield rule
+                    rows = self.spec.yields.rows or min(rows, self.gateway.settings.max_batch_size)
+                call = _calls(group[start : start + rows], rows)[0]  # each item >= 1 row
                 self._run_call(call, outputs, errors)
+                start += len(call)
         return outputs, errors
 
+    def _sized(self, took: float, rows: int) -> None:
+        """Size the next call by the yield rule (``Yield.size``), when it is on."""
+        if self.spec.yields is not None:
+            self.spec.yields.size(took, rows, self.call_rows)
+
     def _run_call(self, call: list[Item], outputs: list[Any], errors: list[dict[str, Any]]) -> None:
+        first = call[0]
+        by_embed = self.spec.kinds != ("dense",) or (
+            first.route == "embed" and first.request.outputs is not None
+        )
         try:
+            if by_embed:
+                self._embed_call(call, outputs)
+                return
             done, vectors = self._embeddings(call)
         except GatewayError as exc:
             if len(call) > 1:  # one item's fault: find it by running each alone
@@ -185,13 +296,73 @@ class Runner:
         start = 0
         for item in call:
             end = start + item.count
-            if item.route == "rows":
-                outputs.append((item.custom_id, vectors[start], version))
+            if self.spec.fmt == "parquet":
+                answer = {"embeddings": vectors[start:end]}
+                outputs.extend(self._records(item, answer, version))
             else:
                 tokens = int(sum(done.token_counts[start:end]))
                 outputs.append(answer_line(self.job, item, vectors[start:end],
                                            done.truncated[start:end], tokens, version))  # fmt: skip
             start = end
+
+    def _records(self, item: Item, answer: dict[str, Any], version: int) -> list[dict[str, Any]]:
+        """Return the Parquet records of ``item``'s texts from its slice of an answer."""
+        name = self.models[item.spec]["model"]
+        records = []
+        for k in range(item.count):
+            record: dict[str, Any] = {"id": item.custom_id, "input": k, "model": name,
+                                      "version": version}  # fmt: skip
+            if "dense" in self.spec.kinds:
+                record["embedding"] = answer["embeddings"][k]
+            if "sparse" in self.spec.kinds:
+                record["sparse_indices"] = answer["sparse"][k]["indices"]
+                record["sparse_values"] = answer["sparse"][k]["values"]
+            if "multivector" in self.spec.kinds:
+                record["token_vectors"] = answer["multivectors"][k]["vectors"]
+            records.append(record)
+        return records
+
+    def _embed_call(self, call: list[Item], outputs: list[Any]) -> None:
+        """Run a call through ``Gateway.embed`` (:embed's path: sparse and multi-vector
+        outputs) and add each item's records or output line."""
+        first = call[0]
+        model = self.models[first.spec]
+        texts = [text for item in call for text in item.texts]
+        req = first.request if first.route == "embed" else EmbedRequest(texts=["-"])
+        update: dict[str, Any] = {"texts": texts, "version": model["version"], "label": None}
+        if self.spec.fmt == "parquet":
+            update["outputs"] = list(self.spec.kinds)
+        request = req.model_copy(update=update)
+        answer = self._paced(call, lambda: self.gateway.embed(model["model"], request))
+        version = int(answer["model"]["version"])
+        start = 0
+        for item in call:
+            end = start + item.count
+            part = _slice(answer, start, end)
+            if self.spec.fmt == "parquet":
+                outputs.extend(self._records(item, part, version))
+            else:
+                outputs.append(embed_line(self.job, item, part))
+            start = end
+
+    def _paced(self, call: list[Item], run: Any) -> Any:
+        """Return ``run()``, retried on upstream failures, then paced (ops/batch/pacing.py)."""
+        for attempt in range(RETRIES + 1):
+            self._wait_quiet(call[0])
+            started = time.monotonic()
+            try:
+                result = run()
+                break
+            except (Unavailable, UpstreamTimeout, UpstreamError):
+                if attempt == RETRIES:
+                    raise
+                time.sleep(min(2.0**attempt, 10.0))
+        took = time.monotonic() - started
+        rows = sum(item.count for item in call)
+        tokens = sum(item.size for item in call)  # characters: the pacer needs a size, not ids
+        self._sized(took, rows)
+        time.sleep(self.spec.pacer.after_call(took, rows, tokens))
+        return result
 
     def _embeddings(self, call: list[Item]) -> tuple[Any, np.ndarray]:
         """Return Gateway.embeddings of the call's inputs, pinned to the resolved version;
@@ -209,6 +380,7 @@ class Runner:
         elif first.route == "embed":
             truncate, normalize = req.truncate, req.normalize
         for attempt in range(RETRIES + 1):
+            self._wait_quiet(first)
             started = time.monotonic()
             try:
                 done, vectors = self.gateway.embeddings(
@@ -227,8 +399,22 @@ class Runner:
                 raise UnprocessableInput(str(exc)) from None
         took = time.monotonic() - started
         padded = sum(len(c.chunk.indices) * c.chunk.seq_len for c in done.calls)
+        self._sized(took, len(vectors))
         time.sleep(self.spec.pacer.after_call(took, len(vectors), padded))
         return done, vectors
+
+
+def _slice(answer: dict[str, Any], start: int, end: int) -> dict[str, Any]:
+    """Return the part of an :embed answer that belongs to its texts ``start:end``."""
+    part: dict[str, Any] = {}
+    for key, value in answer.items():
+        if key in ("embeddings", "sparse", "multivectors", "truncated"):
+            part[key] = value[start:end]
+        elif key == "embeddings_by_type":
+            part[key] = {kind: vectors[start:end] for kind, vectors in value.items()}
+        else:
+            part[key] = value
+    return part
 
 
 def _calls(group: list[Item], call_rows: int) -> list[list[Item]]:
@@ -260,14 +446,23 @@ def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> 
     items, bad = read_input(spec, settings)
     gateway = Gateway(settings)
     try:
-        models = manifest["models"] if manifest else resolve_specs(gateway, [i.spec for i in items])
+        models = (
+            manifest["models"]
+            if manifest
+            else resolve_specs(
+                gateway,
+                [i.spec for i in items],
+                spec.kinds if spec.fmt == "parquet" else ("dense",),
+            )
+        )
         good = [i for i in items if "version" in models[i.spec]]
         bad += [_spec_error(i, models[i.spec]) for i in items if "version" not in models[i.spec]]
-        planned = plan_parts(good, spec.part_rows)
+        planned = plan_parts(good, spec.part_rows, by_spec=spec.form == "batch")
         index, count = spec.shard
         mine = [k for k in range(len(planned)) if k % count == index]
         manifest = manifest or {
             "job": job, "input": str(spec.input), "form": spec.form, "models": models,
+            "output_format": spec.fmt, "outputs": list(spec.kinds),
             "parts": len(planned), "shard": [index, count],
         }  # fmt: skip
         parts.write_manifest(spec.output, manifest, spec.manifest_name)
@@ -289,6 +484,10 @@ def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> 
         for k in mine:
             _count_part(spec, k, summary)
         summary.parts = len(mine)
+        if spec.yields is not None:
+            summary.yielded = {"probes": spec.yields.probes,
+                               "waited_s": round(spec.yields.waited_s, 2),
+                               "quiet_probe_ms": round(spec.yields.baseline * 1000, 2)}  # fmt: skip
         summary.seconds = time.monotonic() - started
         if count == 1:
             _finish(spec, len(planned))
@@ -305,11 +504,8 @@ def _write_part(spec: JobSpec, runner: Runner, k: int, items: list[Item]) -> Non
     outputs, errors = runner.run_part(items)
     out = spec.output
     parts.write_atomic(out / parts.part_name(k, "errors.jsonl"), parts.jsonl(errors))
-    if spec.form == "rows":
-        name = runner.models[items[0].spec]["model"]
-        ids = [o[0] for o in outputs]
-        vectors = np.stack([o[1] for o in outputs]) if outputs else np.zeros((0, 0), np.float32)
-        table = parts.dense_table(ids, vectors, [name] * len(ids), [o[2] for o in outputs])
+    if spec.fmt == "parquet":
+        table = parts.table(outputs, spec.kinds, with_input=spec.form == "batch")
         parts.write_table(out / parts.part_name(k, "parquet"), table)
     else:
         parts.write_atomic(out / parts.part_name(k, "jsonl"), parts.jsonl(outputs))
@@ -321,7 +517,7 @@ def _count_part(spec: JobSpec, k: int, summary: Summary) -> None:
     import pyarrow.parquet as pq
 
     path = spec.output / parts.part_name(k, spec.ext)
-    if spec.form == "rows":
+    if spec.fmt == "parquet":
         summary.rows += pq.ParquetFile(path).metadata.num_rows
     else:
         summary.rows += path.read_bytes().count(b"\n")
@@ -330,12 +526,13 @@ def _count_part(spec: JobSpec, k: int, summary: Summary) -> None:
 
 
 def _finish(spec: JobSpec, count: int) -> None:
-    """One shard: write errors.jsonl (and, for OpenAI Batch, output.jsonl) from the parts."""
+    """One shard: write errors.jsonl (and, for OpenAI Batch output, output.jsonl) from the
+    parts."""
     out = spec.output
     errors = [out / "input.errors.jsonl"]
     errors += [out / parts.part_name(k, "errors.jsonl") for k in range(count)]
     parts.concatenate(errors, out / "errors.jsonl")
-    if spec.form == "batch":
+    if spec.fmt == "openai":
         parts.concatenate([out / parts.part_name(k, "jsonl") for k in range(count)],
                           out / "output.jsonl")  # fmt: skip
 
@@ -359,6 +556,17 @@ def job_settings(args: argparse.Namespace) -> Settings:
     return load_settings(overrides)
 
 
+def parse_kinds(value: str) -> tuple[str, ...]:
+    """Return the output kinds of ``dense,sparse,...`` (each once, in modelformat's order)."""
+    kinds = [kind.strip() for kind in value.split(",") if kind.strip()]
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if not kinds or unknown:
+        raise argparse.ArgumentTypeError(
+            f"--outputs takes kinds of {', '.join(KINDS)}, comma-separated, not {value!r}"
+        )
+    return tuple(kind for kind in KINDS if kind in kinds)
+
+
 def parse_shard(value: str) -> tuple[int, int]:
     """Return (i, n) of ``i/n``."""
     index, _, count = value.partition("/")
@@ -378,6 +586,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, required=True, help="folder of parts and manifest")
     p.add_argument("--model", help="rows: the model, name / name@version / name:label "
                    "(resolved once, at the start); without it: OpenAI Batch lines")  # fmt: skip
+    p.add_argument("--output-format", choices=("parquet", "openai"), help="parquet (id, the "
+                   "--outputs columns, model, version) or openai (OpenAI Batch output and error "
+                   "files); default: parquet for rows, openai for OpenAI Batch lines")  # fmt: skip
+    p.add_argument("--outputs", type=parse_kinds, default=("dense",), help="Parquet: the output "
+                   "kinds, comma-separated: dense, sparse, multivector (default dense); each "
+                   "model must have them")  # fmt: skip
     p.add_argument("--id-field", default="id", help="rows: the id's field (default id)")
     p.add_argument("--text-field", default="text", help="rows: the text's field (default text)")
     p.add_argument("--tfs", help="TF Serving gRPC target (default: GATEWAY_TFS_GRPC)")
@@ -391,9 +605,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=64, help="rows per model-server call")
     p.add_argument("--concurrency", type=int, default=2, help="model-server calls in flight")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
-    p.add_argument("--slow-ratio", type=float, default=1.5, help="yield when a call's latency "
-                   "per token is over this x its quiet baseline (AIMD; 0: never)")  # fmt: skip
+    p.add_argument("--slow-ratio", type=float, default=0.0, help="AIMD: halve the duty cycle "
+                   "when a call's latency per token is over this x its quiet baseline (e.g. "
+                   "1.5; default 0: off, the probes yield)")  # fmt: skip
     p.add_argument("--max-rows-per-s", type=float, default=0.0, help="a cap (0: none)")
+    p.add_argument("--yield-ratio", type=float, default=1.2, help="online traffic first: probe "
+                   "the model server before each call and wait while the probe is over this x "
+                   "its quiet time (0: never probe)")  # fmt: skip
     return p
 
 
@@ -401,12 +619,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the job; print its summary (JSON) on stdout; 0 when every part was written."""
     import json
 
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.outputs != ("dense",) and args.output_format == "openai":
+        p.error("--outputs other than dense need Parquet output (--output-format parquet)")
+    if args.outputs != ("dense",) and args.model is None and args.output_format is None:
+        p.error("--outputs with OpenAI Batch lines: give --output-format parquet")
     pacer = Pacer(slow_ratio=args.slow_ratio or float("inf"), max_rows_per_s=args.max_rows_per_s)
     spec = JobSpec(
         input=args.input, output=args.output, model=args.model, id_field=args.id_field,
         text_field=args.text_field, part_rows=args.part_rows, call_rows=args.call_rows,
-        shard=args.shard, pacer=pacer,
+        shard=args.shard, pacer=pacer, output_format=args.output_format, kinds=args.outputs,
+        yields=Yield(ratio=args.yield_ratio) if args.yield_ratio > 0 else None,
     )  # fmt: skip
     try:
         summary = run_job(spec, job_settings(args))

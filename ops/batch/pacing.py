@@ -1,6 +1,7 @@
-"""The batch job's yield to online traffic: AIMD on its own call latency against its quiet one.
+"""The batch job's yield to online traffic: ``Yield``, probes before each call (the default), and
+``Pacer``, AIMD on its own call latency against its quiet one, with an optional rate cap.
 
-The rule: each call's latency per row-token (seconds per padded token it sent) is compared with
+Pacer's rule: each call's latency per row-token (seconds per padded token it sent) is compared with
 the job's quiet baseline (the lowest it has seen in its first calls, then the lowest of a slow
 moving window). Above ``slow_ratio`` x the baseline, the model server is busy with someone else:
 the job's duty cycle halves (it sleeps after each call so that calls fill ``duty`` of its time).
@@ -10,7 +11,9 @@ the latency says. Pure arithmetic on the clock the caller passes: unit-tested wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -42,3 +45,57 @@ class Pacer:
         if self.max_rows_per_s > 0:
             pause = max(pause, rows / self.max_rows_per_s - seconds)
         return max(0.0, pause)
+
+
+@dataclass
+class Yield:
+    """Online traffic first: the job sends a call only when its probe says the server is quiet.
+
+    The rule: before each call the job sends a probe (one short text, the smallest call there
+    is) and times it. Its quiet baseline is the median of the first ``first`` probes, sent before
+    any call of the job's (after two that warm the server up). A probe slower than ``ratio`` x
+    the baseline, and than the slowest of those first probes (their jitter), means someone
+    else's work shares the server: the job sends nothing, waits, and
+    probes again, the waits doubling from ``first_wait_s`` up to ``max_wait_s`` (so that the
+    probes themselves touch few online calls); a probe within it lets the call go. And the job's
+    calls are short, so that one sent just before online traffic arrives holds it up little:
+    each call's rows are sized so that it takes about ``call_ratio`` x the probe's quiet time
+    (from the last call's rows per second, at most ``--call-rows``). Nothing here is a latency of
+    this machine: each rule is a ratio to what the same probe takes on the same server when quiet.
+    """
+
+    ratio: float = 1.2
+    first: int = 5
+    first_wait_s: float = 0.05
+    max_wait_s: float = 2.0
+    call_ratio: float = 8.0
+    rows: int = 0  # the next call's rows (0: not sized yet)
+    baseline: float = 0.0  # the median of the first probes (seconds); 0 until they are in
+    probes: int = 0
+    waited_s: float = 0.0
+    _first: list[float] = field(default_factory=list)
+
+    def quiet(self, probe_s: float) -> bool:
+        """Return whether a probe that took ``probe_s`` says the server is quiet (the first
+        ``first`` probes make the baseline: quiet)."""
+        self.probes += 1
+        if len(self._first) < self.first:
+            self._first.append(probe_s)
+            self.baseline = statistics.median(self._first)
+            return True
+        return probe_s <= max(self.ratio * self.baseline, max(self._first))
+
+    def size(self, took: float, rows: int, most: int) -> None:
+        """Size the next call from the last (``rows`` rows in ``took`` seconds): about
+        ``call_ratio`` x the quiet probe, 1 to ``most`` rows, at most doubling a call."""
+        want = rows * self.call_ratio * self.baseline / max(took, 1e-6)
+        self.rows = max(1, min(most, 2 * rows, int(want)))
+
+    def wait(self, probe: Any, sleep: Any) -> None:
+        """Probe (``probe()`` returns its seconds) until the server is quiet; ``sleep(s)``
+        between probes, doubling."""
+        pause = self.first_wait_s
+        while not self.quiet(probe()):
+            sleep(pause)
+            self.waited_s += pause
+            pause = min(self.max_wait_s, pause * 2)

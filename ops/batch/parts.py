@@ -6,11 +6,13 @@ is renamed into place first, so a done part always has both. The manifest record
 input's digest, the model versions resolved at the start, the plan's size) and the parts done;
 the files are the truth, the manifest a summary rebuilt from them on each start.
 
-The Parquet layout, one row per text: ``id`` (string), one column per output kind asked, then
-``model`` (string) and ``version`` (int64). The output columns follow modelformat/outputs.py's
-kinds: ``dense`` is ``embedding`` fixed_size_list<float32>[dim]; ``sparse`` will be
-``sparse_indices`` list<int32> and ``sparse_values`` list<float32>; ``multivector`` will be
-``token_vectors`` list<fixed_size_list<float32>[dim]> (``OUTPUT_COLUMNS``).
+The Parquet layout, one row per text: ``id`` (string; from OpenAI Batch lines the
+``custom_id``, then ``input`` int32, the text's place in the line's body), one column per
+output kind asked, then ``model`` (string) and ``version`` (int64). The output columns follow
+modelformat/outputs.py's kinds: ``dense`` is ``embedding`` fixed_size_list<float32>[dim];
+``sparse`` is ``sparse_indices`` list<int32> and ``sparse_values`` list<float32> (largest weight
+first); ``multivector`` is ``token_vectors`` list<fixed_size_list<float32>[dim]>
+(``output_columns``).
 """
 
 from __future__ import annotations
@@ -42,12 +44,57 @@ def output_columns(kind: str, dim: int) -> list[tuple[str, pa.DataType]]:
     raise ValueError(f"unknown output kind {kind!r}")
 
 
-def parquet_schema(kinds: Sequence[str], dim: int) -> pa.Schema:
-    """Return the schema of a job's Parquet parts: id, the kinds' columns, model, version."""
+def parquet_schema(
+    kinds: Sequence[str], dim: int, with_input: bool = False, token_dim: int | None = None
+) -> pa.Schema:
+    """Return the schema of a job's Parquet parts: id (and input), the kinds' columns, model,
+    version; ``token_dim`` is the multi-vectors' dimension (default ``dim``)."""
     columns = [("id", pa.string())]
+    if with_input:
+        columns.append(("input", pa.int32()))
     for kind in kinds:
-        columns += output_columns(kind, dim)
+        columns += output_columns(kind, token_dim if kind == "multivector" and token_dim else dim)
     return pa.schema([*columns, ("model", pa.string()), ("version", pa.int64())])
+
+
+def table(records: Sequence[Mapping[str, Any]], kinds: Sequence[str], with_input: bool) -> pa.Table:
+    """Return the Parquet table of ``records`` (dicts of ``id``, ``input``, ``embedding``
+    [dim], ``sparse_indices`` / ``sparse_values``, ``token_vectors`` [rows, dim], ``model``,
+    ``version``), with the columns of ``kinds``."""
+    dim = token_dim = 0
+    if records and "dense" in kinds:
+        dim = int(np.shape(records[0]["embedding"])[-1])
+    if records and "multivector" in kinds:
+        token_dim = int(np.shape(records[0]["token_vectors"])[-1])
+    schema = parquet_schema(kinds, dim, with_input, token_dim)
+    arrays: list[pa.Array] = [pa.array([r["id"] for r in records], pa.string())]
+    if with_input:
+        arrays.append(pa.array([r["input"] for r in records], pa.int32()))
+    for kind in kinds:
+        if kind == "dense":
+            flat = np.asarray([r["embedding"] for r in records], np.float32).reshape(-1)
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), dim))
+        elif kind == "sparse":
+            arrays.append(_ragged([r["sparse_indices"] for r in records], np.int32, 0))
+            arrays.append(_ragged([r["sparse_values"] for r in records], np.float32, 0))
+        else:
+            arrays.append(_ragged([r["token_vectors"] for r in records], np.float32, token_dim))
+    arrays.append(pa.array([r["model"] for r in records], pa.string()))
+    arrays.append(pa.array([r["version"] for r in records], pa.int64()))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _ragged(rows: Sequence[Any], dtype: Any, dim: int) -> pa.Array:
+    """Return a list array of ``rows`` (1-d arrays; with ``dim``: [n, dim] matrices as lists
+    of fixed-size lists)."""
+    values = [np.asarray(row, dtype) for row in rows]
+    offsets = np.zeros(len(values) + 1, np.int32)
+    offsets[1:] = np.cumsum([v.shape[0] for v in values])
+    flat = np.concatenate([v.reshape(-1) for v in values]) if values else np.zeros(0, dtype)
+    inner: pa.Array = pa.array(flat)
+    if dim:
+        inner = pa.FixedSizeListArray.from_arrays(inner, dim)
+    return pa.ListArray.from_arrays(pa.array(offsets), inner)
 
 
 def dense_table(

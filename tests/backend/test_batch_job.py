@@ -22,7 +22,7 @@ from backend.service import Gateway
 from backend.settings import load_settings
 from ops.batch.inputs import Item
 from ops.batch.job import JobSpec, plan_parts, run_job
-from ops.batch.pacing import Pacer
+from ops.batch.pacing import Pacer, Yield
 from ops.batch.progress import Progress
 from ops.procs import python_cmd
 from tests.backend.conftest import EMBED, INTENT
@@ -190,6 +190,79 @@ def test_openai_batch_lines_answer_as_their_routes_and_bad_lines_carry_the_route
     assert summary.rows == 3 and summary.errors == {"400": 2, "404": 2, "413": 1, "422": 1}
 
 
+def output_lines(folder: Path) -> dict[str, Any]:
+    """Return custom_id -> line of an OpenAI Batch output file."""
+    lines = (folder / "output.jsonl").read_bytes().splitlines()
+    return {line["custom_id"]: line for line in map(orjson.loads, lines)}
+
+
+@pytest.mark.parametrize("form", ["rows", "batch"])
+def test_either_input_form_writes_either_output_format_with_the_same_vectors(
+    env: dict[str, str], tmp_path: Path, form: str
+) -> None:
+    """Rows as OpenAI Batch output (a /v1/embeddings answer each), OpenAI Batch lines as Parquet
+    (``custom_id`` and ``input`` per text), against each form's own default output."""
+    texts = corpus(10, seed=4)
+    if form == "rows":
+        source, model = write_rows(tmp_path / "in.jsonl", texts), EMBED
+    else:
+        model = None
+        lines = [batch_line(f"doc-{i}", "/v1/embeddings", {"model": EMBED, "input": [t, t + " x"]})
+                 for i, t in enumerate(texts)]  # fmt: skip
+        lines.append(batch_line("dims", "/v1/embeddings", {"model": EMBED, "input": "a",
+                                                           "dimensions": 4}))  # fmt: skip
+        source = tmp_path / "in.jsonl"
+        source.write_bytes(b"\n".join(lines) + b"\n")
+    settings = settings_of(env)
+
+    summaries = {}
+    for fmt in ("parquet", "openai"):
+        spec = JobSpec(source, tmp_path / fmt, model=model, part_rows=4, output_format=fmt)
+        summaries[fmt] = run_job(spec, settings, io.StringIO())
+
+    answers = output_lines(tmp_path / "openai")
+    tables = [pq.read_table(p) for p in sorted((tmp_path / "parquet").glob("part-*.parquet"))]
+    rows = [row for table in tables for row in table.to_pylist()]
+    assert {(row["model"], row["version"]) for row in rows} == {(EMBED, 1)}
+    if form == "rows":
+        assert sorted(answers) == sorted(row["id"] for row in rows) == sorted(
+            f"doc-{i}" for i in range(10))  # fmt: skip
+        assert "input" not in tables[0].column_names
+        body = answers["doc-3"]["response"]["body"]
+        assert body["model"] == f"{EMBED}@1" and body["usage"]["prompt_tokens"] > 0
+        got = {row["id"]: row["embedding"] for row in rows}
+        np.testing.assert_allclose(body["data"][0]["embedding"], got["doc-3"], rtol=1e-5, atol=1e-6)
+        assert summaries["parquet"].rows == summaries["openai"].rows == 10
+    else:
+        assert tables[0].column_names == ["id", "input", "embedding", "model", "version"]
+        got = {(row["id"], row["input"]): row["embedding"] for row in rows}
+        assert len(got) == 20 and summaries["parquet"].rows == 20
+        for i in range(10):
+            data = answers[f"doc-{i}"]["response"]["body"]["data"]
+            for k in range(2):
+                np.testing.assert_allclose(got[(f"doc-{i}", k)], data[k]["embedding"], rtol=1e-5,
+                                           atol=1e-6)  # fmt: skip
+        errors = [orjson.loads(x) for x in (tmp_path / "parquet" / "errors.jsonl").read_bytes()
+                  .splitlines()]  # fmt: skip
+        assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [("dims", 422)]
+        assert "--output-format openai" in errors[0]["response"]["body"]["error"]["message"]
+        assert len(answers["dims"]["response"]["body"]["data"][0]["embedding"]) == 4
+
+
+def test_parquet_outputs_a_model_lacks_are_refused_for_its_rows(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    source = write_rows(tmp_path / "in.jsonl", corpus(3))
+
+    summary = run_job(JobSpec(source, tmp_path / "out", model=EMBED, kinds=("dense", "sparse")),
+                      settings_of(env), io.StringIO())  # fmt: skip
+
+    assert summary.rows == 0 and summary.errors == {"422": 3}
+    line = orjson.loads((tmp_path / "out" / "errors.jsonl").read_bytes().splitlines()[0])
+    assert "has no sparse output (its outputs: dense)" in line["response"]["body"]["error"][
+        "message"]  # fmt: skip
+
+
 def test_three_shards_together_write_the_rows_of_one_run(
     env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -212,7 +285,18 @@ def test_a_job_killed_at_random_points_and_run_again_writes_each_row_once(
     """SIGKILL at seeded random moments, several times; the restarted job's rows are exactly an
     uninterrupted run's."""
     source = write_rows(tmp_path / "in.jsonl", corpus(320, seed=5))
-    flags = ["--model", EMBED, "--part-rows", "8", "--call-rows", "8", "--max-batch", "8"]
+    flags = [
+        "--model",
+        EMBED,
+        "--part-rows",
+        "8",
+        "--call-rows",
+        "8",
+        "--max-batch",
+        "8",
+        "--yield-ratio",
+        "0",
+    ]  # resumption, not the yield: the calls as given, no probes
     run_job(JobSpec(source, tmp_path / "whole", model=EMBED, part_rows=8, call_rows=8),
             settings_of(env, max_batch_size=8), io.StringIO())  # fmt: skip
     cmd = python_cmd("-m", "ops.batch", str(source), "--output", str(tmp_path / "killed"), *flags)
@@ -266,6 +350,25 @@ def test_the_pacer_halves_its_duty_when_calls_slow_and_grows_it_back() -> None:
     assert pacer.duty == 0.75
     capped = Pacer(max_rows_per_s=100)
     assert capped.after_call(0.05, 10, 100) == pytest.approx(0.05)
+
+
+def test_the_yield_waits_while_probes_are_slower_than_quiet_doubling_its_waits() -> None:
+    rule = Yield(ratio=1.2, first=3, first_wait_s=0.05, max_wait_s=0.3)
+    probes = iter([0.010, 0.012, 0.009, 0.0115, 0.030, 0.025, 0.020, 0.020, 0.0119])
+    slept: list[float] = []
+
+    rule.wait(lambda: next(probes), slept.append)  # the first three: the baseline, quiet
+    rule.wait(lambda: next(probes), slept.append)
+    rule.wait(lambda: next(probes), slept.append)
+    rule.wait(lambda: next(probes), slept.append)  # 1.15x the median: quiet
+    rule.wait(lambda: next(probes), slept.append)  # busy until the 1.19x probe
+
+    assert rule.baseline == 0.010 and slept == [0.05, 0.1, 0.2, 0.3]
+    assert rule.probes == 9 and rule.waited_s == pytest.approx(0.65)
+    rule.size(0.04, 16, 512)  # 16 rows in 4x the probe: 32 (at most doubling) toward 8x
+    assert rule.rows == 32
+    rule.size(0.16, 32, 512)  # 16x the probe: half as many
+    assert rule.rows == 16
 
 
 def test_progress_writes_plain_lines_with_rate_and_time_left_off_a_terminal() -> None:

@@ -138,6 +138,68 @@ def test_bge_m3_answers_dense_sparse_and_multivectors_as_flagembedding_would(
     assert answer["dim"] == answer["multivector_dim"] == 8
 
 
+def test_a_batch_job_writes_each_output_kind_as_parquet_columns_and_embed_lines_as_embed_answers(
+    retrieval: dict[str, Any], tmp_path: Any
+) -> None:
+    """ops.batch on BGE-M3-like rows with --outputs dense,sparse,multivector: each kind's
+    columns hold what :embed answers for the same texts; an OpenAI Batch :embed line asking for
+    sparse output is answered as :embed answers it."""
+    import io
+
+    import orjson
+    import pyarrow.parquet as pq
+
+    from backend.schemas import EmbedRequest
+    from backend.service import Gateway as InProcess
+    from backend.settings import load_settings
+    from ops.batch.job import JobSpec, run_job
+
+    env = gateway_env(retrieval["server"], "grpc", retrieval["base"], retrieval["config"])
+    settings = load_settings({"group_in_flight": 0}, environ=env)
+    texts = [*TEXTS, *QUERIES]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b"".join(orjson.dumps({"id": str(i), "text": t}) + b"\n"
+                              for i, t in enumerate(texts)))  # fmt: skip
+    kinds = ("dense", "sparse", "multivector")
+    run_job(JobSpec(rows, tmp_path / "pq", model=M3, kinds=kinds), settings, io.StringIO())
+    lines = tmp_path / "batch.jsonl"
+    lines.write_bytes(
+        orjson.dumps(
+            {
+                "custom_id": "s",
+                "method": "POST",
+                "url": f"/v1/models/{M3}:embed",
+                "body": {"texts": texts, "outputs": ["sparse"]},
+            }
+        )
+        + b"\n"
+    )
+    run_job(JobSpec(lines, tmp_path / "openai"), settings, io.StringIO())
+
+    online = InProcess(settings)
+    try:
+        want = online.embed(M3, EmbedRequest(texts=texts, outputs=list(kinds)))
+    finally:
+        online.close()
+    table = pq.read_table(next((tmp_path / "pq").glob("part-*.parquet")))
+    assert table.column_names == ["id", "embedding", "sparse_indices", "sparse_values",
+                                  "token_vectors", "model", "version"]  # fmt: skip
+    got = {row["id"]: row for row in table.to_pylist()}
+    assert len(got) == len(texts)
+    for i in range(len(texts)):
+        row = got[str(i)]
+        np.testing.assert_allclose(row["embedding"], want["embeddings"][i], atol=1e-6)
+        assert row["sparse_indices"] == want["sparse"][i]["indices"].tolist()
+        np.testing.assert_allclose(row["sparse_values"], want["sparse"][i]["values"], atol=1e-6)
+        np.testing.assert_allclose(row["token_vectors"], want["multivectors"][i]["vectors"],
+                                   atol=1e-6)  # fmt: skip
+        assert (row["model"], row["version"]) == (M3, 1)
+    line = orjson.loads((tmp_path / "openai" / "output.jsonl").read_bytes())
+    body = line["response"]["body"]
+    assert body["model"] == {"name": M3, "version": 1} and "embeddings" not in body
+    assert [s["indices"] for s in body["sparse"]] == [s["indices"].tolist() for s in want["sparse"]]
+
+
 def test_colbert_queries_and_documents_each_get_their_side(
     gateway: Gateway, retrieval: dict[str, Any]
 ) -> None:

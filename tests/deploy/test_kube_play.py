@@ -17,6 +17,7 @@ validates them.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import subprocess
 import time
@@ -425,3 +426,87 @@ def test_a_push_and_its_rollback_run_as_push_jobs(kube_stack: KubeStack) -> None
     assert served_version(kube_stack, "stable") == 1
     run_push_job(kube_stack, "--name minilm-intent --rollback canary")
     wait_served(kube_stack, "canary", 2)
+
+
+def batch_shard_pod(stack: KubeStack, job: Obj, index: int, batch_dir: Path, args: str) -> Obj:
+    """Return pod ``index`` of the re-embed Indexed Job (deploy/k8s/batch/batch-job.yaml) as
+    kube play runs it: JOB_COMPLETION_INDEX set as the Job controller sets it on an Indexed
+    Job's pods, the model server this host's, the models claim this run's volume and the batch
+    claim ``batch_dir``."""
+    pod = job_as_pod(job, f"{unique('shard').removeprefix('shard-')}-{index}")
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    env["GATEWAY_TFS_GRPC"]["value"] = f"127.0.0.1:{stack.ports.grpc}"
+    env["BATCH_ARGS"]["value"] = args
+    env["JOB_COMPLETION_INDEX"] = {"name": "JOB_COMPLETION_INDEX", "value": str(index)}
+    container["env"] = list(env.values())
+    for volume in volumes(pod):
+        if volume["name"] == "batch":
+            del volume["persistentVolumeClaim"]
+            volume["hostPath"] = {"path": str(batch_dir), "type": "Directory"}
+        elif "persistentVolumeClaim" in volume:
+            volume["persistentVolumeClaim"]["claimName"] = stack.claim
+    return pod
+
+
+def test_three_shards_of_the_batch_job_as_pods_write_the_rows_of_one_run(
+    kube_stack: KubeStack, tmp_path: Path
+) -> None:
+    """The Indexed Job's three pods, each its shard by JOB_COMPLETION_INDEX, against the played
+    model server: their parts together are the rows of one process's run of the same input."""
+    import numpy as np
+    import orjson
+    import pyarrow.parquet as pq
+
+    from tests.deploy.test_k8s_batch import JOB
+
+    batch_dir = kube_stack.work / f"batch-{unique('b')}"
+    batch_dir.mkdir()
+    words = ["the", "parcel", "is", "late", "and", "my", "refund", "never", "arrived", "so",
+             "where", "is", "my", "order"]  # fmt: skip
+    texts = [" ".join(words[i % 7 : i % 7 + 2 + i % 9]) for i in range(30)]
+    corpus = batch_dir / "corpus.jsonl"
+    corpus.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": t}) + b"\n"
+                                for i, t in enumerate(texts)))  # fmt: skip
+    share_with_containers(batch_dir)
+    flags = "--model minilm@1 --part-rows 4 --yield-ratio 0"  # siblings are not online traffic
+    job = yaml.safe_load(JOB.read_text(encoding="utf-8"))
+    assert job["spec"]["completions"] == 3
+    pods = [batch_shard_pod(kube_stack, job, index, batch_dir,
+                            f"/batch/corpus.jsonl --output /batch/out {flags}")
+            for index in range(3)]  # fmt: skip
+    path = kube_stack.work / f"{pods[0]['metadata']['name']}.yaml"
+    env = {"GATEWAY_TFS_GRPC": f"127.0.0.1:{kube_stack.ports.grpc}",
+           "GATEWAY_MODEL_BASE_PATH": str(kube_stack.models),
+           "GATEWAY_MODEL_CONFIG_FILE": str(kube_stack.models / "models.config")}  # fmt: skip
+    one = subprocess.Popen(
+        python_cmd("-m", "ops.batch", str(corpus), "--output", str(tmp_path / "one"),
+                   *flags.split()),
+        env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        started = time.monotonic()
+        play(pods, path)
+        for pod in pods:
+            wait_exited_ok(pod, timeout_s=300)
+        record("kube play: three batch shards (as pods)", f"{time.monotonic() - started:.0f} s")
+    finally:
+        remove_pods(path)
+    _, err = one.communicate(timeout=300)
+    assert one.returncode == 0, err[-3000:]
+
+    def rows(folder: Path) -> dict[str, tuple[list[float], str, int]]:
+        found: dict[str, tuple[list[float], str, int]] = {}
+        for part in sorted(folder.glob("part-*.parquet")):
+            for row in pq.read_table(part).to_pylist():
+                assert row["id"] not in found, f"{row['id']} twice"
+                found[row["id"]] = (row["embedding"], row["model"], row["version"])
+        return found
+
+    sharded, single = rows(batch_dir / "out"), rows(tmp_path / "one")
+    assert sorted(sharded) == sorted(single) == sorted(f"d{i}" for i in range(30))
+    for key, (vector, model, version) in single.items():
+        assert (sharded[key][1], sharded[key][2]) == (model, version) == ("minilm", 1)
+        np.testing.assert_allclose(sharded[key][0], vector, rtol=1e-5, atol=1e-6)
+    shards = sorted((batch_dir / "out").glob("manifest-shard-*-of-3.json"))
+    assert len(shards) == 3
