@@ -487,6 +487,7 @@ def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> 
         if spec.yields is not None:
             summary.yielded = {"probes": spec.yields.probes,
                                "waited_s": round(spec.yields.waited_s, 2),
+                               "forced": spec.yields.forced,
                                "quiet_probe_ms": round(spec.yields.baseline * 1000, 2)}  # fmt: skip
         summary.seconds = time.monotonic() - started
         if count == 1:

@@ -62,6 +62,9 @@ class Yield:
     each call's rows are sized so that it takes about ``call_ratio`` x the probe's quiet time
     (from the last call's rows per second, at most ``--call-rows``). Nothing here is a latency of
     this machine: each rule is a ratio to what the same probe takes on the same server when quiet.
+    The job is never starved: after ``patience_s`` of waiting one call goes anyway (so a server
+    that is never quiet, or a host whose other load the probe reads as traffic, still gets one
+    short call of the job's per ``patience_s``: counted in ``forced``).
     """
 
     ratio: float = 1.2
@@ -69,6 +72,8 @@ class Yield:
     first_wait_s: float = 0.05
     max_wait_s: float = 2.0
     call_ratio: float = 8.0
+    patience_s: float = 10.0
+    forced: int = 0  # calls sent after ``patience_s`` of waiting, quiet or not
     rows: int = 0  # the next call's rows (0: not sized yet)
     baseline: float = 0.0  # the median of the first probes (seconds); 0 until they are in
     probes: int = 0
@@ -94,8 +99,12 @@ class Yield:
     def wait(self, probe: Any, sleep: Any) -> None:
         """Probe (``probe()`` returns its seconds) until the server is quiet; ``sleep(s)``
         between probes, doubling."""
-        pause = self.first_wait_s
+        pause, waited = self.first_wait_s, 0.0
         while not self.quiet(probe()):
+            if waited >= self.patience_s:
+                self.forced += 1
+                return
             sleep(pause)
             self.waited_s += pause
+            waited += pause
             pause = min(self.max_wait_s, pause * 2)

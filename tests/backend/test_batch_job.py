@@ -369,6 +369,12 @@ def test_the_yield_waits_while_probes_are_slower_than_quiet_doubling_its_waits()
     assert rule.rows == 32
     rule.size(0.16, 32, 512)  # 16x the probe: half as many
     assert rule.rows == 16
+    # a server never quiet: one call goes after the patience (the job is never starved)
+    patient = Yield(ratio=1.2, first=1, first_wait_s=0.05, max_wait_s=0.3, patience_s=1.0)
+    patient.wait(lambda: 0.010, slept.append)
+    slept.clear()
+    patient.wait(lambda: 0.100, slept.append)
+    assert sum(slept) >= 1.0 and patient.forced == 1
 
 
 def test_progress_writes_plain_lines_with_rate_and_time_left_off_a_terminal() -> None:
