@@ -27,7 +27,7 @@ class Area:
 
 
 AREAS = (
-    Area("hybrid retrieval", r"retrieval|splade|colbert|bge_m3|hybrid|sparse", 180),
+    Area("hybrid retrieval", r"retrieval|splade|colbert|bge_m3|hybrid|sparse", 260),
     Area("any model (TF Serving passthrough)", r"passthrough|test_tfs_", 90),
     Area("deploy (images, compose, kube play)", r"^tests/deploy/|^tests/ops/test_docker.py", 720),
     Area("drills and rollouts", r"^tests/ops/", 720),
