@@ -72,6 +72,13 @@ def save_encoder(dest: str | Path, arch: str = "bert", *, seed: int = 0,
     """Save a tiny random ``arch`` base model (transformers' ``AutoModel``) with its tokenizer
     into ``dest`` and return it; ``extra_tokens`` are added to the tokenizer (and the vocab);
     ``size`` replaces SIZE's config keywords (a benchmark's MiniLM-sized encoder)."""
+    return _save_encoder(dest, arch, seed=seed, extra_tokens=extra_tokens, size=size)[0]
+
+
+def _save_encoder(dest: str | Path, arch: str, *, seed: int, extra_tokens: tuple[str, ...] = (),
+                  size: dict[str, Any] | None = None) -> tuple[Path, Any]:  # fmt: skip
+    """Return ``save_encoder``'s directory and the model it saved there (in memory: a caller
+    that computes with it reads nothing back)."""
     import torch
     import transformers
 
@@ -91,7 +98,7 @@ def save_encoder(dest: str | Path, arch: str = "bert", *, seed: int = 0,
     dest = Path(dest)
     model.save_pretrained(dest)
     write_tokenizer(dest, kind, trained=tok)
-    return dest
+    return dest, model
 
 
 def save_m3_checkpoint(dest: str | Path, arch: str = "xlm-roberta", *, colbert_dim: int = 16,
@@ -105,10 +112,10 @@ def save_m3_checkpoint(dest: str | Path, arch: str = "xlm-roberta", *, colbert_d
     FlagEmbedding loads it with ``BGEM3FlagModel(dest, colbert_dim=colbert_dim)``. ``size``:
     the encoder's config keywords in place of SIZE's (as ``save_encoder``).
     """
+    import tokenizers
     import torch
-    import transformers
 
-    dest = save_encoder(dest, arch, seed=seed, size=size)
+    dest, model = _save_encoder(dest, arch, seed=seed, size=size)
     hidden = int((size or SIZE)["hidden_size"])
     torch.manual_seed(seed + 1)
     dtype = getattr(torch, head_dtype)
@@ -117,11 +124,15 @@ def save_m3_checkpoint(dest: str | Path, arch: str = "xlm-roberta", *, colbert_d
     # to the shared part (else its weights are differences of large numbers, which no 16-bit
     # graph keeps), then scaled and shifted on a few texts so that about half of the tokens
     # weigh > 0, with O(1) weights
-    tokenizer = transformers.AutoTokenizer.from_pretrained(dest, local_files_only=True)
-    model = transformers.AutoModel.from_pretrained(dest, local_files_only=True).eval()
-    sample = tokenizer(SAMPLE, padding=True, return_tensors="pt")
+    # the saved tokenizer.json's ids (special tokens included), right-padded with the model's
+    # pad id, as transformers' tokenizer of that directory pads them
+    rows = [e.ids for e in tokenizers.Tokenizer.from_file(str(dest / "tokenizer.json"))
+            .encode_batch(SAMPLE)]  # fmt: skip
+    longest, pad = max(map(len, rows)), int(model.config.pad_token_id or 0)
+    ids = torch.tensor([r + [pad] * (longest - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (longest - len(r)) for r in rows])
     with torch.no_grad():
-        states = model(**sample).last_hidden_state[sample["attention_mask"].bool()]
+        states = model(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
         mean = states.mean(0)  # what every token shares: no weight on it (well-conditioned)
         sparse.weight[0] -= (sparse.weight[0] @ mean) / (mean @ mean) * mean
         raw = (states @ sparse.weight[0]).sort().values

@@ -98,18 +98,18 @@ def save_tiny_inference_free(
     from sentence_transformers import SparseEncoder
     from sentence_transformers.models import Router
     from sentence_transformers.sparse_encoder.models import SparseStaticEmbedding
-    from transformers import AutoTokenizer
 
     dest = Path(dest)
     with tempfile.TemporaryDirectory() as tmp:
         source = _masked_lm(Path(tmp) / "mlm", config or {}, tokenizer_kind, seed)
-        tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+        documents = _splade_modules(source, pooling, activation, max_len)
+        tokenizer = documents[0].tokenizer  # the document side's, as MLMTransformer loaded it
         generator = torch.Generator().manual_seed(seed + 1)
         weight = torch.rand(len(tokenizer.get_vocab()), generator=generator) * 5.0
         query = SparseStaticEmbedding(tokenizer=tokenizer, weight=weight, frozen=True)  # type: ignore[arg-type]
         router = Router.for_query_document(
             query_modules=[query],
-            document_modules=_splade_modules(source, pooling, activation, max_len),
+            document_modules=documents,
         )
         SparseEncoder(modules=[router]).save(str(dest))
     return dest
