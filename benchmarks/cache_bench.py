@@ -45,7 +45,7 @@ from benchmarks.gateway_cost_bench import (
 )
 from benchmarks.stack import Http, Stack
 from ops.load.cells import make_texts
-from ops.procs import REPO, ServerProcess, child_env, free_port, http_ok, python_cmd
+from ops.procs import ServerProcess, free_port
 
 CACHE_BYTES = 64 * 1024 * 1024
 ZIPF_S, DISTINCT, CLIENTS, WORKERS = 1.1, 10_000, 16, 2
@@ -112,24 +112,6 @@ def _redis(ctx: BenchContext) -> tuple[ServerProcess, str]:
     return process, f"redis://127.0.0.1:{port}/0"
 
 
-def _gateway(ctx: BenchContext, stack: Stack, base: str, name: str, env: dict[str, str]) -> str:
-    """Start a gateway of ``WORKERS`` workers on ``stack``'s model server; return its URL."""
-    port = free_port()
-    full = child_env(**{
-        "GATEWAY_UPSTREAM": "grpc", "GATEWAY_TFS_GRPC": f"127.0.0.1:{stack.grpc_port}",
-        "GATEWAY_MODEL_BASE_PATH": base, "GATEWAY_BIND": f"127.0.0.1:{port}",
-        "GATEWAY_WORKERS": str(WORKERS), "GATEWAY_THREADS": str(GATEWAY_THREADS),
-        "GATEWAY_ACCESS_LOG": "", "GATEWAY_CACHE_BYTES": str(CACHE_BYTES), **env,
-    })  # fmt: skip
-    full.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    cmd = python_cmd("-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),
-                     "backend.app:create_app()")  # fmt: skip
-    proc = stack._spawn(ctx, f"gateway-cache-{name}", cmd, full)
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_until(lambda: http_ok(f"{url}/healthz"), 60)
-    return url
-
-
 def zipf_draws(requests: int, seed: int) -> np.ndarray:
     """Return ``requests`` text indices drawn from Zipf(s=ZIPF_S) over DISTINCT texts."""
     weights = np.arange(1, DISTINCT + 1, dtype=np.float64) ** -ZIPF_S
@@ -189,8 +171,10 @@ def measure_zipf(
     stack = Stack(ctx, base, [embed_model], upstreams=(), settings={})
     try:
         urls = {
-            name: _gateway(ctx, stack, str(base), name,
-                           {**env, "GATEWAY_CACHE_REDIS_URL": redis_url})
+            name: stack.add_gateway(ctx, f"cache-{name}", workers=WORKERS, settings={
+                "GATEWAY_THREADS": str(GATEWAY_THREADS), "GATEWAY_CACHE_BYTES": str(CACHE_BYTES),
+                **env, "GATEWAY_CACHE_REDIS_URL": redis_url,
+            })
             for name, _, env in CONFIGS
         }  # fmt: skip
         warm = [orjson.dumps({"texts": [f"warm-up {i}"]}) for i in range(4 * CLIENTS)]

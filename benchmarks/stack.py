@@ -57,27 +57,41 @@ class Stack:
         self.rest_url = f"http://127.0.0.1:{self.rest_port}"
         for model in models:
             self.server.wait_until(lambda m=model: self._available(m) is not None, load_timeout_s)
+        self.base = base
         self.gateways: dict[str, str] = {}
         for upstream in upstreams:
-            port = free_port()
-            env = child_env(**{
-                "GATEWAY_UPSTREAM": upstream,
-                "GATEWAY_TFS_GRPC": f"127.0.0.1:{self.grpc_port}",
-                "GATEWAY_TFS_REST": self.rest_url,
-                "GATEWAY_MODEL_BASE_PATH": str(base),
-                "GATEWAY_BIND": f"127.0.0.1:{port}",
-                "GATEWAY_WORKERS": "1",
-                "GATEWAY_THREADS": "4",
-                "GATEWAY_ACCESS_LOG": "",  # logging every request is not what we measure
-                **(settings or {}),  # ``settings`` may set any of these too
-            })  # fmt: skip
-            env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-            cmd = python_cmd("-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),
-                             "backend.app:create_app()")  # fmt: skip
-            proc = self._spawn(ctx, f"gateway-{upstream}", cmd, env)
-            url = f"http://127.0.0.1:{port}"
-            proc.wait_until(lambda u=url: http_ok(f"{u}/healthz"), 60)
-            self.gateways[upstream] = url
+            self.gateways[upstream] = self.add_gateway(ctx, upstream, upstream, settings=settings)
+
+    def add_gateway(
+        self,
+        ctx: BenchContext,
+        name: str,
+        upstream: str = "grpc",
+        *,
+        workers: int = 1,
+        settings: dict[str, str] | None = None,
+    ) -> str:
+        """Start a gunicorn gateway of ``workers`` workers on this model server (its log
+        ``gateway-NAME.log``) and return its URL once it answers."""
+        port = free_port()
+        env = child_env(**{
+            "GATEWAY_UPSTREAM": upstream,
+            "GATEWAY_TFS_GRPC": f"127.0.0.1:{self.grpc_port}",
+            "GATEWAY_TFS_REST": self.rest_url,
+            "GATEWAY_MODEL_BASE_PATH": str(self.base),
+            "GATEWAY_BIND": f"127.0.0.1:{port}",
+            "GATEWAY_WORKERS": str(workers),
+            "GATEWAY_THREADS": "4",
+            "GATEWAY_ACCESS_LOG": "",  # logging every request is not what we measure
+            **(settings or {}),  # ``settings`` may set any of these too
+        })  # fmt: skip
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        cmd = python_cmd("-m", "gunicorn", "-c", str(REPO / "docker" / "gunicorn.conf.py"),
+                         "backend.app:create_app()")  # fmt: skip
+        proc = self._spawn(ctx, f"gateway-{name}", cmd, env)
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_until(lambda: http_ok(f"{url}/healthz"), 60)
+        return url
 
     def _spawn(self, ctx: BenchContext, name: str, cmd: list[str], env: dict[str, str]) -> Any:
         proc = ServerProcess(cmd, ctx.work_dir / f"{name}.log", env=env)
