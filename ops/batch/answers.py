@@ -43,17 +43,12 @@ def answer_line(
         body = _openai_body(item, vectors, tokens, f"{name}@{version}")
     else:
         body = _embed_body(item, vectors, truncated, name, version)
-    rid = request_id(job, item.index)
-    return {
-        "id": rid,
-        "custom_id": item.custom_id,
-        "response": {"status_code": 200, "request_id": rid, "body": body},
-        "error": None,
-    }
+    return embed_line(job, item, body)
 
 
 def embed_line(job: str, item: Item, answer: dict[str, Any]) -> dict[str, Any]:
-    """Return the output line of an :embed ``item`` answered by ``Gateway.embed`` (its slice)."""
+    """Return the output line of ``item`` whose answer body is ``answer`` (an :embed item's:
+    ``Gateway.embed``'s, its slice)."""
     rid = request_id(job, item.index)
     return {
         "id": rid,
