@@ -39,7 +39,6 @@ import logging
 import struct
 import sys
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ import numpy as np
 import orjson
 
 from backend import metrics
+from backend.redisconn import RedisConn
 from backend.tokenization import Encoded
 
 log = logging.getLogger(__name__)
@@ -150,22 +150,11 @@ class SharedTier:
         self, url: str, prefix: str, ttl_s: float, timeout_s: float, retry_s: float,
         max_entry_bytes: int,
     ) -> None:  # fmt: skip
-        import redis  # only when configured: the default needs no client
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
-        # no retries: one timeout is the most a request waits on this tier
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            health_check_interval=30, retry=Retry(NoBackoff(), 0),
-        )  # fmt: skip
+        self._redis = RedisConn(url, timeout_s, retry_s)
         self.prefix = prefix
         self.ttl_ms = max(1, round(ttl_s * 1000))
         self.retry_s = retry_s
         self.max_entry_bytes = max_entry_bytes
-        self._down_until = 0.0
-        self._failing = False
         self._hits = metrics.child(metrics.CACHE_LOOKUPS, SHARED_TIER, "hit")
         self._misses = metrics.child(metrics.CACHE_LOOKUPS, SHARED_TIER, "miss")
         self._read = metrics.child(metrics.CACHE_TRANSFER_BYTES, SHARED_TIER, "read")
@@ -183,7 +172,7 @@ class SharedTier:
     @property
     def degraded(self) -> bool:
         """Whether the tier is being skipped after an error."""
-        return time.monotonic() < self._down_until
+        return self._redis.down
 
     def fetch(self, keys: Sequence[Key]) -> list[Entry | None] | None:
         """Return each key's entry (None: a miss), read in one MGET; None when the tier is
@@ -191,8 +180,8 @@ class SharedTier:
         if self.degraded:
             return None
         try:
-            values = self._client.mget([self.name(key) for key in keys])
-        except self._errors as exc:
+            values = self._redis.client.mget([self.name(key) for key in keys])
+        except self._redis.errors as exc:
             self._failed(exc)
             return None
         self._answered()
@@ -230,11 +219,11 @@ class SharedTier:
         if not values:
             return
         try:
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self._redis.client.pipeline(transaction=False)
             for name, value in values:
                 pipe.set(name, value, px=self.ttl_ms)
             pipe.execute()
-        except self._errors as exc:
+        except self._redis.errors as exc:
             self._failed(exc)
             return
         self._answered()
@@ -243,23 +232,20 @@ class SharedTier:
     def _failed(self, exc: BaseException) -> None:
         """Count the failure and skip the tier for ``retry_s``."""
         self._failures.inc()
-        self._down_until = time.monotonic() + self.retry_s
         self._degraded.set(1)
-        if not self._failing:
+        if self._redis.failed():
             log.warning("result cache: Redis fails (%s); skipping it for %.0f s at a time",
                         exc, self.retry_s)  # fmt: skip
-        self._failing = True
 
     def _answered(self) -> None:
         """Mark the tier healthy again after a failure."""
-        if self._failing:
-            self._failing = False
+        if self._redis.answered():
             self._degraded.set(0)
             log.warning("result cache: Redis answers again; its tier is used again")
 
     def close(self) -> None:
         """Close the client's connections."""
-        self._client.close()
+        self._redis.client.close()
 
 
 class ResultCache:

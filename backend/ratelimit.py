@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from backend import metrics
 from backend.auth import ApiKey
+from backend.redisconn import RedisConn
 
 log = logging.getLogger(__name__)
 
@@ -114,38 +115,24 @@ class RedisStore:
     def __init__(
         self, url: str, fallback: RateStore, timeout_s: float = 0.25, retry_s: float = 1.0
     ) -> None:
-        import redis  # only when configured: the single-pod default needs no client
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
-        # one try per take: redis-py 8 retries 3 times with backoff by default (a refused
-        # login took 4 s), and ``timeout_s`` is the most a request may wait on the store
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            health_check_interval=30, retry=Retry(NoBackoff(), 0),
-        )  # fmt: skip
-        self._script = self._client.register_script(_TAKE)
+        self._redis = RedisConn(url, timeout_s, retry_s)
+        self._script = self._redis.client.register_script(_TAKE)
         self._fallback = fallback
         self.retry_s = retry_s
-        self._down_until = 0.0
-        self._failing = False
 
     def take(self, name: str, rate: float, burst: float) -> float:
-        if time.monotonic() < self._down_until:
+        conn = self._redis
+        if conn.down:
             return self._fallback.take(name, rate, burst)
         try:
             wait = float(self._script(keys=[PREFIX + _bucket_id(name)], args=[rate, burst]))
-        except self._errors as exc:
+        except conn.errors as exc:
             metrics.RATE_LIMIT_STORE_ERRORS.inc()
-            if not self._failing:
+            if conn.failed():
                 log.warning("rate limits: Redis fails (%s); this pod limits alone for now", exc)
-            self._failing = True
-            self._down_until = time.monotonic() + self.retry_s
             return self._fallback.take(name, rate, burst)
-        if self._failing:
+        if conn.answered():
             log.warning("rate limits: Redis answers again; limits are shared again")
-            self._failing = False
         return wait
 
 
