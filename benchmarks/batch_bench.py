@@ -9,9 +9,11 @@ online p99 while a job runs against the p99 when quiet.
   in process, the same two calls in flight, pacing off: rows/s, and the ratio (aim ≥ 0.9);
 - online p99: one-text gRPC Predict calls back to back (as many as quiet), quiet, then while
   ``python -m ops.batch`` runs in its own process, starting once the job's calls run: with its
-  probe rule (ops/batch/pacing.py ``Yield``, the default), with AIMD pacing alone
-  (``--yield-ratio 0``) and with a cap of a quarter of the server's rows/s: the ratios (aim
-  ≤ 1.3), and the job's rows/s over its whole run (online traffic stops before it ends).
+  default rule (ops/batch/pacing.py ``Yield``: no call until the model server's request count
+  says it answered no one else for a second), with probes (``--yield-on probe``), with AIMD
+  pacing alone (``--yield-ratio 0``) and with a cap of a quarter of the server's rows/s: the
+  ratios (aim ≤ 1.3), and the job's rows/s over its whole run (online traffic stops before it
+  ends).
 
 Uses ``minilm`` (an embedder) under ctx.base_path when present, else a tiny random BERT.
 """
@@ -30,7 +32,7 @@ from typing import Any
 import orjson
 
 from benchmarks import BenchContext, Row, percentile
-from ops.procs import ServerProcess, child_env, free_port, port_open, python_cmd
+from ops.procs import REPO, ServerProcess, child_env, free_port, port_open, python_cmd
 
 WORDS = [
     "the",
@@ -61,10 +63,12 @@ WORDS = [
     "work",
 ]
 BATCH = 32
+MONITORING = REPO / "serving_config" / "monitoring.config"  # the request count the job reads
 IN_FLIGHT = 2
 # The job's yield rules side by side: the default, then the earlier ones (ops/batch/pacing.py).
 RULES = {
-    "probe": [],
+    "requests": [],
+    "probe": ["--yield-on", "probe"],
     "aimd": ["--yield-ratio", "0", "--slow-ratio", "1.5"],
     "cap": ["--yield-ratio", "0", "--max-rows-per-s", "{cap:.1f}"],
 }
@@ -187,14 +191,16 @@ def run(ctx: BenchContext) -> list[Row]:
     base, name = _model(ctx)
     grpc_port, rest_port = free_port(), free_port()
     cmd = python_cmd("-m", "modelserver", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
-                     f"--model_name={name}", f"--model_base_path={base / name}")  # fmt: skip
+                     f"--model_name={name}", f"--model_base_path={base / name}",
+                     f"--monitoring_config_file={MONITORING}")  # fmt: skip
     server = ServerProcess(cmd, ctx.work_dir / f"batch-ms-{grpc_port}.log", env=child_env())
     n = 512 if ctx.quick else 2048
     texts = corpus(n)
     source = ctx.work_dir / "batch-corpus.jsonl"
     source.write_bytes(b"".join(orjson.dumps({"id": str(i), "text": t}) + b"\n"
                                 for i, t in enumerate(texts)))  # fmt: skip
-    env = {"GATEWAY_TFS_GRPC": f"127.0.0.1:{grpc_port}", "GATEWAY_MODEL_BASE_PATH": str(base)}
+    env = {"GATEWAY_TFS_GRPC": f"127.0.0.1:{grpc_port}", "GATEWAY_MODEL_BASE_PATH": str(base),
+           "GATEWAY_TFS_REST": f"http://127.0.0.1:{rest_port}"}  # fmt: skip
     settings = load_settings({"max_batch_size": 64, "max_concurrent_chunks": IN_FLIGHT,
                               "group_in_flight": 0, "request_timeout_s": 120,
                               "max_request_rows": 1 << 30, "max_request_tokens": 1 << 40},
@@ -242,7 +248,8 @@ def run(ctx: BenchContext) -> list[Row]:
                 f"python -m ops.batch in its own process ({what}), job at {rate:.0f} rows/s",
             )
             for rule, what in (
-                ("probe", "a probe before each call, the default"),
+                ("requests", "no call until the server answered no one else for 1 s, the default"),
+                ("probe", "--yield-on probe: a probe before each call"),
                 ("aimd", "--yield-ratio 0 --slow-ratio 1.5: AIMD pacing alone"),
                 ("cap", f"--max-rows-per-s {own / 4:.1f}: a quarter of the server's"),
             )

@@ -35,6 +35,7 @@ from ops.batch.inputs import Bad, Item, error_body, read_batch, read_rows, split
 from ops.batch.pacing import Pacer, Yield
 from ops.batch.progress import Progress
 
+PROMETHEUS_PATH = "/monitoring/prometheus/metrics"  # serving_config/monitoring.config's
 RETRIES = 5  # upstream failures of one call before the job stops (a rerun resumes)
 
 
@@ -210,6 +211,46 @@ def _spec_error(item: Item, entry: dict[str, Any]) -> Bad:
     return Bad(item.index, item.custom_id, entry["status"], error_body(item.route, error))
 
 
+class _Counted:
+    """The gateway's model-server client, counting the job's own Predict calls into
+    ``Yield.own`` (the requests rule tells them from everyone else's)."""
+
+    def __init__(self, client: Any, yields: Yield):
+        self._client, self._yields = client, yields
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        self._yields.own += 1
+        return self._client.predict(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def request_count(url: str, timeout_s: float = 2.0) -> float:
+    """Return the requests a model server has answered: the sum of TF Serving's
+    ``:tensorflow:serving:request_count`` series on its Prometheus page ``url``."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout_s) as page:
+        text = page.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(":tensorflow:serving:request_count{")
+    )
+
+
+def counter(url: str) -> Any:
+    """Return a reader of ``url``'s request count, or None (with why, on stderr) when the page
+    has none: the yield then falls back to probes."""
+    try:
+        request_count(url)
+    except (OSError, ValueError, IndexError) as exc:
+        print(f"batch: no request count at {url} ({exc}): yielding by probes", file=sys.stderr)
+        return None
+    return lambda: request_count(url)
+
+
 class Runner:
     """Runs parts of one job on one Gateway (its client, caches, tokenizers)."""
 
@@ -217,6 +258,8 @@ class Runner:
         self.spec, self.gateway, self.job, self.models = spec, gateway, job, models
         self.call_rows = spec.call_rows
         self._probes: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+        if spec.yields is not None and spec.yields.count is not None:
+            gateway.client = _Counted(gateway.client, spec.yields)  # type: ignore[assignment]
 
     def _probe(self, name: str, version: int) -> float:
         """Return the seconds of one probe: a one-text Predict of ``name@version``, straight to
@@ -244,10 +287,13 @@ class Runner:
         return time.monotonic() - started
 
     def _wait_quiet(self, item: Item) -> None:
-        """Wait until a probe says the model server is quiet (``JobSpec.yields``)."""
+        """Wait until the model server is quiet (``JobSpec.yields``); the first probes (the
+        quiet time that sizes calls) go first, whichever the rule."""
         if self.spec.yields is None:
             return
         model = self.models[item.spec]
+        if (model["model"], model["version"]) not in self._probes:
+            self._probe(model["model"], model["version"])
         self.spec.yields.wait(lambda: self._probe(model["model"], model["version"]), time.sleep)
 
     def run_part(self, items: Sequence[Item]) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -485,7 +531,7 @@ def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> 
             _count_part(spec, k, summary)
         summary.parts = len(mine)
         if spec.yields is not None:
-            summary.yielded = {"probes": spec.yields.probes,
+            summary.yielded = {"rule": spec.yields.rule, "probes": spec.yields.probes,
                                "waited_s": round(spec.yields.waited_s, 2),
                                "forced": spec.yields.forced,
                                "quiet_probe_ms": round(spec.yields.baseline * 1000, 2)}  # fmt: skip
@@ -610,9 +656,17 @@ def parser() -> argparse.ArgumentParser:
                    "when a call's latency per token is over this x its quiet baseline (e.g. "
                    "1.5; default 0: off, the probes yield)")  # fmt: skip
     p.add_argument("--max-rows-per-s", type=float, default=0.0, help="a cap (0: none)")
-    p.add_argument("--yield-ratio", type=float, default=1.2, help="online traffic first: probe "
-                   "the model server before each call and wait while the probe is over this x "
-                   "its quiet time (0: never probe)")  # fmt: skip
+    p.add_argument("--yield-ratio", type=float, default=1.2, help="online traffic first (0: "
+                   "off); by probes, wait while a probe is over this x its quiet time")  # fmt: skip
+    p.add_argument("--yield-on", choices=("requests", "probe"), help="requests: send a call "
+                   "only when the model server answered no one else for --quiet-window (its "
+                   "request count, --metrics-url); probe: a probe before each call; default: "
+                   "requests for one process, probe for --shard i/n (shards would read each "
+                   "other's calls as online traffic)")  # fmt: skip
+    p.add_argument("--quiet-window", type=float, default=1.0, help="requests: seconds the "
+                   "model server must have answered only the job (default 1)")  # fmt: skip
+    p.add_argument("--metrics-url", help="the model server's Prometheus page (default: the "
+                   "first GATEWAY_TFS_REST_URL + /monitoring/prometheus/metrics)")  # fmt: skip
     return p
 
 
@@ -631,10 +685,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         input=args.input, output=args.output, model=args.model, id_field=args.id_field,
         text_field=args.text_field, part_rows=args.part_rows, call_rows=args.call_rows,
         shard=args.shard, pacer=pacer, output_format=args.output_format, kinds=args.outputs,
-        yields=Yield(ratio=args.yield_ratio) if args.yield_ratio > 0 else None,
     )  # fmt: skip
+    settings = job_settings(args)
+    if args.yield_ratio > 0:
+        spec.yields = Yield(ratio=args.yield_ratio, window_s=args.quiet_window)
+        on = args.yield_on or ("requests" if args.shard[1] == 1 else "probe")
+        if on == "requests":
+            rest = settings.tfs_rest_url.split(",")[0].rstrip("/")
+            spec.yields.count = counter(args.metrics_url or rest + PROMETHEUS_PATH)
     try:
-        summary = run_job(spec, job_settings(args))
+        summary = run_job(spec, settings)
     except GatewayError as exc:
         print(f"batch: error: {exc.message} (rerun to resume)", file=sys.stderr)
         return 1

@@ -1,4 +1,5 @@
-"""The batch job's yield to online traffic: ``Yield``, probes before each call (the default), and
+"""The batch job's yield to online traffic: ``Yield``, which holds each call until the model server
+has answered no one else for a window (its own request counter; probes where it has none), and
 ``Pacer``, AIMD on its own call latency against its quiet one, with an optional rate cap.
 
 Pacer's rule: each call's latency per row-token (seconds per padded token it sent) is compared with
@@ -12,6 +13,8 @@ the latency says. Pure arithmetic on the clock the caller passes: unit-tested wi
 from __future__ import annotations
 
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,13 +52,22 @@ class Pacer:
 
 @dataclass
 class Yield:
-    """Online traffic first: the job sends a call only when its probe says the server is quiet.
+    """Online traffic first: the job sends a call only when the server is quiet.
 
-    The rule: before each call the job sends a probe (one short text, the smallest call there
-    is) and times it. Its quiet baseline is the median of the first ``first`` probes, sent before
-    any call of the job's (after two that warm the server up). A probe slower than ``ratio`` x
-    the baseline, and than the slowest of those first probes (their jitter), means someone
-    else's work shares the server: the job sends nothing, waits, and
+    Quiet, by the server's own count (``count``: the requests the model server has answered,
+    from TF Serving's ``:tensorflow:serving:request_count``; the default where its monitoring is
+    on): the server answered no request but the job's (``own``) for the last ``window_s``. Any
+    request of someone else's restarts the window, so the job sends nothing while online traffic
+    flows and runs back to back when there is none. On a shared CPU nothing else keeps an online
+    call's p99 near quiet: a call of the job's that overlaps it shares its cores (a probe can land
+    between two online calls and read quiet; the counter can't miss one).
+
+    Quiet, by probes (``count`` None: a server without monitoring, or shards that would read each
+    other's calls as online traffic): before each call the job sends a probe (one short text, the
+    smallest call there is) and times it. Its quiet baseline is the median of the first ``first``
+    probes, sent before any call of the job's (after two that warm the server up). A probe
+    slower than ``ratio`` x the baseline, and than the slowest of those first probes (their
+    jitter), means someone else's work shares the server: the job sends nothing, waits, and
     probes again, the waits doubling from ``first_wait_s`` up to ``max_wait_s`` (so that the
     probes themselves touch few online calls); a probe within it lets the call go. And the job's
     calls are short, so that one sent just before online traffic arrives holds it up little:
@@ -64,7 +76,7 @@ class Yield:
     this machine: each rule is a ratio to what the same probe takes on the same server when quiet.
     The job is never starved: after ``patience_s`` of waiting one call goes anyway (so a server
     that is never quiet, or a host whose other load the probe reads as traffic, still gets one
-    short call of the job's per ``patience_s``: counted in ``forced``).
+    short call of the job's per ``patience_s``: counted in ``forced``). Both rules size calls so.
     """
 
     ratio: float = 1.2
@@ -78,7 +90,26 @@ class Yield:
     baseline: float = 0.0  # the median of the first probes (seconds); 0 until they are in
     probes: int = 0
     waited_s: float = 0.0
+    count: Callable[[], float] | None = None  # the server's answered requests; None: probes
+    window_s: float = 1.0  # count: how long the server must have answered only the job
+    own: int = 0  # count: the requests the job has sent (its calls and probes)
     _first: list[float] = field(default_factory=list)
+    _others: float | None = None  # count: the others' requests at the last change
+    _since: float = 0.0  # count: when they last changed
+
+    @property
+    def rule(self) -> str:
+        """Return the rule's name: "requests" (the server's count) or "probe"."""
+        return "probe" if self.count is None else "requests"
+
+    def idle(self, now: float) -> bool:
+        """Return whether the server answered only the job's requests over the last
+        ``window_s`` (by ``count``; the first reading starts the window)."""
+        assert self.count is not None
+        others = self.count() - self.own
+        if others != self._others:
+            self._others, self._since = others, now
+        return now - self._since >= self.window_s
 
     def quiet(self, probe_s: float) -> bool:
         """Return whether a probe that took ``probe_s`` says the server is quiet (the first
@@ -96,11 +127,12 @@ class Yield:
         want = rows * self.call_ratio * self.baseline / max(took, 1e-6)
         self.rows = max(1, min(most, 2 * rows, int(want)))
 
-    def wait(self, probe: Any, sleep: Any) -> None:
-        """Probe (``probe()`` returns its seconds) until the server is quiet; ``sleep(s)``
-        between probes, doubling."""
+    def wait(self, probe: Any, sleep: Any, clock: Callable[[], float] | None = None) -> None:
+        """Wait until the server is quiet: by ``count`` (read at ``clock()``), else by probes
+        (``probe()`` returns its seconds); ``sleep(s)`` between readings, doubling."""
+        clock = clock or time.monotonic
         pause, waited = self.first_wait_s, 0.0
-        while not self.quiet(probe()):
+        while not (self.quiet(probe()) if self.count is None else self.idle(clock())):
             if waited >= self.patience_s:
                 self.forced += 1
                 return

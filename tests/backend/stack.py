@@ -50,6 +50,7 @@ class ModelServer:
                 f"--model_config_file={config_file}",
                 "--file_system_poll_wait_seconds=1",
                 "--allow_version_labels_for_unavailable_models",
+                f"--monitoring_config_file={REPO / 'serving_config' / 'monitoring.config'}",
                 *extra_flags,
             ),
             log_dir / f"modelserver-{self.grpc_port}.log",

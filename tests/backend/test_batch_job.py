@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from backend.schemas import EmbedRequest
 from backend.service import Gateway
 from backend.settings import load_settings
 from ops.batch.inputs import Item
@@ -375,6 +377,71 @@ def test_the_yield_waits_while_probes_are_slower_than_quiet_doubling_its_waits()
     slept.clear()
     patient.wait(lambda: 0.100, slept.append)
     assert sum(slept) >= 1.0 and patient.forced == 1
+
+
+def test_the_yield_by_requests_sends_only_after_a_window_with_no_one_elses_request() -> None:
+    server = {"count": 10.0}  # the model server's answered requests, everyone's
+    now = {"t": 0.0}
+
+    def sleep(seconds: float) -> None:
+        now["t"] += seconds
+        server["count"] += online.pop(0) if online else 0  # others' requests while it slept
+
+    rule = Yield(count=lambda: server["count"], window_s=1.0, first_wait_s=0.25, max_wait_s=0.25)
+    online: list[float] = []
+    rule.wait(None, sleep, lambda: now["t"])  # the first reading starts the window: 1 s
+    assert now["t"] == 1.0 and rule.rule == "requests"
+    rule.own += 3  # the job's own call: three Predicts, answered
+    server["count"] += 3
+    rule.wait(None, sleep, lambda: now["t"])  # only the job's: no wait
+    assert now["t"] == 1.0
+    server["count"] += 1  # someone else's request
+    online[:] = [2, 0, 1, 0, 0, 0, 0]  # and more while the job waits
+    rule.wait(None, sleep, lambda: now["t"])
+    assert now["t"] == 1.0 + 0.25 * 3 + 1.0  # the window restarts at the last one it saw
+    assert rule.waited_s == pytest.approx(2.75) and rule.forced == 0
+    # traffic that never stops: one call after the patience
+    rule.patience_s, online[:] = 1.0, [1] * 20
+    server["count"] += 1
+    rule.wait(None, sleep, lambda: now["t"])
+    assert rule.forced == 1
+
+
+def test_the_job_sends_nothing_while_someone_else_calls_the_model_server(
+    env: dict[str, str], modelserver: ModelServer, tmp_path: Path
+) -> None:
+    """The default rule, by the server's request count: a job started during another client's
+    traffic waits until it stops (nothing forced), then runs; its summary says so."""
+    source = write_rows(tmp_path / "in.jsonl", corpus(48, seed=7))
+    gateway = Gateway(settings_of(env))
+    stop, online = threading.Event(), {"calls": 0}
+
+    def client() -> None:
+        while not stop.is_set():
+            gateway.embed(EMBED, EmbedRequest(texts=["someone else's query"]))
+            online["calls"] += 1
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    cmd = python_cmd("-m", "ops.batch", str(source), "--output", str(tmp_path / "out"),
+                     "--model", EMBED, "--max-batch", "8", "--quiet-window", "0.5")  # fmt: skip
+    job_env = {**os.environ, **env, "GATEWAY_TFS_REST": modelserver.rest_url}
+    proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        time.sleep(6.0)  # the job's start-up, then its wait
+        assert proc.poll() is None, proc.communicate()
+        assert not list((tmp_path / "out").glob("part-*.parquet")), "a part while online ran"
+    finally:
+        stop.set()
+        thread.join()
+        gateway.close()
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["rows"] == 48 and online["calls"] > 50
+    assert summary["yield"]["rule"] == "requests" and summary["yield"]["forced"] == 0
+    assert summary["yield"]["waited_s"] > 1.0
 
 
 def test_progress_writes_plain_lines_with_rate_and_time_left_off_a_terminal() -> None:
