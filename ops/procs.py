@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# "i/n": this process tree draws its ports from the i-th of n equal slices of the range below the
+# kernel's ephemeral one, so that n trees on one host (the suite's xdist workers) never draw the
+# same port between one's draw and its server's bind. Unset: the whole range.
+PORT_SLICE = "BERT_GATEWAY_PORT_SLICE"
 _handed_out: set[int] = set()
 _pick = random.Random()
 
@@ -36,16 +40,27 @@ def free_port() -> int:
     in use" that way). Below the range only a listener can. Not the same port twice from one
     process; free on every IPv4 and IPv6 address, as servers binding 0.0.0.0 or :: need.
     """
-    low = _ephemeral_low()
-    if low > 12_000:
+    start, end = _port_range()
+    if end - start > 1_000:
         for _ in range(500):
-            port = _pick.randrange(10_000, low)
+            port = _pick.randrange(start, end)
             if port not in _handed_out and _bindable(port):
                 _handed_out.add(port)
                 return port
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))  # no room below the range: the kernel's choice
         return int(sock.getsockname()[1])
+
+
+def _port_range() -> tuple[int, int]:
+    """Return [start, end) of the ports free_port draws from: 10000 to the ephemeral range's
+    start, or this tree's slice of it (``PORT_SLICE``)."""
+    start, end = 10_000, _ephemeral_low()
+    index, _, count = os.environ.get(PORT_SLICE, "0/1").partition("/")
+    if index.isdigit() and count.isdigit() and 0 <= int(index) < int(count):
+        width = (end - start) // int(count)
+        start, end = start + int(index) * width, start + (int(index) + 1) * width
+    return start, end
 
 
 def _ephemeral_low() -> int:

@@ -6,9 +6,10 @@ tests/contract/conftest.py, imported when a fixture is first used (most of the s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -72,7 +73,67 @@ def life_server(contract_root: Path, life_root: Path) -> Iterator[Server]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the per-area clock (tests/areas.py) that prints each area's time at the end."""
+    """Register the per-area clock (tests/areas.py) that prints each area's time at the end; in
+    an xdist worker, draw ports from the worker's own slice (ops/procs.py ``PORT_SLICE``; the
+    servers its tests start inherit it)."""
+    from ops.procs import PORT_SLICE
     from tests.areas import AreaClock
 
     config.pluginmanager.register(AreaClock(), "area-clock")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and count.isdigit():
+        os.environ[PORT_SLICE] = f"{int(worker[2:])}/{count}"
+
+
+# Under xdist, the areas whose groups run longest go first, so that the last groups handed out
+# are short and the workers end together (the order within an area is the collection's).
+LONGEST_FIRST = ("deploy", "drills", "benchmarks", "hybrid", "export", "finetune")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the tests for xdist's ``--dist loadgroup`` (the Makefile's): a module's tests run on
+    one worker (its module fixtures start once), and every test of podman's (images, compose,
+    kube play: one engine, one set of names) on one worker; in a worker, longest areas first."""
+    from tests.areas import area_of
+
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = item.nodeid.split("::")[0]
+            group = "podman" if area_of(path).name.startswith("deploy") else path
+            item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+
+        def rank(item: pytest.Item) -> int:
+            name = area_of(item.nodeid).name
+            return next((i for i, a in enumerate(LONGEST_FIRST) if name.startswith(a)), 99)
+
+        items.sort(key=rank)  # stable: the collection's order within an area
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker: hand the lines of the run's summary (tests/summary.py) to the
+    controller, which prints them."""
+    from tests import summary
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["summary"] = summary.SECTIONS
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """In the xdist controller: take a worker's summary lines."""
+    from tests import summary
+
+    summary.merge(getattr(node, "workeroutput", {}).get("summary", {}))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the summary lines the tests added (tests/summary.py), every worker's."""
+    from tests import summary
+
+    for section, lines in summary.SECTIONS.items():
+        terminalreporter.section(section)
+        for line in lines:
+            terminalreporter.write_line(line)

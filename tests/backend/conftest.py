@@ -37,15 +37,6 @@ def minilm_vocab_file() -> Path:
     return path
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say how the golden answers were held in this run: byte-identical, or within tolerance
-    and why (tests/backend/golden.py)."""
-    from tests.backend.golden import MODES
-
-    for held, why in MODES.items():
-        terminalreporter.write_line(f"golden answers: {held} ({why})")
-
-
 # -- end-to-end: tiny models, a real modelserver, real gunicorn gateways ------------------------
 
 INTENT, EMBED = "tiny-intent", "tiny-embed"

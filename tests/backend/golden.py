@@ -53,6 +53,7 @@ import orjson
 import requests
 
 from export.hardware import cpu_info
+from tests import summary
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 MACHINE_FILE = GOLDEN_DIR / "MACHINE.txt"
@@ -86,8 +87,7 @@ BYTES, TOLERANCE = "byte-identical", "within tolerance"
 _MACHINE = re.compile(
     r"^(?P<model>.*) \((?P<kind>[^:()]+): (?P<flags>[^()]*)\), (?P<cores>\d+) cores$"
 )
-# the modes this session's golden checks ran in, and why (the summary line reports them)
-MODES: dict[str, str] = {}
+GOLDEN_SECTION = "golden answers"  # the run's summary says how they were held (tests/summary.py)
 
 
 def machine() -> str:
@@ -141,7 +141,7 @@ def check(url: str, case: Case, record: bool) -> None:
     assert path.is_file(), f"no golden file {path.name}: record it ({RECORD_VAR}=1)"
     want = path.read_bytes()
     held, why = mode(MACHINE_FILE.read_text(encoding="utf-8"), machine())
-    MODES[held] = why
+    summary.add(GOLDEN_SECTION, f"golden answers: {held} ({why})")
     if held == BYTES:
         assert got == want, f"{case.name}: the answer is not byte-identical to {path.name} ({why})"
         return

@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 
 from ops import images
+from tests import summary
 from tests.deploy.containers import share_with_containers
-
-# What the images cost, printed in the terminal summary: (what, figure).
-RECORD: list[tuple[str, str]] = []
 
 CLASSIFY, EMBED = "tiny-classify", "tiny-embed"
 
@@ -33,8 +31,8 @@ class BuiltImages:
 
 
 def record(what: str, figure: str) -> None:
-    """Keep a figure for the summary at the end of the run."""
-    RECORD.append((what, figure))
+    """Keep a figure for the summary at the end of the run (tests/summary.py)."""
+    summary.add("container images (tests/deploy)", f"{what}: {figure}")
 
 
 @pytest.fixture(scope="session")
@@ -80,10 +78,3 @@ def models_config(names: list[str], labels: dict[str, dict[str, int]] | None = N
         )
     return "model_config_list {\n" + "".join(entries) + "}\n"
 
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print what the images cost this run (sizes, build and start seconds)."""
-    if RECORD:
-        terminalreporter.section("container images (tests/deploy)")
-        for what, figure in RECORD:
-            terminalreporter.write_line(f"{what}: {figure}")

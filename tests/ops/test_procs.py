@@ -27,6 +27,19 @@ def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> Non
             sock.bind(("0.0.0.0", port))
 
 
+def test_each_slice_of_the_range_draws_its_own_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    # n process trees on one host (the suite's xdist workers) draw from disjoint slices
+    monkeypatch.setattr(procs, "_ephemeral_low", lambda: 32_000)
+    drawn = {}
+    for index in range(2):
+        monkeypatch.setenv(procs.PORT_SLICE, f"{index}/2")
+        drawn[index] = {free_port() for _ in range(50)}
+    assert all(10_000 <= port < 21_000 for port in drawn[0])
+    assert all(21_000 <= port < 32_000 for port in drawn[1])
+    monkeypatch.setenv(procs.PORT_SLICE, "2/2")  # not a slice: the whole range
+    assert procs._port_range() == (10_000, 32_000)
+
+
 def test_a_port_held_by_a_listener_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as listener:
         listener.bind(("127.0.0.1", 0))
