@@ -77,4 +77,3 @@ def models_config(names: list[str], labels: dict[str, dict[str, int]] | None = N
             f" model_version_policy {{ latest {{ num_versions: 2 }} }}{pairs} }}\n"
         )
     return "model_config_list {\n" + "".join(entries) + "}\n"
-
