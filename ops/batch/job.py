@@ -391,8 +391,10 @@ class Runner:
                 outputs.append(embed_line(self.job, item, part))
             start = end
 
-    def _paced(self, call: list[Item], run: Any) -> Any:
-        """Return ``run()``, retried on upstream failures, then paced (ops/batch/pacing.py)."""
+    def _paced(self, call: list[Item], run: Any, size: Any = None) -> Any:
+        """Return ``run()``, retried on upstream failures, then paced (ops/batch/pacing.py) by
+        ``size(result)``: (rows, padded tokens), by default the call's inputs and characters
+        (the pacer needs a size, not ids)."""
         for attempt in range(RETRIES + 1):
             self._wait_quiet(call[0])
             started = time.monotonic()
@@ -404,8 +406,10 @@ class Runner:
                     raise
                 time.sleep(min(2.0**attempt, 10.0))
         took = time.monotonic() - started
-        rows = sum(item.count for item in call)
-        tokens = sum(item.size for item in call)  # characters: the pacer needs a size, not ids
+        if size is None:
+            rows, tokens = sum(item.count for item in call), sum(item.size for item in call)
+        else:
+            rows, tokens = size(result)
         self._sized(took, rows)
         time.sleep(self.spec.pacer.after_call(took, rows, tokens))
         return result
@@ -425,28 +429,24 @@ class Runner:
             normalize = True
         elif first.route == "embed":
             truncate, normalize = req.truncate, req.normalize
-        for attempt in range(RETRIES + 1):
-            self._wait_quiet(first)
-            started = time.monotonic()
+
+        def run() -> tuple[Any, np.ndarray]:
             try:
-                done, vectors = self.gateway.embeddings(
+                return self.gateway.embeddings(
                     model["model"], texts, model["version"], None, truncate,
                     normalize=normalize, token_ids=ids,
                     direction=getattr(req, "truncation_direction", None),
                     prompt_name=getattr(req, "prompt_name", None),
                     input_type=getattr(req, "input_type", None),
                 )  # fmt: skip
-                break
-            except (Unavailable, UpstreamTimeout, UpstreamError):
-                if attempt == RETRIES:
-                    raise
-                time.sleep(min(2.0**attempt, 10.0))
             except ValueError as exc:  # a token id outside the vocabulary
                 raise UnprocessableInput(str(exc)) from None
-        took = time.monotonic() - started
-        padded = sum(len(c.chunk.indices) * c.chunk.seq_len for c in done.calls)
-        self._sized(took, len(vectors))
-        time.sleep(self.spec.pacer.after_call(took, len(vectors), padded))
+
+        def size(result: tuple[Any, np.ndarray]) -> tuple[int, int]:
+            done, vectors = result
+            return len(vectors), sum(len(c.chunk.indices) * c.chunk.seq_len for c in done.calls)
+
+        done, vectors = self._paced(call, run, size)
         return done, vectors
 
 
