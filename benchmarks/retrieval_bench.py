@@ -129,8 +129,13 @@ def _figures(r: dict[str, dict[str, float]], key: str, unit: str, digits: int = 
 
 
 def _ratios(r: dict[str, dict[str, float]], key: str) -> str:
-    """Return sparse's and each all-three mode's ``key`` figure as a ratio to dense alone."""
+    """Return sparse's and each all-three mode's ``key`` figure as a ratio to dense alone ("n/a"
+    where dense's is 0: a quick run's CPU can fall under the clock's 10 ms tick)."""
     d = r["dense"][key]
-    return (f"sparse {r['sparse'][key] / d:.2f}×, all three {r['all three'][key] / d:.2f}× "
-            f"(float JSON), {r['all three b64'][key] / d:.2f}× (base64), "
-            f"{r['all three int8 b64'][key] / d:.2f}× (int8 base64) dense")  # fmt: skip
+
+    def ratio(mode: str) -> str:
+        return f"{r[mode][key] / d:.2f}×" if d > 0 else "n/a"
+
+    return (f"sparse {ratio('sparse')}, all three {ratio('all three')} (float JSON), "
+            f"{ratio('all three b64')} (base64), {ratio('all three int8 b64')} (int8 base64) "
+            "dense")  # fmt: skip
