@@ -78,7 +78,7 @@ sysdeps: ## apt-get the Debian packages the tests start (root only; listed other
 	else echo "sysdeps: not root: missing Debian packages ($$missing); the tests that need them skip"; fi
 
 test: setup sysdeps lint models ## the development set, lint and the whole suite (real servers on free ports)
-	@start=$$(date +%s); $(PY) -m pytest -q --durations=15 -n auto --dist loadgroup; status=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest -q --durations=15 -n auto --dist loadscope; status=$$?; \
 	echo "make test: the suite ran $$(( $$(date +%s) - start )) s wall clock (the 15 slowest tests above)"; \
 	exit $$status
 

@@ -91,17 +91,34 @@ def pytest_configure(config: pytest.Config) -> None:
 LONGEST_FIRST = ("deploy", "drills", "benchmarks", "hybrid", "export", "finetune")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Group the tests for xdist's ``--dist loadgroup`` (the Makefile's): a module's tests run on
-    one worker (its module fixtures start once), and every test of podman's (images, compose,
-    kube play: one engine, one set of names) on one worker; in a worker, longest areas first."""
+def group_of(nodeid: str) -> str:
+    """Return the group a test runs in under xdist: its module (the module's fixtures start
+    once), or "podman" for every test that drives podman (images, compose, kube play: one
+    engine, one set of names)."""
     from tests.areas import area_of
 
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            path = item.nodeid.split("::")[0]
-            group = "podman" if area_of(path).name.startswith("deploy") else path
-            item.add_marker(pytest.mark.xdist_group(group))
+    path = nodeid.split("::")[0]
+    return "podman" if area_of(path).name.startswith("deploy") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Hand xdist's workers whole groups (``group_of``), one at a time as they finish, in the
+    collection's order (xdist's own ``loadgroup`` can't: pytest 9 ignores the node ids it
+    rewrites)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return Grouped(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """In an xdist worker, the longest areas first (``LONGEST_FIRST``)."""
+    from tests.areas import area_of
+
     if os.environ.get("PYTEST_XDIST_WORKER"):
 
         def rank(item: pytest.Item) -> int:
