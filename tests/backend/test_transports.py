@@ -632,8 +632,8 @@ def test_the_rest_pool_keeps_a_connection_for_each_thread_of_the_worker(tmp_path
     def serve(conn: socket.socket, answered: list[int], index: int) -> None:
         while _request_line(conn) is not None:
             meet.wait(timeout=10)  # every call is in flight at once
+            answered[index] += 1  # before the answer: the client may return (and the test read it)
             conn.sendall(_answer(STATUS_BODY))
-            answered[index] += 1
 
     with _raw_server(serve) as (port, answered):
         settings = {"upstream": "rest", "tfs_rest_url": f"http://127.0.0.1:{port}",
