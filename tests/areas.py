@@ -30,13 +30,13 @@ AREAS = (
     Area("hybrid retrieval", r"retrieval|splade|colbert|bge_m3|hybrid|sparse", 260),
     Area("any model (TF Serving passthrough)", r"passthrough|test_tfs_", 90),
     Area("deploy (images, compose, kube play)", r"^tests/deploy/|^tests/ops/test_docker.py", 720),
-    Area("drills and rollouts", r"^tests/ops/", 720),
-    Area("benchmarks (quick runs)", r"^tests/benchmarks/", 300),
-    Area("export", r"^tests/export/", 420),
-    Area("finetune", r"^tests/finetune/", 240),
-    Area("model server and contract", r"^tests/(contract|modelserver)/", 240),
-    Area("gateway", r"^tests/backend/", 900),
-    Area("docs, README and layout", r"^tests/", 150),
+    Area("drills and rollouts", r"^tests/ops/", 1760),
+    Area("benchmarks (quick runs)", r"^tests/benchmarks/", 350),
+    Area("export", r"^tests/export/", 1000),
+    Area("finetune", r"^tests/finetune/", 460),
+    Area("model server and contract", r"^tests/(contract|modelserver)/", 350),
+    Area("gateway", r"^tests/backend/", 1480),
+    Area("docs, README and layout", r"^tests/", 300),
 )
 _COMPILED = [(area, re.compile(area.pattern)) for area in AREAS]
 
