@@ -34,8 +34,8 @@ from ops.batch.answers import answer_line, embed_line, error_line
 from ops.batch.inputs import Bad, Item, error_body, read_batch, read_rows, split_spec
 from ops.batch.pacing import Pacer, Yield
 from ops.batch.progress import Progress
+from ops.tfs_metrics import METRICS_PATH, scrape
 
-PROMETHEUS_PATH = "/monitoring/prometheus/metrics"  # serving_config/monitoring.config's
 RETRIES = 5  # upstream failures of one call before the job stops (a rerun resumes)
 
 
@@ -226,29 +226,15 @@ class _Counted:
         return getattr(self._client, name)
 
 
-def request_count(url: str, timeout_s: float = 2.0) -> float:
-    """Return the requests a model server has answered: the sum of TF Serving's
-    ``:tensorflow:serving:request_count`` series on its Prometheus page ``url``."""
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=timeout_s) as page:
-        text = page.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(":tensorflow:serving:request_count{")
-    )
-
-
 def counter(url: str) -> Any:
-    """Return a reader of ``url``'s request count, or None (with why, on stderr) when the page
-    has none: the yield then falls back to probes."""
-    try:
-        request_count(url)
-    except (OSError, ValueError, IndexError) as exc:
-        print(f"batch: no request count at {url} ({exc}): yielding by probes", file=sys.stderr)
+    """Return a reader of the requests the model server at ``url`` (its Prometheus page) has
+    answered, every model's; None (with why, on stderr) when the page does not answer: the
+    yield then falls back to probes. A reading that fails later reads 0, a change: the job waits
+    another window."""
+    if scrape(url) is None:
+        print(f"batch: no Prometheus page at {url}: yielding by probes", file=sys.stderr)
         return None
-    return lambda: request_count(url)
+    return lambda: float(sum((scrape(url) or {}).values()))
 
 
 class Runner:
@@ -666,7 +652,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet-window", type=float, default=1.0, help="requests: seconds the "
                    "model server must have answered only the job (default 1)")  # fmt: skip
     p.add_argument("--metrics-url", help="the model server's Prometheus page (default: the "
-                   "first GATEWAY_TFS_REST_URL + /monitoring/prometheus/metrics)")  # fmt: skip
+                   "first GATEWAY_TFS_REST + /monitoring/prometheus/metrics)")  # fmt: skip
     return p
 
 
@@ -692,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         on = args.yield_on or ("requests" if args.shard[1] == 1 else "probe")
         if on == "requests":
             rest = settings.tfs_rest_url.split(",")[0].rstrip("/")
-            spec.yields.count = counter(args.metrics_url or rest + PROMETHEUS_PATH)
+            spec.yields.count = counter(args.metrics_url or rest + METRICS_PATH)
     try:
         summary = run_job(spec, settings)
     except GatewayError as exc:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import signal
 import sys
 import tempfile
@@ -40,23 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import requests
-
 from modelformat import serverconfig
-from ops import stack
+from ops import stack, tfs_metrics
 from ops.drills import common
 from ops.drills.common import Answer, copy_newest, pinned_config
 from ops.lifecycle import push
 from ops.modelconfig import OpsError
 from ops.procs import REPO, ServerProcess, child_env, free_port, port_open
 from ops.server import ModelServer
+from ops.tfs_metrics import METRICS_PATH
 
-METRICS_PATH = "/monitoring/prometheus/metrics"
-REQUEST_COUNT = re.compile(
-    r'^:tensorflow:serving:request_count\{model_name="(?P<model>[^"]*)",'
-    r'status="(?P<status>[^"]*)"\}\s+(?P<value>[0-9.eE+-]+)\s*$',
-    re.MULTILINE,
-)
 # When each step may start, as a fraction of --duration.
 KILL_AT, PUSH_AT, PROMOTE_AT = 0.15, 0.45, 0.70
 SETTLE_S = 2.0  # a window starts this long after a replica left or came back (reconnects)
@@ -64,22 +56,9 @@ SETTLE_S = 2.0  # a window starts this long after a replica left or came back (r
 MIN_PER_REPLICA = 20  # a window with fewer requests per live replica is too short to judge
 
 
-def request_counts(metrics_text: str, model: str) -> dict[str, int]:
-    """Return status -> count of ``model``'s requests from a Prometheus text body."""
-    return {
-        m["status"]: int(float(m["value"]))
-        for m in REQUEST_COUNT.finditer(metrics_text)
-        if m["model"] == model
-    }
-
-
 def scrape(rest_port: int, model: str, timeout_s: float = 2.0) -> dict[str, int] | None:
     """Return one replica's request counts by status, or None when it does not answer."""
-    try:
-        reply = requests.get(f"http://127.0.0.1:{rest_port}{METRICS_PATH}", timeout=timeout_s)
-    except requests.RequestException:
-        return None
-    return request_counts(reply.text, model) if reply.status_code == 200 else None
+    return tfs_metrics.scrape(f"http://127.0.0.1:{rest_port}{METRICS_PATH}", model, timeout_s)
 
 
 @dataclass

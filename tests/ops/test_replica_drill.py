@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ops import tfs_metrics
 from ops.drills import replica as replica_drill
 from ops.drills.common import Answer
 from ops.drills.replica import ReplicaMonitor, Window
@@ -20,7 +21,8 @@ METRICS = """# TYPE :tensorflow:serving:request_count counter
 
 
 def test_request_counts_read_one_models_counter_by_status() -> None:
-    assert replica_drill.request_counts(METRICS, "tiny") == {"OK": 120, "NOT_FOUND": 2}
+    assert tfs_metrics.request_counts(METRICS, "tiny") == {"OK": 120, "NOT_FOUND": 2}
+    assert tfs_metrics.request_counts(METRICS) == {"OK": 127, "NOT_FOUND": 2}  # every model's
 
 
 @pytest.mark.parametrize(
