@@ -32,7 +32,8 @@ from typing import Any
 import orjson
 
 from benchmarks import BenchContext, Row, percentile
-from ops.procs import REPO, ServerProcess, child_env, free_port, port_open, python_cmd
+from ops.procs import ServerProcess, child_env, free_port, port_open, python_cmd
+from ops.stack import MONITORING_CONFIG
 
 WORDS = [
     "the",
@@ -63,7 +64,6 @@ WORDS = [
     "work",
 ]
 BATCH = 32
-MONITORING = REPO / "serving_config" / "monitoring.config"  # the request count the job reads
 IN_FLIGHT = 2
 # The job's yield rules side by side: the default, then the earlier ones (ops/batch/pacing.py).
 RULES = {
@@ -192,7 +192,7 @@ def run(ctx: BenchContext) -> list[Row]:
     grpc_port, rest_port = free_port(), free_port()
     cmd = python_cmd("-m", "modelserver", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
                      f"--model_name={name}", f"--model_base_path={base / name}",
-                     f"--monitoring_config_file={MONITORING}")  # fmt: skip
+                     f"--monitoring_config_file={MONITORING_CONFIG}")  # fmt: skip
     server = ServerProcess(cmd, ctx.work_dir / f"batch-ms-{grpc_port}.log", env=child_env())
     n = 512 if ctx.quick else 2048
     texts = corpus(n)

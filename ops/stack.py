@@ -15,6 +15,7 @@ from pathlib import Path
 from ops.procs import REPO, ServerProcess, child_env, free_port, http_ok, port_open
 
 SERVING_CONFIG = REPO / "serving_config"
+MONITORING_CONFIG = SERVING_CONFIG / "monitoring.config"  # the Prometheus page, request counts
 # OPS_GATEWAY_APP overrides it, e.g. to drill a gateway variant without editing backend/.
 GATEWAY_APP = "backend.app:create_app()"
 
@@ -33,9 +34,8 @@ def modelserver_cmd(
         "--file_system_poll_wait_seconds=1", "--model_config_file_poll_wait_seconds=2",
         "--allow_version_labels_for_unavailable_models=true",
     ]  # fmt: skip
-    monitoring = SERVING_CONFIG / "monitoring.config"
-    if monitoring.is_file():
-        flags.append(f"--monitoring_config_file={monitoring}")
+    if MONITORING_CONFIG.is_file():
+        flags.append(f"--monitoring_config_file={MONITORING_CONFIG}")
     if batching:
         flags.append("--enable_batching=true")
         parameters = SERVING_CONFIG / "batching_parameters.txt"

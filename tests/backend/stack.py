@@ -11,6 +11,7 @@ from pathlib import Path
 import requests
 
 from ops.procs import REPO, ServerProcess, child_env, free_port, python_cmd
+from ops.stack import MONITORING_CONFIG
 
 GUNICORN_CONF = REPO / "docker" / "gunicorn.conf.py"
 
@@ -50,7 +51,7 @@ class ModelServer:
                 f"--model_config_file={config_file}",
                 "--file_system_poll_wait_seconds=1",
                 "--allow_version_labels_for_unavailable_models",
-                f"--monitoring_config_file={REPO / 'serving_config' / 'monitoring.config'}",
+                f"--monitoring_config_file={MONITORING_CONFIG}",
                 *extra_flags,
             ),
             log_dir / f"modelserver-{self.grpc_port}.log",
