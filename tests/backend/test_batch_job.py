@@ -22,6 +22,7 @@ import pytest
 from backend.schemas import EmbedRequest
 from backend.service import Gateway
 from backend.settings import load_settings
+from ops.batch import parts
 from ops.batch.inputs import Item
 from ops.batch.job import JobSpec, plan_parts, run_job
 from ops.batch.pacing import Pacer, Yield
@@ -428,8 +429,11 @@ def test_the_job_sends_nothing_while_someone_else_calls_the_model_server(
     job_env = {**os.environ, **env, "GATEWAY_TFS_REST": modelserver.rest_url}
     proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
-    try:
-        time.sleep(6.0)  # the job's start-up, then its wait
+    try:  # the job's start-up (its manifest: specs resolved, parts planned), then 3 s of its wait
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "out" / parts.MANIFEST).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3.0)
         assert proc.poll() is None, proc.communicate()
         assert not list((tmp_path / "out").glob("part-*.parquet")), "a part while online ran"
     finally:
