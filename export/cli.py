@@ -167,6 +167,9 @@ def _print_inspection(report: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return the exit status."""
     args = _parser().parse_args(argv)
+    from export.lean_tf import import_tensorflow
+
+    import_tensorflow()  # every command reads or writes a SavedModel
     try:
         if args.command == "build":
             return _build(args)

@@ -14,6 +14,9 @@ def main() -> int:
     from modelserver.flags import parse_flags
 
     flags = parse_flags(sys.argv[1:])  # before importing TensorFlow: --help stays instant
+    from export.lean_tf import import_tensorflow
+
+    import_tensorflow()
     from modelserver.server import serve
 
     logging.basicConfig(

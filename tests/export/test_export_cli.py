@@ -86,3 +86,20 @@ def test_inspect_and_verify_against_previous(classify_v1, hf_classify: Path, mod
 def test_inspect_of_a_non_version_fails_cleanly(tmp_path: Path) -> None:
     done = _run("inspect", str(tmp_path))
     assert done.returncode == 1 and "not a model version" in done.stderr
+
+
+def test_the_exporter_and_model_server_import_tensorflow_without_keras(tmp_path: Path) -> None:
+    # TensorFlow's __init__ loads Keras' optimizers eagerly (~1.5 s of CPU at each start of a
+    # model server or an export); export/lean_tf.py skips it, and `import keras` still works after
+    code = (
+        "import sys; from export.lean_tf import import_tensorflow; tf = import_tensorflow(); "
+        "assert 'keras' not in sys.modules, 'keras loaded'; "
+        "tf.saved_model.save(tf.Module(), sys.argv[1]); tf.saved_model.load(sys.argv[1]); "
+        "assert 'keras' not in sys.modules, 'keras loaded by save or load'; "
+        "import keras; keras.optimizers.Adam(); print('ok')"
+    )
+    done = subprocess.run(
+        python_cmd("-c", code, str(tmp_path / "module")), capture_output=True, text=True,
+        env=child_env(), timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
