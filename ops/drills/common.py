@@ -4,6 +4,7 @@ and the per-second timeline.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import shutil
@@ -221,6 +222,15 @@ class StatusMonitor:
         inside = [v for t, v in self.seen if start - slack_s <= t <= end + slack_s]
         after = [v for t, v in self.seen if t > end + slack_s][:1]
         return any(version in versions for versions in (*before, *inside, *after))
+
+
+def add_pace(parser: argparse.ArgumentParser) -> None:
+    """Add ``--pace``: the seconds between one client's requests (``Load.interval_s``)."""
+    parser.add_argument(
+        "--pace", type=float, default=0.0,
+        help="seconds between one client's requests (0, the default: back to back, the most "
+        "load the clients can offer; a pace leaves the cores to what the drill steps start)",
+    )  # fmt: skip
 
 
 def timeline(answers: Iterable[Answer], t0: float, events: dict[int, list[str]]) -> str:

@@ -208,7 +208,10 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
         push.main(["--promote", "stable", "canary", *push_args])
     server = ModelServer(args.server)
     monitor = common.StatusMonitor(server, args.model, config_path=args.config).start()
-    load = common.Load(args.gateway, args.model, args.verb, ["stable", "canary", ""], args.clients)
+    load = common.Load(
+        args.gateway, args.model, args.verb, ["stable", "canary", ""], args.clients,
+        interval_s=args.pace,
+    )  # fmt: skip
     t0 = time.monotonic()
     load.start()
     steps = plan_steps(source)
@@ -253,6 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="minilm-intent")
     p.add_argument("--verb", default="classify", choices=["classify", "embed"])
     p.add_argument("--clients", type=int, default=16)
+    common.add_pace(p)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     p.add_argument("--spawn", type=Path, help="run on a copy of this base path's newest version")
     p.add_argument("--config", type=Path, default=push.default_config_path())

@@ -285,7 +285,9 @@ def run_phases(
     """Load the gateway through the kill, restart, push and promote; return the results."""
     names = [r.name for r in replicas]
     victim = replicas[1 % len(replicas)]
-    load = common.Load(url, args.model, args.verb, ["stable", "canary", ""], args.clients)
+    load = common.Load(
+        url, args.model, args.verb, ["stable", "canary", ""], args.clients, interval_s=args.pace
+    )
     events: dict[int, list[str]] = defaultdict(list)
     steps: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
@@ -423,6 +425,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="gunicorn workers of the gateway")
     p.add_argument("--clients", type=int, default=16)
+    common.add_pace(p)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load (at least)")
     p.add_argument("--down", type=float, default=5.0, help="seconds the killed replica stays down")
     p.add_argument("--tail", type=float, default=3.0, help="seconds of load after the promote")

@@ -294,7 +294,9 @@ class Drill:
             self.monitor = Monitor(args.model, f"{url}/readyz", args.probe_timeout).start()
             for replica in first:
                 self.wait_ready(replica)
-            load = common.Load(url, args.model, args.verb, LABELS, args.clients).start()
+            load = common.Load(
+                url, args.model, args.verb, LABELS, args.clients, interval_s=args.pace
+            ).start()
             self.t0 = time.monotonic()
             self.steps_under_load(source, first)
             answers = load.stop()
@@ -449,6 +451,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=3, help="replicas before and after the roll")
     p.add_argument("--workers", type=int, default=2, help="gunicorn workers of the gateway")
     p.add_argument("--clients", type=int, default=16)
+    common.add_pace(p)
     p.add_argument("--gap", type=float, default=5.0, help="seconds of load between steps")
     p.add_argument("--slow-delay", type=float, default=2.0, help="seconds the slow one holds")
     p.add_argument("--slow-for", type=float, default=15.0, help="seconds it is slow")

@@ -75,7 +75,7 @@ from ops.rollout import engine, state
 
 TICKETS = REPO / "data" / "tickets" / "test.tsv"
 DEFAULT_CHECKPOINT = REPO / "run" / "finetune-demo" / "tickets-v1"
-# the drill's gateway re-reads labels and routing at least this often
+# the drill's gateway re-reads labels and routing at least this often (--labels-cache-s)
 LABELS_CACHE_S = 1.0
 # the CPU priority of the shadow's own model server (the lowest: it gets what is left idle)
 SHADOW_NICE = 19
@@ -138,7 +138,8 @@ class Drill:
         In one child process: ops imports no TensorFlow, and one import serves every export.
         """
         code = (
-            "import sys, json; from export.build import build; "
+            "import sys, json; from export.lean_tf import import_tensorflow; import_tensorflow(); "
+            "from export.build import build; "
             "a = json.loads(sys.argv[1]); "
             "[print(build(a['ckpt'], a['name'], base, version=v, task='classify', "
             "max_seq_len=128, labels=labels).summary()) for base, v, labels in a['exports']]"
@@ -212,8 +213,8 @@ class Drill:
                          f"(nice {SHADOW_NICE}); clients' calls to :{grpc_port}")  # fmt: skip
             settings = {
                 "GATEWAY_DEFAULT_MODEL": args.model, "GATEWAY_WORKERS": str(args.workers),
-                "GATEWAY_LABELS_CACHE_S": str(LABELS_CACHE_S),
-                "GATEWAY_STATUS_CACHE_S": str(LABELS_CACHE_S), "GATEWAY_ACCESS_LOG": "",
+                "GATEWAY_LABELS_CACHE_S": str(args.labels_cache_s),
+                "GATEWAY_STATUS_CACHE_S": str(args.labels_cache_s), "GATEWAY_ACCESS_LOG": "",
                 # 0: one shadow in flight per worker, none waiting; the rest are dropped and
                 # counted, so a shadow only takes the model server's spare capacity and leaves
                 # no backlog to drain into the next step (the rollout waits for it anyway).
@@ -313,7 +314,7 @@ class Drill:
             route = ModelRoute(pin.weights, Shadow(shadow, 1.0)) if on else pin
             with serverconfig.config_lock(self.config, 60.0):
                 state.write_route(routing, args.model, route)
-            time.sleep(LABELS_CACHE_S + 1.5)  # every worker has re-read it
+            time.sleep(args.labels_cache_s + 1.5)  # every worker has re-read it
             start = time.monotonic()
             time.sleep(args.window_s)
             end = time.monotonic()
@@ -449,8 +450,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-agreement", type=float, default=0.9)
     # the rollout's default; tests on tiny models (p99 of a few ms, all noise) pass a loose one
     p.add_argument("--max-latency-ratio", type=float, default=1.5)
-    p.add_argument("--reader-wait", type=float, default=LABELS_CACHE_S + 2.0,
-                   help="the rollout's wait for the gateways after a routing write")  # fmt: skip
+    p.add_argument("--labels-cache-s", type=float, default=LABELS_CACHE_S,
+                   help="the gateway's GATEWAY_LABELS_CACHE_S and GATEWAY_STATUS_CACHE_S: how "
+                   "stale its labels and routing may be")  # fmt: skip
+    p.add_argument("--reader-wait", type=float,
+                   help="the rollout's wait for the gateways after a routing write (default: "
+                   "--labels-cache-s + 2 s)")  # fmt: skip
     p.add_argument("--probe", type=int, default=100, help="tickets stable classifies first")
     p.add_argument("--gap", type=float, default=5.0, help="seconds of load between phases")
     p.add_argument("--windows", type=int, default=5, help="shadow windows each way")
@@ -464,6 +469,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.report = args.report if str(args.report) not in ("", ".") else None
     args.plot = args.plot if str(args.plot) not in ("", ".") else None
     args.checkpoint = args.checkpoint.resolve()
+    if args.reader_wait is None:
+        args.reader_wait = args.labels_cache_s + 2.0
     return args
 
 

@@ -123,6 +123,8 @@ DOCUMENTS = ["your package ships in two days", "reset the password", "我的订�
 EXPORTERS = 2
 _EXPORT = """
 import json, sys
+from export.lean_tf import import_tensorflow
+import_tensorflow()
 from export.build import build
 from export.gates import Tolerance
 from export.tiny_tokenizers import KINDS

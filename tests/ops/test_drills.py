@@ -65,7 +65,7 @@ def test_reload_drill_under_load_has_no_failed_request(
     # gateway and its push_model alike, waits 6 s.
     code, result, output = run_drill(
         "reload_drill.py", tmp_path / "drill.json", "--spawn", str(tiny_exports),
-        "--model", MODEL, "--clients", "4", "--duration", "15",
+        "--model", MODEL, "--clients", "4", "--pace", "0.05", "--duration", "15",
         env={"GATEWAY_TIMEOUT_S": "4"},
     )  # fmt: skip
     record_property("switch_delay_s", result["switch_delay_s"])

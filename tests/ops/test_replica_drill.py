@@ -56,7 +56,7 @@ def test_replica_drill_kill_push_promote_has_no_failed_request(
 ) -> None:
     code, result, output = run_drill(
         "replica_drill.py", tmp_path / "replicas.json", "--spawn", str(tiny_exports),
-        "--model", MODEL, "--clients", "6", "--duration", "8", "--down", "5",
+        "--model", MODEL, "--clients", "6", "--pace", "0.05", "--duration", "8", "--down", "5",
         "--upstream", upstream,
     )  # fmt: skip
     failed = [name for name, ok in result["checks"].items() if not ok]

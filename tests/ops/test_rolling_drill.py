@@ -41,11 +41,14 @@ def test_rolling_drill_has_no_failed_request(
     # Two replicas, the fewest the drill takes (one hangs while the other and the slow one
     # serve): each replacement is a model server started and loaded under load (~15-35 s on 2
     # busy cores), and a third one only repeats the second. 1 s of load between steps: every
-    # step itself runs under the load, the gaps only separate them on the timeline.
+    # step itself runs under the load, the gaps only separate them on the timeline. The clients
+    # are paced (a request each 50 ms: 120 a second) rather than back to back: every step still
+    # runs under load, and the replicas it starts load on cores the load leaves them.
     code, result, output = run_drill(
         "rolling_drill.py", tmp_path / "rolling.json", "--spawn", str(tiny_exports),
-        "--model", MODEL, "--replicas", "2", "--clients", "6", "--gap", "1", "--hang", "6",
-        "--slow-for", "5", "--slow-delay", "2", "--probe-timeout", str(probe_timeout_s),
+        "--model", MODEL, "--replicas", "2", "--clients", "6", "--pace", "0.05", "--gap", "1",
+        "--hang", "6", "--slow-for", "5", "--slow-delay", "2",
+        "--probe-timeout", str(probe_timeout_s),
         env={"GATEWAY_TIMEOUT_S": str(GATEWAY_TIMEOUT_S)},
     )  # fmt: skip
     record_property("readyz_max_s", result["readyz_max_s"])

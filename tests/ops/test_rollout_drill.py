@@ -124,6 +124,8 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
         "--probe", "40", "--report", str(report), "--plot", str(plot), "--capacity-s", "2",
         # a tiny model answers in milliseconds: its p99 is scheduling noise, not the version's
         "--max-latency-ratio", "20",
+        # the gateway re-reads routing within 0.25 s: each routing write waits 1 s, not 3
+        "--labels-cache-s", "0.25", "--reader-wait", "1",
     )  # fmt: skip
     failed = [name for name, ok in result["checks"].items() if not ok]
     assert not failed, f"{failed}\n{output[-5000:]}"
