@@ -181,8 +181,10 @@ class EncoderModule(tf.Module):
                 for k in range(config.num_layers - 1)
             ]  # fmt: skip
         specs = [tf.TensorSpec([None, None], tf.int32, name=n) for n in INPUT_NAMES]
-        self.serve = tf.function(self._serving_fn(), input_signature=self._specs(None))
-        self.encode = tf.function(self._encode, input_signature=specs)
+        self.serve = tf.function(
+            self._serving_fn(), input_signature=self._specs(None), autograph=False
+        )
+        self.encode = tf.function(self._encode, input_signature=specs, autograph=False)
 
     @property
     def early_exit(self) -> bool:
@@ -398,7 +400,7 @@ class EncoderModule(tf.Module):
         bases = {"serving_default": self.serve}
         for seq_len in bucket_lens:
             bases[signature_name(seq_len)] = tf.function(
-                self._serving_fn(), input_signature=self._specs(seq_len)
+                self._serving_fn(), input_signature=self._specs(seq_len), autograph=False
             )
         out = {}
         for base, fn in bases.items():
@@ -416,7 +418,7 @@ def _narrowed(fn: Any, names: Sequence[str]) -> Any:
         outputs = fn(*args)
         return {name: outputs[name] for name in keep}
 
-    return tf.function(call, input_signature=fn.input_signature)
+    return tf.function(call, input_signature=fn.input_signature, autograph=False)
 
 
 def _layer_weights(weights: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
