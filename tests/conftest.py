@@ -86,8 +86,20 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[PORT_SLICE] = f"{int(worker[2:])}/{count}"
 
 
-# Under xdist, the areas whose groups run longest go first, so that the last groups handed out
-# are short and the workers end together (the order within an area is the collection's).
+# Under xdist, the longest groups go first, so that the last groups handed out are short and the
+# workers end together: the podman group, then the modules that take longest (a minute or more
+# under two workers, AVX-512: `make test`'s slowest tests and its time per area say when this
+# list is stale), then the areas whose groups run longest (the order within an area is the
+# collection's).
+SLOWEST_FIRST = (
+    "tests/ops/test_rolling_drill.py", "tests/ops/test_rollout_drill.py",
+    "tests/backend/test_architectures_e2e.py", "tests/export/test_architectures.py",
+    "tests/finetune/test_heads_demo.py", "tests/export/test_export_early_exit.py",
+    "tests/backend/test_bucket_batching_e2e.py", "tests/benchmarks/test_e2e_bench.py",
+    "tests/ops/test_drills.py", "tests/ops/test_push_replicas.py", "tests/test_readme.py",
+    "tests/backend/test_errors_e2e.py", "tests/ops/test_add_model.py",
+    "tests/ops/test_replica_drill.py", "tests/ops/test_rollout_resume.py",
+)  # fmt: skip
 LONGEST_FIRST = ("deploy", "drills", "benchmarks", "hybrid", "export", "finetune")
 
 
@@ -112,18 +124,28 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
+    # in the collection's order (``rank``), not xdist's default of the most tests first, which
+    # handed out the one-test drills last
+    config.option.loadscopereorder = False
     return Grouped(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """In an xdist worker, the longest areas first (``LONGEST_FIRST``)."""
+    """In an xdist worker, the longest groups first (the podman group, ``SLOWEST_FIRST``, then
+    ``LONGEST_FIRST``'s areas)."""
     from tests.areas import area_of
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
 
         def rank(item: pytest.Item) -> int:
+            path = item.nodeid.split("::")[0]
+            if group_of(path) == "podman":
+                return 0
+            if path in SLOWEST_FIRST:
+                return 1 + SLOWEST_FIRST.index(path)
             name = area_of(item.nodeid).name
-            return next((i for i, a in enumerate(LONGEST_FIRST) if name.startswith(a)), 99)
+            area = next((i for i, a in enumerate(LONGEST_FIRST) if name.startswith(a)), 99)
+            return 100 + area
 
         items.sort(key=rank)  # stable: the collection's order within an area
 

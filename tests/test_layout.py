@@ -260,3 +260,13 @@ def test_the_test_readme_states_the_areas_budgets() -> None:
     assert rows == [
         f"| {a.name} | `{p}` | {a.budget_s} |" for a, p in zip(AREAS, escaped, strict=True)
     ]
+
+
+def test_the_slowest_first_list_names_test_modules_that_exist() -> None:
+    """tests/conftest.py's SLOWEST_FIRST (the modules handed to xdist's workers first): each
+    is a test module of the suite, once (a renamed one would silently go last again)."""
+    from tests.conftest import SLOWEST_FIRST
+
+    assert len(set(SLOWEST_FIRST)) == len(SLOWEST_FIRST)
+    missing = [p for p in SLOWEST_FIRST if not (REPO / p).is_file()]
+    assert not missing, missing

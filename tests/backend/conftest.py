@@ -15,6 +15,7 @@ if not (proto_build.PROTO_DIR / "serving_pb2.py").is_file():
 
 from export.tiny import tiny_vocab
 from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
+from tests.once import built_once
 
 
 @pytest.fixture(scope="session")
@@ -76,21 +77,23 @@ def model_base(tmp_path_factory: pytest.TempPathFactory, sentence_checkpoint: Pa
     from export.build import build
     from export.tiny import export_tiny_model
 
-    base = tmp_path_factory.mktemp("models")
-    export_tiny_model(base, INTENT, task="classify", version=1, seed=0, warmup=False)
-    export_tiny_model(
-        base, INTENT, task="classify", version=2, seed=1, vocab=other_vocab(), warmup=False
-    )
-    export_tiny_model(base, EMBED, task="embed", version=1, seed=2, warmup=False)
-    export_tiny_model(base, TAGGER, task="tag", version=1, seed=3, max_seq_len=32, warmup=False)
-    for version, early_exit in ((1, False), (2, True)):
+    def build_all(base: Path) -> None:
+        export_tiny_model(base, INTENT, task="classify", version=1, seed=0, warmup=False)
         export_tiny_model(
-            base, EXITS, version=version, seed=5, layers=EXIT_LAYERS, warmup=False,
-            early_exit=early_exit,
-        )  # fmt: skip
-    build(sentence_checkpoint, SENTENCE, base, version=1, task="embed", max_seq_len=32,
-          warmup=False)  # fmt: skip
-    return base
+            base, INTENT, task="classify", version=2, seed=1, vocab=other_vocab(), warmup=False
+        )
+        export_tiny_model(base, EMBED, task="embed", version=1, seed=2, warmup=False)
+        export_tiny_model(base, TAGGER, task="tag", version=1, seed=3, max_seq_len=32,
+                          warmup=False)  # fmt: skip
+        for version, early_exit in ((1, False), (2, True)):
+            export_tiny_model(
+                base, EXITS, version=version, seed=5, layers=EXIT_LAYERS, warmup=False,
+                early_exit=early_exit,
+            )  # fmt: skip
+        build(sentence_checkpoint, SENTENCE, base, version=1, task="embed", max_seq_len=32,
+              warmup=False)  # fmt: skip
+
+    return built_once(tmp_path_factory, "models", build_all)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ops.procs import ServerProcess, free_port, port_open, python_cmd
+from tests.once import built_once
 
 MODEL = "tiny"
 
@@ -19,10 +20,11 @@ def tiny_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Return a base path holding ``tiny/1`` and ``tiny/2`` (classify, different seeds)."""
     from export.tiny import export_tiny_model
 
-    base = tmp_path_factory.mktemp("exports")
-    for version, seed in ((1, 0), (2, 1)):
-        export_tiny_model(base, MODEL, task="classify", version=version, seed=seed)
-    return base
+    def build(base: Path) -> None:
+        for version, seed in ((1, 0), (2, 1)):
+            export_tiny_model(base, MODEL, task="classify", version=version, seed=seed)
+
+    return built_once(tmp_path_factory, "exports", build)
 
 
 @dataclass
@@ -122,11 +124,12 @@ def embed_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     vector space) and ``tiny/3`` (seed 0 in bf16: v1's space at another precision)."""
     from export.tiny import export_tiny_model
 
-    base = tmp_path_factory.mktemp("embed-exports")
-    for version, seed, precision in ((1, 0, "fp32"), (2, 1, "fp32"), (3, 0, "bf16")):
-        export_tiny_model(base, MODEL, task="embed", version=version, seed=seed,
-                          precision=precision, warmup=False)  # fmt: skip
-    return base
+    def build(base: Path) -> None:
+        for version, seed, precision in ((1, 0, "fp32"), (2, 1, "fp32"), (3, 0, "bf16")):
+            export_tiny_model(base, MODEL, task="embed", version=version, seed=seed,
+                              precision=precision, warmup=False)  # fmt: skip
+
+    return built_once(tmp_path_factory, "embed-exports", build)
 
 
 @pytest.fixture(scope="module")
