@@ -27,16 +27,16 @@ class Area:
 
 
 AREAS = (
-    Area("hybrid retrieval", r"retrieval|splade|colbert|bge_m3|hybrid|sparse", 260),
-    Area("any model (TF Serving passthrough)", r"passthrough|test_tfs_", 90),
-    Area("deploy (images, compose, kube play)", r"^tests/deploy/|^tests/ops/test_docker.py", 720),
-    Area("drills and rollouts", r"^tests/ops/", 1760),
-    Area("benchmarks (quick runs)", r"^tests/benchmarks/", 350),
-    Area("export", r"^tests/export/", 1000),
-    Area("finetune", r"^tests/finetune/", 460),
-    Area("model server and contract", r"^tests/(contract|modelserver)/", 350),
-    Area("gateway", r"^tests/backend/", 1480),
-    Area("docs, README and layout", r"^tests/", 300),
+    Area("hybrid retrieval", r"retrieval|splade|colbert|bge_m3|hybrid|sparse", 250),
+    Area("any model (TF Serving passthrough)", r"passthrough|test_tfs_", 30),
+    Area("deploy (images, compose, kube play)", r"^tests/deploy/|^tests/ops/test_docker.py", 460),
+    Area("drills and rollouts", r"^tests/ops/", 1270),
+    Area("benchmarks (quick runs)", r"^tests/benchmarks/", 320),
+    Area("export", r"^tests/export/", 940),
+    Area("finetune", r"^tests/finetune/", 300),
+    Area("model server and contract", r"^tests/(contract|modelserver)/", 270),
+    Area("gateway", r"^tests/backend/", 1330),
+    Area("docs, README and layout", r"^tests/", 230),
 )
 _COMPILED = [(area, re.compile(area.pattern)) for area in AREAS]
 
