@@ -287,7 +287,10 @@ def test_a_job_killed_at_random_points_and_run_again_writes_each_row_once(
 ) -> None:
     """SIGKILL at seeded random moments, several times; the restarted job's rows are exactly an
     uninterrupted run's."""
-    source = write_rows(tmp_path / "in.jsonl", corpus(320, seed=5))
+    # 80 parts of 8 rows; the last kill's target is at most part 35, so the job has 45 parts to go
+    # (with 320 rows it had 5, and a fast tiny model once wrote them all before its kill landed)
+    rows = 640
+    source = write_rows(tmp_path / "in.jsonl", corpus(rows, seed=5))
     flags = [
         "--model",
         EMBED,
@@ -322,9 +325,9 @@ def test_a_job_killed_at_random_points_and_run_again_writes_each_row_once(
     assert done.returncode == 0, done.stderr[-3000:]
 
     whole, killed = read_parquet(tmp_path / "whole"), read_parquet(tmp_path / "killed")
-    assert kills == 4 and written[-1] < 40, "the job ended before a kill: make it longer"
-    assert sorted(killed) == sorted(whole) and len(whole) == 320
-    assert json.loads(done.stdout)["rows"] == 320
+    assert kills == 4 and written[-1] < rows // 8, "the job ended before a kill: make it longer"
+    assert sorted(killed) == sorted(whole) and len(whole) == rows
+    assert json.loads(done.stdout)["rows"] == rows
     for key, (vector, _, _) in whole.items():
         np.testing.assert_allclose(killed[key][0], vector, rtol=1e-5, atol=1e-6)
     print(f"\nkills: {kills}, parts after each: {written}, rows: {len(killed)}, missing: 0, "
