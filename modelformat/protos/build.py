@@ -6,7 +6,9 @@ build time only; the gateway at run time needs nothing but protobuf and grpcio.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -20,24 +22,36 @@ def proto_files() -> list[Path]:
 
 
 def build(out_dir: Path = REPO_ROOT) -> list[Path]:
-    """Compile every .proto into `*_pb2.py` + `.pyi` next to its source; return the outputs."""
+    """Compile every .proto into `*_pb2.py` + `.pyi` next to its source; return the outputs.
+
+    protoc writes into a scratch directory; each output then replaces its file only when its bytes
+    differ, by a rename. A process importing the modules meanwhile (`make -j`, a test worker) reads
+    the old file or the new one, never a half-written one, and an unchanged file keeps its mtime.
+    """
     from grpc_tools import protoc  # build-time only dependency
 
     # The include root is the repository: generated modules import `modelformat.protos.x_pb2`.
     well_known = resources.files("grpc_tools") / "_proto"
     sources = [str(p.relative_to(REPO_ROOT)) for p in proto_files()]
-    args = [
-        "protoc",
-        f"-I{REPO_ROOT}",
-        f"-I{well_known}",
-        f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
-        *sources,
-    ]
-    code = protoc.main(args)
-    if code != 0:
-        raise RuntimeError(f"protoc failed with exit code {code}: {' '.join(args)}")
-    return sorted(PROTO_DIR.glob("*_pb2.py"))
+    target = out_dir / PROTO_DIR.relative_to(REPO_ROOT)
+    with tempfile.TemporaryDirectory(prefix=".protoc-", dir=out_dir) as scratch:
+        args = [
+            "protoc",
+            f"-I{REPO_ROOT}",
+            f"-I{well_known}",
+            f"--python_out={scratch}",
+            f"--pyi_out={scratch}",
+            *sources,
+        ]
+        code = protoc.main(args)
+        if code != 0:
+            raise RuntimeError(f"protoc failed with exit code {code}: {' '.join(args)}")
+        for made in sorted((Path(scratch) / PROTO_DIR.relative_to(REPO_ROOT)).iterdir()):
+            final = target / made.name
+            if final.exists() and final.read_bytes() == made.read_bytes():
+                continue
+            os.replace(made, final)
+    return sorted(target.glob("*_pb2.py"))
 
 
 def main() -> int:
