@@ -64,7 +64,8 @@ def run_cells(
 
     ``rest_ports``: the model server whose batch histogram a setting reads, where not ``rest_port``.
     """
-    duration_s, warmup_s = (1.5, 0.5) if ctx.quick else (12.0, 2.0)
+    # --quick is a smoke run (nothing kept): each cell long enough for a few hundred requests
+    duration_s, warmup_s = (0.75, 0.25) if ctx.quick else (12.0, 2.0)
     repeats = 1 if ctx.quick else max(2, min(ctx.repeats, 3))
     names = list(makers)
     runs: dict[str, list[Sample]] = {name: [] for name in names}
