@@ -18,11 +18,12 @@ the rows that leave at the same layer.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -440,6 +441,33 @@ def _sentence_modules(
     return sentence
 
 
+@contextlib.contextmanager
+def _functions_untracked(module: Any) -> Iterator[None]:
+    """Return a context in which ``module``'s own ``tf.function`` attributes (``serve``,
+    ``encode``) are detached, so that a SavedModel written meanwhile holds its signatures and
+    variables only.
+
+    Saved as attributes they are traced again and written beside the signatures (``serve``
+    as a second copy of serving_default's graph), and every load rebuilds them in Python: half
+    of a tiny version's ``tf.saved_model.load`` CPU (0.41 -> 0.20 s), 37% of an early-exit one
+    (1.00 -> 0.63 s), paid at each model server start. Nothing calls them on a loaded model:
+    TF Serving and ``PersistentPredictor`` call signatures.
+    """
+    import tensorflow as tf
+
+    names = [
+        n for n, v in vars(module).items() if isinstance(v, tf.types.experimental.GenericFunction)
+    ]
+    detached = {name: getattr(module, name) for name in names}
+    for name in names:
+        delattr(module, name)
+    try:
+        yield
+    finally:
+        for name, function in detached.items():
+            setattr(module, name, function)
+
+
 def _served_pooling(task: str, pooling: str, zero_shot: bool, head_pooling: str = "cls") -> str:
     """Return model.json's ``pooling``: what the served head reads of the hidden states."""
     if task == "tag":
@@ -542,7 +570,9 @@ def _write_version(
     narrowed = f", each also narrowed to {', '.join(subsets)}" if subsets else ""
     say(f"writing SavedModel to {temp} (serving_default + "
         f"{', '.join(bucket_signatures.values())}{narrowed})")  # fmt: skip
-    tf.saved_model.save(target, str(temp), signatures=target.signatures(lens, subsets))
+    signatures = target.signatures(lens, subsets)
+    with _functions_untracked(target):
+        tf.saved_model.save(target, str(temp), signatures=signatures)
     say("verifying the saved model against fp32 on a probe batch")
     loaded = tf.saved_model.load(str(temp))
 
