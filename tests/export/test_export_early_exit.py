@@ -6,6 +6,7 @@ some rows and not on others, which is all the exit logic needs to be exercised.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from export.gates import Tolerance, exit_violations
 from export.model import EncoderModule, normalized_entropy, pool, run
 from export.tiny import write_hf_checkpoint
 from export.warmup import read_warmup_records, token_batch
-from tests.export.conftest import tf_serving_bundle
+from tests.export.conftest import Bundle
 
 LAYERS = 4
 ROWS = 24
@@ -44,6 +45,20 @@ def exits_loaded(exits_version: Any) -> Any:
     """``exits_version`` loaded once (``tf.saved_model.load``) for every test that only runs it:
     each load costs seconds of CPU, and running a signature changes nothing in it."""
     return tf.saved_model.load(str(exits_version.path))
+
+
+@pytest.fixture(scope="module")
+def exits_bundle(exits_version: Any) -> Iterator[Bundle]:
+    """``exits_version`` loaded once through the TF1 session loader TF Serving uses (as
+    ``tf_serving_bundle`` does, in a graph and session of its own, held for the module)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph)
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(exits_version.path))
+    try:
+        yield Bundle(session, meta)
+    finally:
+        session.close()
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +225,7 @@ def test_a_checkpoint_without_exits_reads_as_before(hf_classify: Path) -> None:
 
 @pytest.mark.parametrize("speed", ["mixed", "all leave at layer 1"])
 def test_runs_through_the_tf1_session_loader_tf_serving_uses(
-    exits_version: Any, exits_loaded: Any, speed: str
+    exits_bundle: Bundle, exits_loaded: Any, speed: str
 ) -> None:
     """TF Serving loads a SavedModelBundle (graph + session): the exits must run that way too.
 
@@ -218,8 +233,7 @@ def test_runs_through_the_tf1_session_loader_tf_serving_uses(
     """
     speeds = np.linspace(0.0, 1.0, ROWS) if speed == "mixed" else np.ones(ROWS)
     feeds = {**_batch(seq=16), "speed": speeds.astype(np.float32)}
-    with tf_serving_bundle(exits_version.path) as bundle:
-        got = bundle.run("seq_16", feeds)
+    got = exits_bundle.run("seq_16", feeds)
     want = run(exits_loaded.signatures["seq_16"], feeds)
     np.testing.assert_array_equal(got["exit_layer"], want["exit_layer"])
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-5)
