@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import signal
 import threading
@@ -134,7 +135,7 @@ class ReplicaPool:
             self.procs.append(self._start(len(self.procs)))
             fresh.append(len(self.procs) - 1)
         for proc, port in self.procs:
-            proc.wait_until(lambda port=port: port_open(port), timeout_s=120)
+            proc.wait_until(functools.partial(port_open, port), timeout_s=120)
         v1_only = modelconfig.load_config(self.start_config)
         for index, (proc, port) in enumerate(self.procs):
             if index not in fresh:
