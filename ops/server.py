@@ -1,7 +1,9 @@
 """The model server's ModelService (status, reload) for the ops tools, over stock gRPC.
 
-The ops tools run beside TensorFlow (they export and push), so they use
-``tensorflow_serving.apis``; the answers are read with ``modelformat.status`` like the gateway's.
+The messages are the gateway's own (``modelformat.protos``) and the reload request is
+``tensorflow_serving``'s ModelServerConfig framed by hand: ``tensorflow_serving.apis`` imports all
+of TensorFlow (seconds of CPU in every rollout.py and push_model that talks to a server, none of
+which runs a model). The answers are read with ``modelformat.status`` like the gateway's.
 """
 
 from __future__ import annotations
@@ -25,27 +27,41 @@ CHANNEL_OPTIONS = [
 ]
 
 
+GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
+RELOAD_CONFIG = "/tensorflow.serving.ModelService/HandleReloadConfigRequest"
+
+
 class ModelServer:
     """ModelService calls (status, reload) against a TF-Serving-compatible server."""
 
     def __init__(self, target: str, timeout_s: float = 10.0):
         import grpc
-        from tensorflow_serving.apis import model_service_pb2_grpc
+
+        from modelformat.protos import serving_pb2
 
         self.target = target
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = model_service_pb2_grpc.ModelServiceStub(self._channel)
+        self._status = self._channel.unary_unary(
+            GET_MODEL_STATUS,
+            request_serializer=serving_pb2.GetModelStatusRequest.SerializeToString,
+            response_deserializer=serving_pb2.GetModelStatusResponse.FromString,
+        )
+        # the ReloadConfigResponse is not read: a refusal is the call's gRPC status
+        self._reload = self._channel.unary_unary(
+            RELOAD_CONFIG, request_serializer=reload_config_request
+        )
 
     def status(self, name: str) -> list[VersionStatus]:
         """Return the server's version states for ``name`` (empty when it knows no version)."""
         import grpc
-        from tensorflow_serving.apis import get_model_status_pb2
 
-        request = get_model_status_pb2.GetModelStatusRequest()
+        from modelformat.protos import serving_pb2
+
+        request = serving_pb2.GetModelStatusRequest()
         request.model_spec.name = name
         try:
-            reply = self._stub.GetModelStatus(request, timeout=self.timeout_s)
+            reply = self._status(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return []
@@ -55,18 +71,30 @@ class ModelServer:
     def reload(self, config: Any, timeout_s: float = 60.0) -> None:
         """Send ``config`` with HandleReloadConfigRequest; raise OpsError with the reason."""
         import grpc
-        from tensorflow_serving.apis import model_management_pb2
 
-        request = model_management_pb2.ReloadConfigRequest()
-        request.config.CopyFrom(config)
         try:
-            self._stub.HandleReloadConfigRequest(request, timeout=timeout_s)
+            self._reload(config, timeout=timeout_s)
         except grpc.RpcError as exc:
             raise OpsError(f"HandleReloadConfigRequest refused: {_rpc_text(exc)}") from exc
 
     def close(self) -> None:
         """Close the channel."""
         self._channel.close()
+
+
+def reload_config_request(config: Any) -> bytes:
+    """Return the bytes of a ReloadConfigRequest holding ``config`` (a ModelServerConfig).
+
+    The request's only field is ``config = 1``: its tag (field 1, length-delimited), the length
+    as a varint, then the config's own bytes.
+    """
+    body = config.SerializeToString()
+    size, length = len(body), bytearray()
+    while size > 0x7F:
+        length.append(0x80 | (size & 0x7F))
+        size >>= 7
+    length.append(size)
+    return b"\x0a" + bytes(length) + body
 
 
 def replica_targets(specs: list[str]) -> list[str]:

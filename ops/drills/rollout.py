@@ -5,7 +5,7 @@
 The versions come from one fine-tuned checkpoint (``--checkpoint``, by default the one
 ``make finetune-demo`` keeps in run/finetune-demo/tickets-v1; fine-tuned here with
 ``python -m finetune.demo`` when it is absent): v1, its export, is ``stable``; the good version is
-the same checkpoint exported again; the bad one is that checkpoint exported with two labels
+a copy of that export (the same checkpoint); the bad one is that checkpoint exported with two labels
 swapped in its ``labels`` (``export.build(..., labels=[...])``): numerically the same model, so
 the export gate passes it, but two intents answer under each other's name. The two swapped are
 the ones stable predicts most often on the tickets.
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -79,6 +80,20 @@ DEFAULT_CHECKPOINT = REPO / "run" / "finetune-demo" / "tickets-v1"
 LABELS_CACHE_S = 1.0
 # the CPU priority of the shadow's own model server (the lowest: it gets what is left idle)
 SHADOW_NICE = 19
+# The exporting child: one TensorFlow import; each stdin line (JSON: ckpt, name, max_seq_len,
+# exports as (base, version, labels)) exported in turn, then "done" on stdout.
+EXPORT_CHILD = """
+import json, sys
+from export.lean_tf import import_tensorflow
+import_tensorflow()
+from export.build import build
+for line in sys.stdin:
+    a = json.loads(line)
+    for base, version, labels in a["exports"]:
+        build(a["ckpt"], a["name"], base, version=version, task="classify",
+              max_seq_len=a["max_seq_len"], labels=labels)
+    print("done", flush=True)
+"""
 # what TensorFlow's import prints on stderr in push_model's child (not the rollout's words)
 TF_NOISE = ("WARNING: All log messages before absl", "I0000 00:00:")
 
@@ -99,6 +114,8 @@ class Drill:
         self.events: list[tuple[float, str]] = []
         self.rollouts: dict[str, dict[str, Any]] = {}
         self.windows: list[dict[str, Any]] = []
+        self.exporter: subprocess.Popen[str] | None = None  # start_exporter's child
+        self.exporter_log = work / "export.log"
 
     def say(self, text: str) -> None:
         """Print a line of the transcript, stamped with the drill's clock."""
@@ -132,27 +149,49 @@ class Drill:
             raise OpsError(f"fine-tuning failed: {done.stderr[-2000:]}")
         return ckpt
 
+    def start_exporter(self) -> None:
+        """Start the child that exports: it imports TensorFlow once for every export of the run
+        (ops imports none), then exports what each line of its stdin asks for."""
+        with self.exporter_log.open("w") as log:
+            self.exporter = subprocess.Popen(
+                [sys.executable, "-c", EXPORT_CHILD], cwd=REPO, env=child_env(), text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            )  # fmt: skip
+
+    def stop_exporter(self) -> None:
+        """End the exporting child (its stdin closed: it leaves its loop)."""
+        exporter = self.exporter
+        if exporter is None:
+            return
+        self.exporter = None
+        try:
+            if exporter.stdin is not None:
+                exporter.stdin.close()
+            exporter.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            exporter.kill()
+            exporter.wait()
+
     def export(self, ckpt: Path, exports: list[tuple[Path, int, list[str] | None]]) -> list[Path]:
         """Export ``ckpt`` as each ``(base, version, labels)``; return the version directories.
 
-        In one child process: ops imports no TensorFlow, and one import serves every export.
+        In the exporting child (``start_exporter``): one TensorFlow import serves every export.
         """
-        code = (
-            "import sys, json; from export.lean_tf import import_tensorflow; import_tensorflow(); "
-            "from export.build import build; "
-            "a = json.loads(sys.argv[1]); "
-            "[print(build(a['ckpt'], a['name'], base, version=v, task='classify', "
-            "max_seq_len=128, labels=labels).summary()) for base, v, labels in a['exports']]"
-        )
-        spec = {"ckpt": str(ckpt), "name": self.args.model,
+        spec = {"ckpt": str(ckpt), "name": self.args.model, "max_seq_len": self.args.max_seq_len,
                 "exports": [(str(b), v, labels) for b, v, labels in exports]}  # fmt: skip
         started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(spec)], cwd=REPO, env=child_env(),
-            text=True, capture_output=True,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise OpsError(f"export of {ckpt} failed: {done.stderr[-2000:]}")
+        exporter = self.exporter
+        assert exporter is not None and exporter.stdin is not None and exporter.stdout is not None
+        try:
+            exporter.stdin.write(json.dumps(spec) + "\n")
+            exporter.stdin.flush()
+            done = any(line.strip() == "done" for line in iter(exporter.stdout.readline, ""))
+        except OSError:  # the child is gone: its log says why
+            done = False
+        if not done:
+            self.stop_exporter()
+            tail = self.exporter_log.read_text(errors="replace")[-2000:]
+            raise OpsError(f"export of {ckpt} failed: {tail}")
         for _, version, labels in exports:
             self.say(f"exported v{version}" + (f" with labels {labels}" if labels else ""))
         self.say(f"  ({time.monotonic() - started:.0f}s)")
@@ -183,7 +222,21 @@ class Drill:
         args = self.args
         texts = read_tickets(args.tickets)
         ckpt = self.checkpoint()
-        stable_dir, good_dir = self.export(ckpt, [(self.base, 1, None), (self.staging, 2, None)])
+        self.start_exporter()
+        try:
+            return self.run_exported(texts, ckpt)
+        finally:
+            self.stop_exporter()
+
+    def run_exported(self, texts: list[str], ckpt: Path) -> dict[str, Any]:
+        """Export v1 and v2, start the stack, export v3; run both rollouts and the windows."""
+        args = self.args
+        (stable_dir,) = self.export(ckpt, [(self.base, 1, None)])
+        # the good version: the same checkpoint, so v1's export itself (another export of it
+        # would be the same model at the cost of a second export)
+        good_dir = self.staging / args.model / "2"
+        shutil.copytree(stable_dir, good_dir)
+        self.say("v2: a copy of v1's export")
         text = f"""model_config_list {{ config {{
             name: "{args.model}" base_path: "{self.base / args.model}" model_platform: "tensorflow"
             model_version_policy {{ specific {{ versions: 1 }} }}
@@ -456,6 +509,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reader-wait", type=float,
                    help="the rollout's wait for the gateways after a routing write (default: "
                    "--labels-cache-s + 2 s)")  # fmt: skip
+    p.add_argument("--max-seq-len", type=int, default=128,
+                   help="the versions' max_seq_len (longer tickets are truncated)")  # fmt: skip
     p.add_argument("--probe", type=int, default=100, help="tickets stable classifies first")
     p.add_argument("--gap", type=float, default=5.0, help="seconds of load between phases")
     p.add_argument("--windows", type=int, default=5, help="shadow windows each way")

@@ -145,3 +145,25 @@ def test_predict_request_names_a_bucket_signature_when_asked() -> None:
 
     assert theirs.model_spec.signature_name == "seq_16"
     assert build_predict_request("m", INPUTS).model_spec.signature_name == "serving_default"
+
+
+@pytest.mark.parametrize("models", [1, 40], ids=["short", "length-over-127"])
+def test_ops_reload_request_bytes_match_tensorflow_serving(models: int) -> None:
+    """ops.server frames HandleReloadConfigRequest by hand (no tensorflow_serving.apis import)."""
+    from google.protobuf import text_format
+    from tensorflow_serving.apis import model_management_pb2
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from ops.server import reload_config_request
+
+    entries = " ".join(
+        f'config {{ name: "m{i}" base_path: "/models/m{i}" model_platform: "tensorflow" '
+        f'version_labels {{ key: "stable" value: {i + 1} }} }}'
+        for i in range(models)
+    )
+    config = text_format.Parse(
+        f"model_config_list {{ {entries} }}", model_server_config_pb2.ModelServerConfig()
+    )
+    theirs = model_management_pb2.ReloadConfigRequest()
+    theirs.config.CopyFrom(config)
+    assert reload_config_request(config) == theirs.SerializeToString()

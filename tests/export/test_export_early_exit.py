@@ -6,6 +6,7 @@ some rows and not on others, which is all the exit logic needs to be exercised.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from export.gates import Tolerance, exit_violations
 from export.model import EncoderModule, normalized_entropy, pool, run
 from export.tiny import write_hf_checkpoint
 from export.warmup import read_warmup_records, token_batch
-from tests.export.conftest import tf_serving_bundle
+from tests.export.conftest import Bundle
 
 LAYERS = 4
 ROWS = 24
@@ -40,9 +41,32 @@ def exits_version(exits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="module")
+def exits_loaded(exits_version: Any) -> Any:
+    """``exits_version`` loaded once (``tf.saved_model.load``) for every test that only runs it:
+    each load costs seconds of CPU, and running a signature changes nothing in it."""
+    return tf.saved_model.load(str(exits_version.path))
+
+
+@pytest.fixture(scope="module")
+def exits_bundle(exits_version: Any) -> Iterator[Bundle]:
+    """``exits_version`` loaded once through the TF1 session loader TF Serving uses (as
+    ``tf_serving_bundle`` does, in a graph and session of its own, held for the module)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph)
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(exits_version.path))
+    try:
+        yield Bundle(session, meta)
+    finally:
+        session.close()
+
+
+@pytest.fixture(scope="module")
 def plain_version(exits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The same checkpoint exported without --early-exit: the full model."""
-    return build(exits_ckpt, "plain", tmp_path_factory.mktemp("plain"), version=1, max_seq_len=64)
+    """The same checkpoint exported without --early-exit: the full model (up to seq_32, all the
+    comparison runs; no warmup records, which nothing reads)."""
+    return build(exits_ckpt, "plain", tmp_path_factory.mktemp("plain"), version=1, max_seq_len=32,
+                 warmup=False)  # fmt: skip
 
 
 def _batch(seq: int = 32, seed: int = 5) -> dict[str, np.ndarray]:
@@ -78,8 +102,8 @@ def _expected(exits_ckpt: Path, feeds: dict[str, np.ndarray]) -> tuple[np.ndarra
     return logits, layers
 
 
-def test_speed_zero_is_exactly_the_full_model(exits_version: Any, plain_version: Any) -> None:
-    ee = tf.saved_model.load(str(exits_version.path))
+def test_speed_zero_is_exactly_the_full_model(exits_loaded: Any, plain_version: Any) -> None:
+    ee = exits_loaded
     plain = tf.saved_model.load(str(plain_version.path))
     for signature in ("serving_default", "seq_32"):
         feeds = _batch()
@@ -91,8 +115,8 @@ def test_speed_zero_is_exactly_the_full_model(exits_version: Any, plain_version:
         assert got["exit_layer"].dtype == np.int32
 
 
-def test_rows_exit_where_fastberts_rule_says(exits_ckpt: Path, exits_version: Any) -> None:
-    ee = tf.saved_model.load(str(exits_version.path))
+def test_rows_exit_where_fastberts_rule_says(exits_ckpt: Path, exits_loaded: Any) -> None:
+    ee = exits_loaded
     speeds = np.linspace(0.0, 1.0, ROWS, dtype=np.float32)  # one speed per row
     feeds = {**_batch(), "speed": speeds}
     got = run(ee.signatures["seq_32"], feeds)
@@ -104,8 +128,8 @@ def test_rows_exit_where_fastberts_rule_says(exits_ckpt: Path, exits_version: An
     np.testing.assert_allclose(got["probabilities"].sum(-1), 1.0, atol=1e-6)
 
 
-def test_speed_one_leaves_after_the_first_layer(exits_version: Any) -> None:
-    ee = tf.saved_model.load(str(exits_version.path))
+def test_speed_one_leaves_after_the_first_layer(exits_loaded: Any) -> None:
+    ee = exits_loaded
     got = run(ee.signatures["serving_default"], {**_batch(), "speed": _speeds(1.0)})
     assert (got["exit_layer"] == 1).all()
 
@@ -130,10 +154,10 @@ def test_compaction_and_the_masked_baseline_give_the_same_answers(exits_ckpt: Pa
     ("bad", "read_as"), [(np.nan, 0.0), (-0.1, 0.0), (1.5, 1.0), (-np.inf, 0.0)]
 )
 def test_one_bad_speed_is_clamped_in_its_row_and_the_others_answer_as_alone(
-    exits_version: Any, bad: float, read_as: float
+    exits_loaded: Any, bad: float, read_as: float
 ) -> None:
     """A merged batch (TF Serving's batching) must not fail every caller for one row."""
-    serve = tf.saved_model.load(str(exits_version.path)).signatures["serving_default"]
+    serve = exits_loaded.signatures["serving_default"]
     feeds = _batch(seed=4)
     speeds = np.linspace(0.0, 1.0, ROWS).astype(np.float32)
     speeds[1] = bad
@@ -143,13 +167,15 @@ def test_one_bad_speed_is_clamped_in_its_row_and_the_others_answer_as_alone(
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-6)
 
 
-def test_a_speed_of_the_wrong_length_is_the_graphs_invalid_argument(exits_version: Any) -> None:
-    ee = tf.saved_model.load(str(exits_version.path))
+def test_a_speed_of_the_wrong_length_is_the_graphs_invalid_argument(exits_loaded: Any) -> None:
+    ee = exits_loaded
     with pytest.raises(tf.errors.InvalidArgumentError, match="speed must have one value per row"):
         run(ee.signatures["serving_default"], {**_batch(), "speed": np.zeros(3, np.float32)})
 
 
-def test_model_json_signatures_and_warmup_describe_the_exits(exits_version: Any) -> None:
+def test_model_json_signatures_and_warmup_describe_the_exits(
+    exits_version: Any, exits_loaded: Any
+) -> None:
     info = exits_version.model_info
     assert info["inputs"] == ["input_ids", "attention_mask", "token_type_ids", "speed"]
     assert info["outputs"] == ["logits", "probabilities", "exit_layer"]
@@ -158,7 +184,7 @@ def test_model_json_signatures_and_warmup_describe_the_exits(exits_version: Any)
         "width": 8, "agreement": {"1": 0.0, "2": 0.0, "3": 0.0},
         "speed_calibration": {"meaning": "raw_entropy_threshold"},  # distilled before calibration
     }  # fmt: skip
-    loaded = tf.saved_model.load(str(exits_version.path))
+    loaded = exits_loaded
     for name in ("serving_default", "seq_16", "seq_64"):
         fn = loaded.signatures[name]
         _, inputs = fn.structured_input_signature
@@ -199,7 +225,7 @@ def test_a_checkpoint_without_exits_reads_as_before(hf_classify: Path) -> None:
 
 @pytest.mark.parametrize("speed", ["mixed", "all leave at layer 1"])
 def test_runs_through_the_tf1_session_loader_tf_serving_uses(
-    exits_version: Any, speed: str
+    exits_bundle: Bundle, exits_loaded: Any, speed: str
 ) -> None:
     """TF Serving loads a SavedModelBundle (graph + session): the exits must run that way too.
 
@@ -207,9 +233,8 @@ def test_runs_through_the_tf1_session_loader_tf_serving_uses(
     """
     speeds = np.linspace(0.0, 1.0, ROWS) if speed == "mixed" else np.ones(ROWS)
     feeds = {**_batch(seq=16), "speed": speeds.astype(np.float32)}
-    with tf_serving_bundle(exits_version.path) as bundle:
-        got = bundle.run("seq_16", feeds)
-    want = run(tf.saved_model.load(str(exits_version.path)).signatures["seq_16"], feeds)
+    got = exits_bundle.run("seq_16", feeds)
+    want = run(exits_loaded.signatures["seq_16"], feeds)
     np.testing.assert_array_equal(got["exit_layer"], want["exit_layer"])
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-5)
 
@@ -217,14 +242,18 @@ def test_runs_through_the_tf1_session_loader_tf_serving_uses(
 # Emulated bf16 (AVX2) on this random 4-layer model drifts 0.017 from fp32 at speed 0 already,
 # beyond the default 0.01 (fp16: 0.0004): the bf16 case is about the exit figures, not that bound.
 CONVERSIONS = [("fp16", Tolerance()), ("bf16", Tolerance(max_prob_diff=0.05))]
+# The converted exports below are gated on the probe batch, which is 16 tokens long at
+# max_seq_len 16 (its bucket signature gated beside serving_default, as at any length): one
+# bucket to trace, save and load instead of three.
+GATED_LEN = 16
 
 
 @pytest.mark.parametrize(("precision", "tolerance"), CONVERSIONS)
 def test_a_converted_early_exit_export_is_also_gated_where_rows_exit(
     exits_ckpt: Path, exits_version: Any, tmp_path: Path, precision: str, tolerance: Tolerance
 ) -> None:
-    result = build(exits_ckpt, "ee", tmp_path, max_seq_len=64, early_exit=True, warmup=False,
-                   precision=precision, tolerance=tolerance)  # fmt: skip
+    result = build(exits_ckpt, "ee", tmp_path, max_seq_len=GATED_LEN, early_exit=True,
+                   warmup=False, precision=precision, tolerance=tolerance)  # fmt: skip
     at_speeds = result.model_info["conversion"]["early_exit"]
     assert [at["speed"] for at in at_speeds] == [0.8, 1.0]  # default 0: gated at 0.8, and 1
     for at in at_speeds:
@@ -253,8 +282,8 @@ def test_a_converted_student_that_exits_elsewhere_is_refused(
     monkeypatch.setattr(export.build, "_build_modules", broken_modules)
     with pytest.raises(ExportError, match=r"early-exit conversion beyond tolerance at speed "
                                           r"0\.8 \(decisive_exit_agreement"):  # fmt: skip
-        build(exits_ckpt, "broken", tmp_path, max_seq_len=64, early_exit=True, warmup=False,
-              precision="fp16")  # fmt: skip
+        build(exits_ckpt, "broken", tmp_path, max_seq_len=GATED_LEN, early_exit=True,
+              warmup=False, precision="fp16")  # fmt: skip
     assert not (tmp_path / "broken").exists() or not any((tmp_path / "broken").iterdir())
 
 
@@ -305,8 +334,8 @@ def test_a_calibrated_graph_exits_where_the_rule_says_at_the_mapped_threshold(
 def test_a_calibrated_fp16_export_carries_the_table_and_passes_the_exit_gate(
     calibrated_ckpt: Path, tmp_path: Path
 ) -> None:
-    result = build(calibrated_ckpt, "ee", tmp_path, max_seq_len=64, early_exit=True, warmup=False,
-                   precision="fp16", default_speed=0.5)  # fmt: skip
+    result = build(calibrated_ckpt, "ee", tmp_path, max_seq_len=GATED_LEN, early_exit=True,
+                   warmup=False, precision="fp16", default_speed=0.5)  # fmt: skip
 
     table = result.model_info["early_exit"]["speed_calibration"]
     assert table["meaning"] == "layers_skipped" and table["thresholds"] == CALIBRATED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import signal
 import threading
@@ -46,23 +47,25 @@ def test_server_flag_is_repeatable_and_defaults_to_one_local_server() -> None:
     assert args.server == ["h:1", "h:2,h:3"]
 
 
+V1_ONLY = "specific { versions: 1 }"
+
+
+def config_text(base: Path, policy: str) -> str:
+    """Return a models.config of tiny (stable=1) under ``base`` with ``policy``."""
+    return (
+        f'model_config_list {{ config {{ name: "{MODEL}" base_path: "{base / MODEL}" '
+        f'model_platform: "tensorflow" model_version_policy {{ {policy} }} '
+        'version_labels { key: "stable" value: 1 } } }\n'
+    )
+
+
 class Replicas:
     """Model servers reading one models.config (no config poll: only reloads change them)."""
 
-    def __init__(self, work: Path, base: Path, count: int) -> None:
-        self.config = work / "models.config"
+    def __init__(self, config: Path, base: Path, procs: list[tuple[ServerProcess, int]]) -> None:
+        self.config = config
         self.base = base
-        self.procs: list[tuple[ServerProcess, int]] = []
-        for index in range(count):
-            port = free_port()
-            cmd = python_cmd(
-                "-m", "modelserver", f"--port={port}", f"--model_config_file={self.config}",
-                "--file_system_poll_wait_seconds=1",
-                "--allow_version_labels_for_unavailable_models=true",
-            )  # fmt: skip
-            self.procs.append((ServerProcess(cmd, work / f"replica-{index}.log"), port))
-        for proc, port in self.procs:
-            proc.wait_until(lambda port=port: port_open(port), timeout_s=120)
+        self.procs = procs
 
     @property
     def targets(self) -> list[str]:
@@ -94,41 +97,113 @@ class Replicas:
         return sorted(p.name for p in (self.base / MODEL).iterdir())
 
 
-def start_replicas(
-    tiny_exports: Path, work: Path, count: int, policy: str = "specific { versions: 1 }"
-) -> Iterator[Replicas]:
-    """Start ``count`` replicas serving tiny v1 (stable=1) under ``policy`` from one config."""
-    base = work / "models"
-    shutil.copytree(tiny_exports / MODEL / "1", base / MODEL / "1")
-    (work / "models.config").write_text(
-        f'model_config_list {{ config {{ name: "{MODEL}" base_path: "{base / MODEL}" '
-        f'model_platform: "tensorflow" model_version_policy {{ {policy} }} '
-        'version_labels { key: "stable" value: 1 } } }\n'
-    )
-    running = Replicas(work, base, count)
-    try:
-        yield running
-    finally:
-        for proc, _ in running.procs:
+class ReplicaPool:
+    """The module's model servers, started once and handed to each test as replicas that serve
+    tiny v1 alone (stable=1), as freshly started ones would: a server start costs seconds of CPU.
+
+    Before each test every live server is reloaded with the v1-only config and waited on until
+    v1 is all it serves, then the versions a test published are removed from disk; a server a
+    test killed is started again (on that config), as is one more when a test needs more.
+    """
+
+    def __init__(self, tiny_exports: Path, work: Path) -> None:
+        self.work = work
+        self.base = work / "models"
+        shutil.copytree(tiny_exports / MODEL / "1", self.base / MODEL / "1")
+        self.start_config = work / "start.config"
+        self.start_config.write_text(config_text(self.base, V1_ONLY))
+        self.procs: list[tuple[ServerProcess, int]] = []
+
+    def _start(self, index: int) -> tuple[ServerProcess, int]:
+        port = free_port()
+        cmd = python_cmd(
+            "-m", "modelserver", f"--port={port}", f"--model_config_file={self.start_config}",
+            "--file_system_poll_wait_seconds=1",
+            "--allow_version_labels_for_unavailable_models=true",
+        )  # fmt: skip
+        return ServerProcess(cmd, self.work / f"replica-{index}-{port}.log"), port
+
+    def take(self, work: Path, count: int, policy: str) -> Replicas:
+        """Return ``count`` replicas serving tiny v1 under ``policy`` (work/models.config)."""
+        fresh = []
+        for index, (proc, _) in enumerate(self.procs):
+            if proc.proc.poll() is not None:  # a test killed it
+                proc.stop()
+                self.procs[index] = self._start(index)
+                fresh.append(index)
+        while len(self.procs) < count:
+            self.procs.append(self._start(len(self.procs)))
+            fresh.append(len(self.procs) - 1)
+        for proc, port in self.procs:
+            proc.wait_until(functools.partial(port_open, port), timeout_s=120)
+        v1_only = modelconfig.load_config(self.start_config)
+        for index, (proc, port) in enumerate(self.procs):
+            if index not in fresh:
+                self._reset(proc, f"127.0.0.1:{port}", v1_only)
+        for version in (self.base / MODEL).iterdir():
+            if version.name != "1":
+                shutil.rmtree(version)
+        config = work / "models.config"
+        config.write_text(config_text(self.base, policy))
+        replicas = Replicas(config, self.base, self.procs[:count])
+        if policy != V1_ONLY:
+            wanted = modelconfig.load_config(config)
+            for target in replicas.targets:
+                _reload(target, wanted)
+        return replicas
+
+    def _reset(self, proc: ServerProcess, target: str, config: object) -> None:
+        """Reload ``config`` (v1 only) at ``target``; return once v1 is all it serves."""
+        _reload(target, config)
+        server = ModelServer(target)
+        try:
+            proc.wait_until(
+                lambda: {(s.version, s.state) for s in server.status(MODEL)
+                         if s.state != "END"} == {(1, "AVAILABLE")},
+                timeout_s=60,
+            )  # fmt: skip
+        finally:
+            server.close()
+
+    def stop(self) -> None:
+        for proc, _ in self.procs:
             proc.stop()
 
 
+def _reload(target: str, config: object) -> None:
+    server = ModelServer(target)
+    try:
+        server.reload(config)
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_exports: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaPool]:
+    """Return the module's model servers (stopped after its last test)."""
+    servers = ReplicaPool(tiny_exports, tmp_path_factory.mktemp("replica-pool"))
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
 @pytest.fixture
-def replicas(tiny_exports: Path, tmp_path: Path) -> Iterator[Replicas]:
+def replicas(pool: ReplicaPool, tmp_path: Path) -> Replicas:
     """Return two replicas serving tiny v1 (stable=1, ``specific``) from one config."""
-    yield from start_replicas(tiny_exports, tmp_path, 2)
+    return pool.take(tmp_path, 2, V1_ONLY)
 
 
 @pytest.fixture
-def three_replicas(tiny_exports: Path, tmp_path: Path) -> Iterator[Replicas]:
+def three_replicas(pool: ReplicaPool, tmp_path: Path) -> Replicas:
     """Return three replicas serving tiny v1 (stable=1, ``specific``) from one config."""
-    yield from start_replicas(tiny_exports, tmp_path, 3)
+    return pool.take(tmp_path, 3, V1_ONLY)
 
 
 @pytest.fixture
-def latest_replicas(tiny_exports: Path, tmp_path: Path) -> Iterator[Replicas]:
+def latest_replicas(pool: ReplicaPool, tmp_path: Path) -> Replicas:
     """Return two replicas serving tiny v1 (stable=1) under ``latest { num_versions: 2 }``."""
-    yield from start_replicas(tiny_exports, tmp_path, 2, "latest { num_versions: 2 }")
+    return pool.take(tmp_path, 2, "latest { num_versions: 2 }")
 
 
 # What a headless Service's DNS answer does while the autoscaler works: a name whose addresses

@@ -126,6 +126,14 @@ def test_rollout_drill_promotes_the_good_version_and_rolls_the_swapped_one_back(
         "--max-latency-ratio", "20",
         # the gateway re-reads routing within 0.25 s: each routing write waits 1 s, not 3
         "--labels-cache-s", "0.25", "--reader-wait", "1",
+        # The load runs for the whole drill, so its CPU grows with the drill's wall time: 0.15
+        # of the capacity (~25 requests/s here) still puts every 2 s step over --min-samples,
+        # and leaves the shadow's nice-19 model server the CPU to load each version, which a
+        # busy machine otherwise starves for minutes while the load goes on.
+        "--load-fraction", "0.15",
+        # longer tickets are truncated (the gateway's default) as they were at 128: three
+        # bucket signatures and their warmup per version to export and load, not four
+        "--max-seq-len", "64",
     )  # fmt: skip
     failed = [name for name, ok in result["checks"].items() if not ok]
     assert not failed, f"{failed}\n{output[-5000:]}"
