@@ -19,6 +19,9 @@ from export.tiny import write_hf_checkpoint
 from modelformat.heads import head_from_info
 
 BUCKET = 32  # texts are padded to this bucket, so seq_32 and serving_default see the same tensors
+# every export's max_seq_len: BUCKET is its largest bucket (signatures seq_16, seq_32 and
+# serving_default), so no export traces, saves and loads a seq_64 signature no test runs
+MAX_LEN = BUCKET
 TEXTS = [
     "Café déjà vu: naïve résumé, São Paulo",
     "我的订单还没到 order 12345",
@@ -47,13 +50,13 @@ HEADS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    """Each head's tiny checkpoint and its FP32 export (max_seq_len 64, no warmup)."""
+    """Each head's tiny checkpoint and its FP32 export (max_seq_len MAX_LEN, no warmup)."""
     root = tmp_path_factory.mktemp("heads")
     out = {}
     for i, (name, kw) in enumerate(HEADS.items()):
         ckpt = write_hf_checkpoint(root / f"ckpt-{name}", seed=10 + i, **kw)
         task = kw.get("task", "classify")
-        out[name] = (ckpt, build(ckpt, name, root / "models", task=task, max_seq_len=64,
+        out[name] = (ckpt, build(ckpt, name, root / "models", task=task, max_seq_len=MAX_LEN,
                                  warmup=False))  # fmt: skip
     return out
 
@@ -288,7 +291,7 @@ def test_verify_passes_a_version_that_answers_the_same_by_its_heads_rule(
     ckpt, result = exported[name]
     task = HEADS[name].get("task", "classify")
     near = build(_flipped(ckpt, tmp_path / "near", scale=1.001), name, tmp_path / "models",
-                 task=task, max_seq_len=64, warmup=False)  # fmt: skip
+                 task=task, max_seq_len=MAX_LEN, warmup=False)  # fmt: skip
     figures = verify_version(near.path, against=result.path)
     assert gate_metric(figures) == RULES[name], figures
     assert figures["all_finite"] is True and figures["within_tolerance"] is True, figures
@@ -307,7 +310,7 @@ def test_verify_flags_a_version_that_really_differs_by_its_heads_rule(
     ckpt, result = exported[name]
     task = HEADS[name].get("task", "classify")
     other = build(_flipped(ckpt, tmp_path / "flipped"), name, tmp_path / "models", task=task,
-                  max_seq_len=64, warmup=False)  # fmt: skip
+                  max_seq_len=MAX_LEN, warmup=False)  # fmt: skip
     figures = verify_version(other.path, against=result.path)
     assert gate_metric(figures) == RULES[name], figures
     assert figures["all_finite"] is True and figures["within_tolerance"] is False, figures
