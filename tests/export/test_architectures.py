@@ -504,8 +504,10 @@ def test_export_reads_and_builds_every_architecture_without_torch(
     from ops.procs import REPO, child_env
 
     paths = [str(checkpoints(arch, "single")) for arch in ARCHITECTURES]
-    code = (
+    code = (  # TensorFlow imported as ``python -m export`` imports it (export/lean_tf.py)
         "import sys\n"
+        "from export.lean_tf import import_tensorflow\n"
+        "import_tensorflow()\n"
         "from export.checkpoint import read_checkpoint\n"
         "from export.model import EncoderModule\n"
         "for path in sys.argv[1:]:\n"
