@@ -120,11 +120,16 @@ DOCUMENTS = ["your package ships in two days", "reset the password", "我的订�
 # references meanwhile; each build's warnings and model.json's precision go back in a JSON file.
 # One child left the second core partly idle (tracing and saving run mostly in one thread): two
 # children took the setup from 129 s to 96 s, run back to back on a shared 2-core AVX-512 host.
+# Each child runs TensorFlow's ops on one thread (intra- and inter-op): two children already
+# fill both cores, and a tiny model's ops split over threads spent more CPU than they saved
+# (the children's CPU fell by about a tenth); what is exported does not change.
 EXPORTERS = 2
 _EXPORT = """
 import json, sys
 from export.lean_tf import import_tensorflow
-import_tensorflow()
+tf = import_tensorflow()
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
 from export.build import build
 from export.gates import Tolerance
 from export.tiny_tokenizers import KINDS
@@ -168,6 +173,20 @@ def _checkpoints(root: Path) -> dict[tuple[str, str], Path]:
         (cross / "config.json").write_text(json.dumps({**config, "text_pair": True}, indent=2))
         out[arch, "cross"] = cross
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Yield with torch on one thread for this module's references, then give its threads back.
+
+    A tiny model's ops are too small to split: on two threads, OpenMP's workers spin between
+    them, and 33 of these references took 4.3 s of CPU rather than 0.7 s on one (AVX-512)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ end and served through the model server.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,20 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str]
     return get
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Yield with torch on one thread for this module's references, then give its threads back.
+
+    A tiny model's ops are too small to split: on two threads, OpenMP's workers spin between
+    them, and 33 of these references took 4.3 s of CPU rather than 0.7 s on one (AVX-512)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _inputs(arch: str) -> dict[str, np.ndarray]:
     """Return a padded batch of sentence pairs: ids avoid the specials and the pad id."""
     config = _config(arch, "embed")
@@ -157,6 +172,13 @@ def _torch(path: Path, head: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return (out.last_hidden_state if head == "embed" else out.logits).numpy()
 
 
+@functools.cache
+def _torch_of(path: Path, head: str, arch: str) -> np.ndarray:
+    """Return ``_torch`` on ``arch``'s padded batch (``_inputs``), once per checkpoint and head
+    (read-only): the embeddings' two poolings and the served RoBERTa share one reference."""
+    return _frozen(_torch(path, head, _inputs(arch)))
+
+
 def _ours(path: Path, head: str, feeds: dict[str, np.ndarray], pooling: str = "mean"
           ) -> dict[str, np.ndarray]:  # fmt: skip
     """Return export's serving outputs for the checkpoint at ``path`` (fp32, in-process)."""
@@ -170,6 +192,20 @@ def _ours(path: Path, head: str, feeds: dict[str, np.ndarray], pooling: str = "m
     module = EncoderModule(ckpt.config, ckpt.weights, task=task, pooling=pooling,
                         activation=activation)  # fmt: skip
     return run(module.serve, feeds)
+
+
+@functools.cache
+def _ours_of(path: Path, head: str, arch: str, pooling: str = "mean") -> dict[str, np.ndarray]:
+    """Return ``_ours`` on ``arch``'s padded batch, once per checkpoint, head and pooling
+    (read-only): the fp32 single-label answers are the parity test's, the low precisions'
+    reference and the early exits' full model alike (one trace, not four)."""
+    return {k: _frozen(v) for k, v in _ours(path, head, _inputs(arch), pooling).items()}
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """Return ``array`` made read-only (a cached answer no test may change)."""
+    array.setflags(write=False)
+    return array
 
 
 def _mean(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -197,8 +233,8 @@ def test_head_logits_match_transformers(
 ) -> None:
     path = checkpoints(arch, head)
     feeds = _inputs(arch)
-    expected = _torch(path, head, feeds)
-    got = _ours(path, head, feeds)
+    expected = _torch_of(path, head, arch)
+    got = _ours_of(path, head, arch)
     if head == "tag":  # padding positions are nobody's answer (the reader drops them)
         real = feeds["attention_mask"].astype(bool)
         np.testing.assert_allclose(got["logits"][real], expected[real], atol=1e-4)
@@ -215,9 +251,9 @@ def test_embeddings_match_transformers(
 ) -> None:
     path = checkpoints(arch, "embed")
     feeds = _inputs(arch)
-    hidden = _torch(path, "embed", feeds)
+    hidden = _torch_of(path, "embed", arch)
     expected = _mean(hidden, feeds["attention_mask"]) if pooling == "mean" else hidden[:, 0]
-    got = _ours(path, "embed", feeds, pooling)["embedding"]
+    got = _ours_of(path, "embed", arch, pooling)["embedding"]
     assert _cosine(got, expected).min() >= 0.99999
     np.testing.assert_allclose(got, expected, atol=1e-4)
 
@@ -254,7 +290,7 @@ def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
         reply = requests.post(url, json=body, timeout=30).json()["outputs"]
     finally:
         server.stop()
-    np.testing.assert_allclose(np.asarray(reply["logits"]), _torch(path, "single", feeds),
+    np.testing.assert_allclose(np.asarray(reply["logits"]), _torch_of(path, "single", "roberta"),
                                atol=1e-4)  # fmt: skip
 
 
@@ -288,7 +324,7 @@ def test_low_precision_passes_the_export_gates(
 
     path = checkpoints(arch, "single")
     feeds = _inputs(arch)
-    expected = run(_module(path, "single").serve, feeds)
+    expected = _ours_of(path, "single", arch)  # fp32, the module's defaults
     got = run(_module(path, "single", precision=precision).serve, feeds)
     figures = measure(expected, got, attention_mask=feeds["attention_mask"])
     assert within(figures, GATE_TOLERANCE), figures
@@ -321,7 +357,7 @@ def test_early_exits_hook_the_layer_loop_of_every_architecture(
     weights = {**ckpt.weights, **students}
     exits = {"pooling": "mean"}
     feeds = _inputs(arch)
-    full = run(_module(path, "single").serve, feeds)["logits"]
+    full = _ours_of(path, "single", arch)["logits"]  # fp32, the module's defaults
     compacted = _module(path, "single", weights=weights, early_exit=exits)
     masked = _module(path, "single", weights=weights, early_exit=exits, compaction=False)
     at_zero = run(compacted.serve, {**feeds, "speed": np.zeros(len(LENGTHS), np.float32)})
@@ -468,8 +504,10 @@ def test_export_reads_and_builds_every_architecture_without_torch(
     from ops.procs import REPO, child_env
 
     paths = [str(checkpoints(arch, "single")) for arch in ARCHITECTURES]
-    code = (
+    code = (  # TensorFlow imported as ``python -m export`` imports it (export/lean_tf.py)
         "import sys\n"
+        "from export.lean_tf import import_tensorflow\n"
+        "import_tensorflow()\n"
         "from export.checkpoint import read_checkpoint\n"
         "from export.model import EncoderModule\n"
         "for path in sys.argv[1:]:\n"

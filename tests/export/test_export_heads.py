@@ -4,6 +4,7 @@ transformers' logits on the same checkpoint, in serving_default and the bucket s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,9 @@ from export.tiny import write_hf_checkpoint
 from modelformat.heads import head_from_info
 
 BUCKET = 32  # texts are padded to this bucket, so seq_32 and serving_default see the same tensors
+# every export's max_seq_len: BUCKET is its largest bucket (signatures seq_16, seq_32 and
+# serving_default), so no export traces, saves and loads a seq_64 signature no test runs
+MAX_LEN = BUCKET
 TEXTS = [
     "Café déjà vu: naïve résumé, São Paulo",
     "我的订单还没到 order 12345",
@@ -47,15 +51,29 @@ HEADS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    """Each head's tiny checkpoint and its FP32 export (max_seq_len 64, no warmup)."""
+    """Each head's tiny checkpoint and its FP32 export (max_seq_len MAX_LEN, no warmup)."""
     root = tmp_path_factory.mktemp("heads")
     out = {}
     for i, (name, kw) in enumerate(HEADS.items()):
         ckpt = write_hf_checkpoint(root / f"ckpt-{name}", seed=10 + i, **kw)
         task = kw.get("task", "classify")
-        out[name] = (ckpt, build(ckpt, name, root / "models", task=task, max_seq_len=64,
+        out[name] = (ckpt, build(ckpt, name, root / "models", task=task, max_seq_len=MAX_LEN,
                                  warmup=False))  # fmt: skip
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Yield with torch on one thread for this module's references, then give its threads back.
+
+    A tiny model's ops are too small to split: on two threads, OpenMP's workers spin between
+    them, and 33 of these references took 4.3 s of CPU rather than 0.7 s on one (AVX-512)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _feeds(ckpt: Path, pair: bool) -> dict[str, np.ndarray]:
@@ -288,7 +306,7 @@ def test_verify_passes_a_version_that_answers_the_same_by_its_heads_rule(
     ckpt, result = exported[name]
     task = HEADS[name].get("task", "classify")
     near = build(_flipped(ckpt, tmp_path / "near", scale=1.001), name, tmp_path / "models",
-                 task=task, max_seq_len=64, warmup=False)  # fmt: skip
+                 task=task, max_seq_len=MAX_LEN, warmup=False)  # fmt: skip
     figures = verify_version(near.path, against=result.path)
     assert gate_metric(figures) == RULES[name], figures
     assert figures["all_finite"] is True and figures["within_tolerance"] is True, figures
@@ -307,7 +325,7 @@ def test_verify_flags_a_version_that_really_differs_by_its_heads_rule(
     ckpt, result = exported[name]
     task = HEADS[name].get("task", "classify")
     other = build(_flipped(ckpt, tmp_path / "flipped"), name, tmp_path / "models", task=task,
-                  max_seq_len=64, warmup=False)  # fmt: skip
+                  max_seq_len=MAX_LEN, warmup=False)  # fmt: skip
     figures = verify_version(other.path, against=result.path)
     assert gate_metric(figures) == RULES[name], figures
     assert figures["all_finite"] is True and figures["within_tolerance"] is False, figures
