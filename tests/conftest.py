@@ -7,6 +7,7 @@ tests/contract/conftest.py, imported when a fixture is first used (most of the s
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,20 @@ def life_server(contract_root: Path, life_root: Path) -> Iterator[Server]:
     server = start_server(contract_root, flags)
     yield server
     server.stop()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Put torch on one thread once a test module has imported it (the parity references).
+
+    The references are tiny models whose ops are too small to split: on two threads, OpenMP's
+    workers spin between them, and 33 references of tests/export/test_architectures.py took
+    4.3 s of CPU rather than 0.7 s on one (AVX-512). Their answers are within the same
+    tolerances either way (the saved checkpoints are byte-identical). Only this process: the
+    servers and children a test starts keep their own settings.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def pytest_configure(config: pytest.Config) -> None:

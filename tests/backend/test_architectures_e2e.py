@@ -175,20 +175,6 @@ def _checkpoints(root: Path) -> dict[tuple[str, str], Path]:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Yield with torch on one thread for this module's references, then give its threads back.
-
-    A tiny model's ops are too small to split: on two threads, OpenMP's workers spin between
-    them, and 33 of these references took 4.3 s of CPU rather than 0.7 s on one (AVX-512)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Return {gateway, checkpoints, base, exported}: every architecture × head exported (the

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,20 +126,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str]
         return saved[arch, head]
 
     return get
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Yield with torch on one thread for this module's references, then give its threads back.
-
-    A tiny model's ops are too small to split: on two threads, OpenMP's workers spin between
-    them, and 33 of these references took 4.3 s of CPU rather than 0.7 s on one (AVX-512)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _inputs(arch: str) -> dict[str, np.ndarray]:

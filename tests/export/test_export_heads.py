@@ -4,7 +4,6 @@ transformers' logits on the same checkpoint, in serving_default and the bucket s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +59,6 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
         out[name] = (ckpt, build(ckpt, name, root / "models", task=task, max_seq_len=MAX_LEN,
                                  warmup=False))  # fmt: skip
     return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Yield with torch on one thread for this module's references, then give its threads back.
-
-    A tiny model's ops are too small to split: on two threads, OpenMP's workers spin between
-    them, and 33 of these references took 4.3 s of CPU rather than 0.7 s on one (AVX-512)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _feeds(ckpt: Path, pair: bool) -> dict[str, np.ndarray]:
