@@ -27,7 +27,6 @@ CHANNEL_OPTIONS = [
 ]
 
 
-GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
 RELOAD_CONFIG = "/tensorflow.serving.ModelService/HandleReloadConfigRequest"
 
 
@@ -37,6 +36,7 @@ class ModelServer:
     def __init__(self, target: str, timeout_s: float = 10.0):
         import grpc
 
+        from backend.clients.grpc_client import GET_MODEL_STATUS
         from modelformat.protos import serving_pb2
 
         self.target = target

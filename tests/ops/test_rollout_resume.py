@@ -87,8 +87,8 @@ def _ctrl_c_as_in_a_terminal() -> None:
 def start_until_live(cmd: list[str], serving: Path, step: int) -> subprocess.Popen[str]:
     """Start the rollout; return it once the state says ``step`` is live (mid-hold)."""
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, preexec_fn=_ctrl_c_as_in_a_terminal,
+        cmd, cwd=REPO, env=child_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, preexec_fn=_ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -142,7 +142,12 @@ def test_ctrl_c_leaves_a_state_that_resumes_or_reverts(
     cmd = command(serving, gateway, two_versions_server, hold_s=5)
     proc = start_until_live(cmd, serving, 0)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # where it hangs: faulthandler dumps every thread on SIGABRT
+        proc.send_signal(signal.SIGABRT)
+        out, _ = proc.communicate(timeout=30)
+        raise AssertionError(f"no exit 30 s after Ctrl-C:\n{out}") from None
     assert proc.returncode == rollout.EXIT_INTERRUPTED, out
     assert "run the same command again to resume, or add --revert" in out
     assert route_now(serving) == STEP_ROUTES[0]
