@@ -1,9 +1,10 @@
 """The model server's ModelService (status, reload) for the ops tools, over stock gRPC.
 
-The messages are the gateway's own (``modelformat.protos``) and the reload request is
-``tensorflow_serving``'s ModelServerConfig framed by hand: ``tensorflow_serving.apis`` imports all
-of TensorFlow (seconds of CPU in every rollout.py and push_model that talks to a server, none of
-which runs a model). The answers are read with ``modelformat.status`` like the gateway's.
+The messages are the gateway's own (``modelformat.protos``; the reload request holds the bytes
+of ``tensorflow_serving``'s ModelServerConfig, the same on the wire): ``tensorflow_serving.apis``
+imports all of TensorFlow (seconds of CPU in every rollout.py and push_model that talks to a
+server, none of which runs a model). The answers are read with ``modelformat.status`` like the
+gateway's.
 """
 
 from __future__ import annotations
@@ -83,18 +84,11 @@ class ModelServer:
 
 
 def reload_config_request(config: Any) -> bytes:
-    """Return the bytes of a ReloadConfigRequest holding ``config`` (a ModelServerConfig).
+    """Return the bytes of a ReloadConfigRequest holding ``config`` (a ModelServerConfig)."""
+    from modelformat.protos import config_pb2
 
-    The request's only field is ``config = 1``: its tag (field 1, length-delimited), the length
-    as a varint, then the config's own bytes.
-    """
-    body = config.SerializeToString()
-    size, length = len(body), bytearray()
-    while size > 0x7F:
-        length.append(0x80 | (size & 0x7F))
-        size >>= 7
-    length.append(size)
-    return b"\x0a" + bytes(length) + body
+    request = config_pb2.ReloadConfigRequest(config=config.SerializeToString())
+    return request.SerializeToString()
 
 
 def replica_targets(specs: list[str]) -> list[str]:
