@@ -4,10 +4,11 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # Stage 1: compile the gateway's TF-Serving messages (modelformat/protos); grpcio-tools stays in this stage only.
+# The compiler needs only grpcio-tools, its grpcio and protobuf held to the runtime's pins (-c).
 FROM ${PYTHON_IMAGE} AS protos
 WORKDIR /src
 COPY requirements-gateway.txt ./
-RUN pip install --no-cache-dir -r requirements-gateway.txt grpcio-tools==1.85.1
+RUN pip install --no-cache-dir -c requirements-gateway.txt grpcio-tools==1.85.1
 COPY modelformat/ modelformat/
 RUN python -m modelformat.protos.build
 
