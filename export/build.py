@@ -455,11 +455,9 @@ def _functions_untracked(module: Any) -> Iterator[None]:
     """
     import tensorflow as tf
 
-    names = [
-        n for n, v in vars(module).items() if isinstance(v, tf.types.experimental.GenericFunction)
-    ]
-    detached = {name: getattr(module, name) for name in names}
-    for name in names:
+    generic = tf.types.experimental.GenericFunction
+    detached = {n: v for n, v in vars(module).items() if isinstance(v, generic)}
+    for name in detached:
         delattr(module, name)
     try:
         yield

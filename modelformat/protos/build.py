@@ -33,7 +33,8 @@ def build(out_dir: Path = REPO_ROOT) -> list[Path]:
     # The include root is the repository: generated modules import `modelformat.protos.x_pb2`.
     well_known = resources.files("grpc_tools") / "_proto"
     sources = [str(p.relative_to(REPO_ROOT)) for p in proto_files()]
-    target = out_dir / PROTO_DIR.relative_to(REPO_ROOT)
+    package = PROTO_DIR.relative_to(REPO_ROOT)  # modelformat/protos, under any root
+    target = out_dir / package
     with tempfile.TemporaryDirectory(prefix=".protoc-", dir=out_dir) as scratch:
         args = [
             "protoc",
@@ -46,7 +47,7 @@ def build(out_dir: Path = REPO_ROOT) -> list[Path]:
         code = protoc.main(args)
         if code != 0:
             raise RuntimeError(f"protoc failed with exit code {code}: {' '.join(args)}")
-        for made in sorted((Path(scratch) / PROTO_DIR.relative_to(REPO_ROOT)).iterdir()):
+        for made in sorted((Path(scratch) / package).iterdir()):
             final = target / made.name
             if final.exists() and final.read_bytes() == made.read_bytes():
                 continue
