@@ -273,20 +273,25 @@ _DEADLINE_CALLS: dict[str, Any] = {
 @pytest.mark.parametrize("name", _DEADLINE_CALLS)
 def test_the_tokenizer_checks_the_deadline_as_it_goes(name: str) -> None:
     """No request holds a thread past its deadline: windows, pairs and texts are refused (504)
-    once it has passed, before their rows are built; outside a request nothing is checked."""
+    once it has passed, before their rows are built; outside a request nothing is checked. The
+    rows are counted to the limit: a call's own rows are within a budget of exactly them, the
+    same call again is not (each call alone in its step: the allowed one can't be the one
+    refused)."""
     tokenizer = BertTokenizer(dict((t, i) for i, t in enumerate(tiny_vocab())), max_seq_len=16)
     call = functools.partial(_DEADLINE_CALLS[name], tokenizer)
     roomy = Settings(max_request_tokens=10**9, max_request_rows=10**9)
     call()  # no budget: no check
     with budget.scope(roomy, deadline=time.monotonic() - 1), pytest.raises(UpstreamTimeout):
         call()
-    no_rows = roomy.replace(max_request_rows=1)
-    with (
-        budget.scope(no_rows, deadline=time.monotonic() + 60),
-        pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_REQUEST_ROWS"),
-    ):
+    with budget.scope(roomy, deadline=time.monotonic() + 60) as counted:
         call()
-        call()  # one row is within it (a text, a pair): the second is not
+    rows = counted.rows  # a text, a pair, an id list 1; LONG's windows over a hundred
+    exact = roomy.replace(max_request_rows=rows)
+    with budget.scope(exact, deadline=time.monotonic() + 60) as spent:
+        call()  # its own rows: within the budget
+        assert spent.rows == rows
+        with pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_REQUEST_ROWS"):
+            call()  # the same rows again: over it
     call()  # the scope is over: no check
 
 
