@@ -48,10 +48,10 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, ModelServer]]:
     """Return a one-worker gateway with the production limits (1 MiB bodies, 256 texts of
-    20,000 characters) and a small request budget, over a model server of an embedder, a
-    cross-encoder and a tagger."""
+    20,000 characters) and a small request budget, and the model server of an embedder, a
+    cross-encoder and a tagger behind it."""
     from export.tiny import export_tiny_model
 
     root = tmp_path_factory.mktemp("budget")
@@ -79,11 +79,26 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             "GATEWAY_MAX_REQUEST_ROWS": str(MAX_REQUEST_ROWS),
         })  # fmt: skip
         running = Gateway(env, logs, workers=1, threads=2)
-        yield running
+        yield running, server
     finally:
         if running is not None:
             running.stop()
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: tuple[Gateway, ModelServer]) -> Gateway:
+    return stack[0]
+
+
+def predicts(server: ModelServer) -> int:
+    """Return the calls the model server has answered (its request_count, every model and
+    status), from its Prometheus page."""
+    from ops.tfs_metrics import scrape
+
+    counts = scrape(f"{server.rest_url}/monitoring/prometheus/metrics")
+    assert counts is not None, "the model server's metrics page did not answer"
+    return sum(counts.values())
 
 
 def _worker(gateway: Gateway) -> int:
@@ -241,22 +256,30 @@ OVER_BUDGET = {
 
 @pytest.mark.parametrize("case", list(OVER_BUDGET))
 def test_a_request_over_its_budget_is_a_413_naming_the_numbers_and_the_setting(
-    gateway: Gateway, case: str
+    stack: tuple[Gateway, ModelServer], case: str
 ) -> None:
+    """A 413 naming the numbers and the setting, refused before the model runs: the model
+    server's request count does not move."""
+    gateway, server = stack
     path, body, setting = OVER_BUDGET[case]
+    before = predicts(server)
     reply, _, grown = measured(gateway, path, body)
     assert reply.status_code == 413, reply.text[:300]
     message = _message(reply)
     limit = MAX_REQUEST_TOKENS if setting.endswith("TOKENS") else MAX_REQUEST_ROWS
     assert setting in message and f"limit of {limit}" in message, message
     assert grown <= RSS_BOUND_MIB, f"{case}: the worker grew {grown:.0f} MiB"
+    assert predicts(server) == before, f"{case}: the model server ran it"
 
 
-def test_a_request_within_its_budget_is_served(gateway: Gateway) -> None:
+def test_a_request_within_its_budget_is_served(stack: tuple[Gateway, ModelServer]) -> None:
+    gateway, server = stack
     body = {"texts": [LONG, "hi"], "long_text": "chunk"}
+    before = predicts(server)
     reply = requests.post(f"{gateway.url}/v1/models/{EMBED}:embed", json=body, timeout=30)
     assert reply.status_code == 200, reply.text[:300]
     assert reply.json()["windows"] == [26, 1]
+    assert predicts(server) > before  # the count the 413s are checked against counts calls
 
 
 _DEADLINE_CALLS: dict[str, Any] = {
