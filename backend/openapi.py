@@ -45,8 +45,9 @@ _ERRORS = {
     "404": "Unknown model, version or label.",
     "413": "Body over GATEWAY_MAX_BODY_BYTES, more than GATEWAY_MAX_TEXTS texts (or lists "
     "of token ids), more tokens or rows than GATEWAY_MAX_REQUEST_TOKENS / "
-    "GATEWAY_MAX_REQUEST_ROWS, or (:embed) an answer estimated over GATEWAY_MAX_ANSWER_BYTES "
-    "(multi-vectors: rows x dims numbers), checked before the model runs.",
+    "GATEWAY_MAX_REQUEST_ROWS, or (embeddings) an answer or a model-server reply estimated over "
+    "GATEWAY_MAX_ANSWER_BYTES (multi-vectors: rows x dims numbers), checked before the model "
+    "runs.",
     "422": "Empty list, empty or non-string text, text over GATEWAY_MAX_TEXT_CHARS, a list "
     "of token ids over GATEWAY_MAX_TOKEN_IDS or with an id outside the vocabulary, "
     "text over max_seq_len with truncate=false, a pair whose first segment alone fills "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from backend import auth, budget, metrics, routing, timing, tracing
-from backend.bucketing import plan_chunks, reassemble
+from backend.bucketing import Chunk, plan_chunks, reassemble
 from backend.cache import Entry, Key, ResultCache, SharedTier, entry_of, stack
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
@@ -37,7 +37,17 @@ from backend.errors import (
     VersionNotFound,
 )
 from backend.grouping import UpstreamGroups
-from backend.outputs import KINDS, Options, dense, multivector, sparse
+from backend.outputs import (
+    KINDS,
+    REPLY_NUMBER_BYTES,
+    Options,
+    dense,
+    multivector,
+    reply_numbers,
+    reply_outputs,
+    sparse,
+)
+from backend.outputs.base import FLOAT_BYTES
 from backend.passthrough import Passthrough
 from backend.plan import Attempt, Call, Encoder, Plan, chunk_inputs
 from backend.postprocessing import classifications, head_scores, l2_normalize, positive_index
@@ -343,12 +353,17 @@ class Gateway:
         encode: Encoder | None = None,
         prompt_name: str | None = None,
         input_type: str | None = None,
+        types: Sequence[str] = ("float",),
+        encoding: str = "float",
     ) -> tuple[Plan, np.ndarray]:
         """Return the inference and its embeddings, float32 ``[texts, dim]``: the one path every
-        embedding route takes (:embed, /v1/embeddings, rerank). ``token_ids`` (instead of texts)
-        are the tokens of each input without special tokens, which the gateway adds. The
-        texts get the model's prompt (``prompt_name``, Cohere's ``input_type``, else its
-        default prompt: backend/embeddings.py); ``normalize`` None: the model's own choice."""
+        dense-only embedding route takes (/v1/embeddings, /v2/embed, batch jobs). ``token_ids``
+        (instead of texts) are the tokens of each input without special tokens, which the
+        gateway adds. The texts get the model's prompt (``prompt_name``, Cohere's
+        ``input_type``, else its default prompt: backend/embeddings.py); ``normalize`` None: the
+        model's own choice. Only the dense output is asked of the model server (a BGE-M3
+        export's token outputs stay there), and the answer in ``types`` and ``encoding`` is
+        counted against GATEWAY_MAX_ANSWER_BYTES before the call."""
         if token_ids is not None:
             if prompt_name is not None or input_type is not None:
                 raise UnprocessableInput("prompt_name and input_type need texts, not token ids")
@@ -364,8 +379,9 @@ class Gateway:
                 prompted = with_prompt(plan.texts, _prompt(plan.assets, prompt_name, input_type))
                 return plan.assets.tokenizer.encode(prompted, direction=direction)
 
+        dense_only = Options(kinds=("dense",), types=tuple(types), encoding=encoding)
         done = self._infer(Plan(model, texts, version, label, truncate, encode=encode,
-                                check=_dense_only(model)))  # fmt: skip
+                                check=_dense_only(model), options=dense_only))  # fmt: skip
         with timing.stage("postprocess"):
             embeddings = done.outputs.get("embedding")
             if embeddings is None:
@@ -628,7 +644,7 @@ class Gateway:
             plan.encoded = (
                 encode(plan) if encode is not None else plan.assets.tokenizer.encode(plan.texts)
             )  # fmt: skip
-            if plan.options is not None and plan.kinds != ("dense",):  # dense: texts x dim
+            if plan.options is not None:  # every kind, dense (texts x dim) too
                 self._check_answer_bytes(plan)
         if plan.from_idf:  # inference-free sparse queries: postprocess reads the IDF table
             _check_truncation(plan)
@@ -687,7 +703,7 @@ class Gateway:
         plan.encoded = [entry.encoded for entry in entries]
         plan.outputs = stack(entries)
         _check_truncation(plan)  # a hit cut under truncate=true is a 413 under false
-        if plan.options is not None and plan.kinds != ("dense",):
+        if plan.options is not None:
             self._check_answer_bytes(plan)
 
     def _cache_keys(self, plan: Plan) -> list[Key]:
@@ -822,11 +838,35 @@ class Gateway:
         # per signature, so each queue then holds one shape and never pads (padding is off).
         by_length = assets.bucket_signatures if bucketing else {}
         pad_id = assets.tokenizer.pad_id
+        self._check_reply_bytes(plan, chunks)
         plan.calls = [
             Call(chunk, chunk_inputs(chunk, encoded, pad_id, plan.speeds),
                  by_length.get(chunk.seq_len))
             for chunk in chunks
         ]  # fmt: skip
+
+    def _check_reply_bytes(self, plan: Plan, chunks: Sequence[Chunk]) -> None:
+        """413 when the model server's replies to an embedder's ``chunks`` would take more than
+        GATEWAY_MAX_ANSWER_BYTES, before any call: each chunk's rows x the numbers of the outputs
+        the call brings back (those asked, or every one where the transport can't narrow:
+        backend/outputs/ ``reply_outputs``) x a number's bytes on that transport."""
+        outputs = plan.assets.outputs
+        if outputs is None:  # classify and tag: their replies are their answers' size
+            return
+        transport = self.client.transport
+        names = reply_outputs(outputs, _wanted_outputs(plan), transport,
+                              plan.assets.info.get("kind_signatures"))  # fmt: skip
+        each = REPLY_NUMBER_BYTES.get(transport, FLOAT_BYTES)
+        total = sum(len(c.indices) * reply_numbers(outputs, names, c.seq_len) * each
+                    for c in chunks)  # fmt: skip
+        most = self.settings.max_answer_bytes
+        if total > most:
+            rows, tokens = sum(len(c.indices) for c in chunks), max(c.seq_len for c in chunks)
+            raise PayloadTooLarge(
+                f"the model server's reply would take about {total} bytes ({', '.join(names)} "
+                f"of {rows} rows of up to {tokens} tokens over {transport}), over the limit of "
+                f"{most} (GATEWAY_MAX_ANSWER_BYTES): send fewer or shorter texts or fewer outputs"
+            )
 
     def _call(self, plan: Plan) -> list[Outputs]:
         """Stage ``call``: each call's outputs (the plan's order), at most N calls in flight."""

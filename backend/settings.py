@@ -52,9 +52,11 @@ class Settings:
     # tensor elements (numbers, strings) one /tfs body may hold, counted before the call: a
     # :predict body can ask the model server for a tensor far over what its bytes suggest
     tfs_max_elements: int = 1_000_000
-    # bytes of the answer one :embed may build (multi-vectors are rows x dims numbers, sparse
-    # answers indices and weights): estimated from the tokenized rows before the model runs;
-    # a 413 past it (backend/outputs/)
+    # bytes of the answer one embedding request (:embed, /v1/embeddings, /v2/embed) may build
+    # (multi-vectors are rows x dims numbers, sparse answers indices and weights), and of the
+    # model server's reply to it (the outputs the route reads, padded rows): estimated from the
+    # tokenized rows before the model runs; a 413 past it (backend/outputs/); the gRPC receive
+    # limit follows it
     max_answer_bytes: int = 33_554_432
     bucketing: bool = True
     grpc_retries: int = 2

@@ -99,9 +99,12 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_TFS_MAX_ELEMENTS": "tensor elements (numbers, strings, b64 values) one `/tfs` body "
     "may hold, counted before the call: 413 naming it past that "
     "([coming from TF Serving](../guides/coming-from-other-servers.md))",
-    "GATEWAY_MAX_ANSWER_BYTES": "bytes the answer of one `:embed` may take, estimated per output "
-    "kind from the tokenized rows before the model runs (multi-vectors: rows × dims numbers per "
-    "output type; sparse: an index and a weight per entry): 413 past it",
+    "GATEWAY_MAX_ANSWER_BYTES": "bytes the answer of one embedding request (`:embed`, "
+    "`/v1/embeddings`, `/v2/embed`) may take, and the model server's reply to it, estimated per "
+    "output kind from the tokenized rows before the model runs (multi-vectors: rows × dims numbers "
+    "per output type; sparse: an index and a weight per entry; the reply: only the outputs the "
+    "route reads, where the transport can narrow them, padded rows × numbers × 4 bytes on gRPC): "
+    "413 past it; the gRPC channel's receive limit is it plus 1 MiB",
     "GATEWAY_BUCKETING": "pad length-sorted chunks to 16/32/64/… buckets (`0`: pad to the longest)",
     "GATEWAY_GRPC_RETRIES": "retries (with jitter) on UNAVAILABLE only",
     "GATEWAY_RETRY_AFTER_S": "the `Retry-After` of a 503",

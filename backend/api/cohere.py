@@ -30,12 +30,12 @@ def embed_v2() -> Response:
         body = body_as(CohereEmbedRequest)
         name, version, label = named_model(body.model)
     direction = {"START": "left", "END": "right"}.get(body.truncate)
+    types = body.embedding_types or ["float"]
     done, vectors = current_gateway().embeddings(
         name, body.texts, version, label, body.truncate != "NONE", normalize=True,
-        direction=direction, input_type=body.input_type,
+        direction=direction, input_type=body.input_type, types=types,
     )  # fmt: skip
     note_served(name, done.assets.version)
-    types = body.embedding_types or ["float"]
     with timing.stage("answer"):
         return json_response({
             "id": str(uuid.uuid4()), "embeddings": typed_embeddings(vectors, types),

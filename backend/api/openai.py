@@ -73,7 +73,7 @@ def embeddings() -> Response:
         done, vectors = gateway.embeddings(
             name, texts, version, label, normalize=True, token_ids=token_ids,
             direction=req.truncation_direction, prompt_name=req.prompt_name,
-            input_type=req.input_type,
+            input_type=req.input_type, types=(req.embedding_type,), encoding=req.encoding_format,
         )  # fmt: skip
     except ValueError as exc:  # a token id outside the vocabulary
         raise UnprocessableInput(str(exc)) from None

@@ -16,13 +16,14 @@ def make_client(settings: Settings, calls_at_once: int | None = None) -> Predict
     chunk threads), the REST pool's size; unknown (a bare WSGI server), RestClient's default.
     """
     if settings.upstream == "grpc":
-        from backend.clients.grpc_client import GrpcClient
+        from backend.clients.grpc_client import GrpcClient, receive_limit
 
         return GrpcClient(
             settings.tfs_grpc_target,
             retries=settings.grpc_retries,
             retry_after_s=settings.retry_after_s,
             status_deadline_s=settings.status_deadline_s,
+            max_receive_bytes=receive_limit(settings.max_answer_bytes),
         )
     if settings.upstream == "rest":
         from backend.clients.rest_client import POOL_SIZE, RestClient

@@ -23,7 +23,13 @@ import backend.clients.endpoints as endpoints
 from backend import tracing
 from backend.clients.base import Outputs, error_for_status
 from backend.clients.replicas import Replica, ReplicaHung, ReplicaSet
-from backend.errors import GatewayError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from backend.errors import (
+    GatewayError,
+    PayloadTooLarge,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from backend.tensors import fill_tensor_proto, from_tensor_proto
 from backend.tfs_json import HTTP_STATUS
 from modelformat.protos import serving_pb2
@@ -36,7 +42,8 @@ CLASSIFY = "/tensorflow.serving.PredictionService/Classify"
 REGRESS = "/tensorflow.serving.PredictionService/Regress"
 SIGNATURE = "serving_default"
 
-# TF Serving sends up to 2 GiB; grpc-python would refuse replies over 4 MiB by default.
+# TF Serving sends up to 2 GiB; grpc-python would refuse replies over 4 MiB by default. The
+# gateway's channels take what its answer budget allows (``receive_limit``), the rest none.
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
@@ -49,6 +56,20 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
+# What a reply may hold beyond the tensors GATEWAY_MAX_ANSWER_BYTES bounds (names, shapes, the
+# version): the receive limit is the budget plus this
+RECEIVE_MARGIN_BYTES = 1 << 20
+GRPC_MAX_MESSAGE = (1 << 31) - 1  # gRPC's own ceiling (an int32): a larger limit is none
+
+
+def receive_limit(max_answer_bytes: int) -> int:
+    """Return the channel's max_receive_message_length for an answer budget: the budget plus
+    RECEIVE_MARGIN_BYTES (the gateway counts each call's reply against it before sending, so a
+    larger reply is a wrong count or a /tfs reply past the budget), -1 over gRPC's ceiling."""
+    limit = max_answer_bytes + RECEIVE_MARGIN_BYTES
+    return limit if max_answer_bytes > 0 and limit <= GRPC_MAX_MESSAGE else -1
+
+
 # A call that has waited this long on one replica makes the set probe that replica's status.
 SUSPECT_AFTER_S = 0.5
 # How often each replica is asked for the states of a model requests name by version or label.
@@ -69,8 +90,12 @@ class Stubs:
     regress: Any
 
     @classmethod
-    def open(cls, target: str) -> Stubs:
-        channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    def open(cls, target: str, max_receive_bytes: int = -1) -> Stubs:
+        """Return the stubs of a new channel to ``target`` receiving replies of at most
+        ``max_receive_bytes`` (-1: any size)."""
+        options = [(name, max_receive_bytes if name == "grpc.max_receive_message_length" else value)
+                   for name, value in CHANNEL_OPTIONS]  # fmt: skip
+        channel = grpc.insecure_channel(target, options=options)
         return cls(
             channel,
             channel.unary_unary(
@@ -118,8 +143,11 @@ class GrpcClient:
         backoff_s: float = 0.05,
         retry_after_s: int = 1,
         status_deadline_s: float = 1.0,
+        max_receive_bytes: int = -1,
     ) -> None:
+        """``max_receive_bytes``: the largest reply a channel takes (``receive_limit``; -1 any)."""
         self.target = target
+        self.max_receive_bytes = max_receive_bytes
         self.retries = retries
         self.backoff_s = backoff_s
         self.retry_after_s = retry_after_s
@@ -130,7 +158,7 @@ class GrpcClient:
             self.replicas = ReplicaSet(
                 target,
                 resolve=lambda: endpoints.resolve(target),
-                connect=Stubs.open,
+                connect=lambda address: Stubs.open(address, max_receive_bytes),
                 disconnect=Stubs.close,
                 status=self._replica_status,
                 transport=self.transport,
@@ -138,7 +166,7 @@ class GrpcClient:
                 retry_after_s=retry_after_s,
             )
         else:
-            self._single = Stubs.open(target)
+            self._single = Stubs.open(target, max_receive_bytes)
 
     def predict(
         self,
@@ -315,6 +343,13 @@ class GrpcClient:
     def _mapped(self, exc: grpc.RpcError, model: str) -> GatewayError:
         code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
         message = exc.details() if hasattr(exc, "details") else str(exc)
+        limit = self.max_receive_bytes
+        if code.name == "RESOURCE_EXHAUSTED" and f"vs. {limit})" in (message or "") and limit > 0:
+            # our channel's receive limit, not the model server's queue: the reply is too big
+            return PayloadTooLarge(
+                f"the model server's reply is over the gateway's receive limit ({message}: "
+                f"GATEWAY_MAX_ANSWER_BYTES plus {RECEIVE_MARGIN_BYTES} bytes)"
+            )
         return error_for_status(
             code.name, message or "", model=model, retry_after_s=self.retry_after_s
         )

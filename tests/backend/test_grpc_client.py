@@ -124,3 +124,25 @@ def test_requests_carry_the_exact_version_and_tensor_content(scripted: tuple[Scr
     assert request.model_spec.version.value == 7
     assert request.model_spec.signature_name == "serving_default"
     assert request.inputs["input_ids"].tensor_content == INPUTS["input_ids"].tobytes()
+
+
+def test_a_reply_over_the_receive_limit_is_a_413_naming_the_answer_budget(
+    scripted: tuple[Script, str],
+) -> None:
+    """The channel takes replies up to GATEWAY_MAX_ANSWER_BYTES plus a margin (``receive_limit``):
+    a larger one is refused by gRPC itself and answered 413 naming the setting, not the 503 of a
+    full batch queue (RESOURCE_EXHAUSTED either way on the wire)."""
+    from backend.clients.grpc_client import RECEIVE_MARGIN_BYTES, receive_limit
+    from backend.errors import PayloadTooLarge
+
+    _, target = scripted
+    client = GrpcClient(target, retries=0, max_receive_bytes=20)  # the reply is about 30 bytes
+    roomy = GrpcClient(target, retries=0, max_receive_bytes=receive_limit(20))
+
+    with pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_ANSWER_BYTES"):
+        client.predict("m", INPUTS, timeout_s=5)
+    outputs, _ = roomy.predict("m", INPUTS, timeout_s=5)
+
+    np.testing.assert_allclose(outputs["probabilities"], [[0.25, 0.75]])
+    assert receive_limit(20) == 20 + RECEIVE_MARGIN_BYTES
+    assert receive_limit(1 << 31) == -1  # over gRPC's own ceiling: no limit

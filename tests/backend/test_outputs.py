@@ -5,13 +5,29 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from backend.outputs import KINDS, Options, agreement, dense, multivector, sparse
+from backend.outputs import (
+    KINDS,
+    Options,
+    agreement,
+    dense,
+    multivector,
+    reply_numbers,
+    reply_outputs,
+    sparse,
+)
 from backend.tokenization import Encoded, TextTokenizer
-from modelformat.outputs import MarkerSide, MultiVectorOutput, SparseOutput
+from modelformat.outputs import (
+    DenseOutput,
+    MarkerSide,
+    MultiVectorOutput,
+    Outputs,
+    SparseOutput,
+)
 from modelformat.sparse_idf import encode_queries, read_idf
 
 
@@ -243,3 +259,41 @@ def test_colbert_query_and_document_tokens_match_pylate(
             assert mine.ids.tolist() == theirs["input_ids"][0].tolist(), (text, is_query)
             attention = np.ones_like(mine.ids) if mine.attention is None else mine.attention
             assert attention.tolist() == theirs["attention_mask"][0].tolist(), (text, is_query)
+
+
+M3_OUTPUTS = Outputs(
+    dense=DenseOutput(1024),
+    sparse=SparseOutput(form="token_weights"),
+    multivector=MultiVectorOutput(dim=1024),
+)
+M3_SUBSETS = {"dense": ["embedding"], "sparse": ["token_weights"],
+              "dense+sparse": ["embedding", "token_weights"]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("transport", "wanted", "subsets", "holds"),
+    [
+        ("grpc", ("embedding",), None, ("embedding",)),  # output_filter
+        ("rest", ("embedding",), M3_SUBSETS, ("embedding",)),  # serving_default.dense
+        ("rest", ("embedding",), None, ("embedding", "token_weights", "token_vectors")),
+        ("rest", ("embedding", "token_vectors"), M3_SUBSETS,
+         ("embedding", "token_weights", "token_vectors")),  # no subset has both: every output
+        ("local", ("embedding",), M3_SUBSETS, ("embedding", "token_weights", "token_vectors")),
+        ("grpc", (), None, ("embedding", "token_weights", "token_vectors")),  # asked for all
+    ],
+)  # fmt: skip
+def test_a_reply_holds_what_the_transport_can_narrow_it_to(
+    transport: str, wanted: tuple[str, ...], subsets: Any, holds: tuple[str, ...]
+) -> None:
+    assert set(reply_outputs(M3_OUTPUTS, wanted, transport, subsets)) == set(holds)
+
+
+def test_a_reply_row_counts_each_outputs_numbers_at_the_padded_length() -> None:
+    splade = Outputs(sparse=SparseOutput(form="topk", top_k=64, vocab_size=30522))
+    assert reply_numbers(M3_OUTPUTS, ("embedding",), 128) == 1024
+    assert reply_numbers(M3_OUTPUTS, ("token_weights",), 128) == 128
+    assert reply_numbers(M3_OUTPUTS, ("token_vectors",), 128) == 128 * 1024
+    assert reply_numbers(splade, ("sparse_indices", "sparse_values"), 128) == 2 * 64
+    # BGE-M3 at 128 tokens: the whole reply is 130x the dense vector's
+    every = ("embedding", "token_weights", "token_vectors")
+    assert reply_numbers(M3_OUTPUTS, every, 128) == 1024 + 128 + 128 * 1024

@@ -48,10 +48,10 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, ModelServer]]:
     """Return a one-worker gateway with the production limits (1 MiB bodies, 256 texts of
-    20,000 characters) and a small request budget, over a model server of an embedder, a
-    cross-encoder and a tagger."""
+    20,000 characters) and a small request budget, and the model server of an embedder, a
+    cross-encoder and a tagger behind it."""
     from export.tiny import export_tiny_model
 
     root = tmp_path_factory.mktemp("budget")
@@ -79,11 +79,26 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             "GATEWAY_MAX_REQUEST_ROWS": str(MAX_REQUEST_ROWS),
         })  # fmt: skip
         running = Gateway(env, logs, workers=1, threads=2)
-        yield running
+        yield running, server
     finally:
         if running is not None:
             running.stop()
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: tuple[Gateway, ModelServer]) -> Gateway:
+    return stack[0]
+
+
+def predicts(server: ModelServer) -> int:
+    """Return the calls the model server has answered (its request_count, every model and
+    status), from its Prometheus page."""
+    from ops.tfs_metrics import scrape
+
+    counts = scrape(f"{server.rest_url}/monitoring/prometheus/metrics")
+    assert counts is not None, "the model server's metrics page did not answer"
+    return sum(counts.values())
 
 
 def _worker(gateway: Gateway) -> int:
@@ -241,22 +256,30 @@ OVER_BUDGET = {
 
 @pytest.mark.parametrize("case", list(OVER_BUDGET))
 def test_a_request_over_its_budget_is_a_413_naming_the_numbers_and_the_setting(
-    gateway: Gateway, case: str
+    stack: tuple[Gateway, ModelServer], case: str
 ) -> None:
+    """A 413 naming the numbers and the setting, refused before the model runs: the model
+    server's request count does not move."""
+    gateway, server = stack
     path, body, setting = OVER_BUDGET[case]
+    before = predicts(server)
     reply, _, grown = measured(gateway, path, body)
     assert reply.status_code == 413, reply.text[:300]
     message = _message(reply)
     limit = MAX_REQUEST_TOKENS if setting.endswith("TOKENS") else MAX_REQUEST_ROWS
     assert setting in message and f"limit of {limit}" in message, message
     assert grown <= RSS_BOUND_MIB, f"{case}: the worker grew {grown:.0f} MiB"
+    assert predicts(server) == before, f"{case}: the model server ran it"
 
 
-def test_a_request_within_its_budget_is_served(gateway: Gateway) -> None:
+def test_a_request_within_its_budget_is_served(stack: tuple[Gateway, ModelServer]) -> None:
+    gateway, server = stack
     body = {"texts": [LONG, "hi"], "long_text": "chunk"}
+    before = predicts(server)
     reply = requests.post(f"{gateway.url}/v1/models/{EMBED}:embed", json=body, timeout=30)
     assert reply.status_code == 200, reply.text[:300]
     assert reply.json()["windows"] == [26, 1]
+    assert predicts(server) > before  # the count the 413s are checked against counts calls
 
 
 _DEADLINE_CALLS: dict[str, Any] = {
@@ -273,20 +296,25 @@ _DEADLINE_CALLS: dict[str, Any] = {
 @pytest.mark.parametrize("name", _DEADLINE_CALLS)
 def test_the_tokenizer_checks_the_deadline_as_it_goes(name: str) -> None:
     """No request holds a thread past its deadline: windows, pairs and texts are refused (504)
-    once it has passed, before their rows are built; outside a request nothing is checked."""
+    once it has passed, before their rows are built; outside a request nothing is checked. The
+    rows are counted to the limit: a call's own rows are within a budget of exactly them, the
+    same call again is not (each call alone in its step: the allowed one can't be the one
+    refused)."""
     tokenizer = BertTokenizer(dict((t, i) for i, t in enumerate(tiny_vocab())), max_seq_len=16)
     call = functools.partial(_DEADLINE_CALLS[name], tokenizer)
     roomy = Settings(max_request_tokens=10**9, max_request_rows=10**9)
     call()  # no budget: no check
     with budget.scope(roomy, deadline=time.monotonic() - 1), pytest.raises(UpstreamTimeout):
         call()
-    no_rows = roomy.replace(max_request_rows=1)
-    with (
-        budget.scope(no_rows, deadline=time.monotonic() + 60),
-        pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_REQUEST_ROWS"),
-    ):
+    with budget.scope(roomy, deadline=time.monotonic() + 60) as counted:
         call()
-        call()  # one row is within it (a text, a pair): the second is not
+    rows = counted.rows  # a text, a pair, an id list 1; LONG's windows over a hundred
+    exact = roomy.replace(max_request_rows=rows)
+    with budget.scope(exact, deadline=time.monotonic() + 60) as spent:
+        call()  # its own rows: within the budget
+        assert spent.rows == rows
+        with pytest.raises(PayloadTooLarge, match="GATEWAY_MAX_REQUEST_ROWS"):
+            call()  # the same rows again: over it
     call()  # the scope is over: no check
 
 

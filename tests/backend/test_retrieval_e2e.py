@@ -515,20 +515,45 @@ def test_an_answer_over_the_answer_budget_is_a_413_before_the_model_runs(
 ) -> None:
     from backend.app import create_app
 
+    # gRPC: the reply is only the outputs asked (over REST this table model, which has no
+    # output-subset signatures, sends all three, and the reply is what is over: below)
     app = create_app({
-        "upstream": "rest", "tfs_rest_url": retrieval["server"].rest_url,
+        "upstream": "grpc", "tfs_grpc_target": retrieval["server"].grpc_target,
         "model_base_path": str(retrieval["base"]), "model_config_file": str(retrieval["config"]),
         "max_answer_bytes": 2000,
     })  # fmt: skip
     client = app.test_client()
     body = {"texts": TEXTS, "outputs": ["multivector"]}
+    before = _predicts(retrieval, M3)
 
     reply = client.post(f"/v1/models/{M3}:embed", json=body)
+    refused = _predicts(retrieval, M3)
     small = client.post(f"/v1/models/{M3}:embed", json={"texts": ["a"], "outputs": ["sparse"]})
 
     assert reply.status_code == 413, reply.text
     assert "GATEWAY_MAX_ANSWER_BYTES" in reply.json["error"]["message"]
+    assert refused == before  # the model server never ran it
     assert small.status_code == 200, small.text
+    assert _predicts(retrieval, M3) > refused  # and the count does count this model's calls
+
+
+def _predicts(retrieval: dict[str, Any], model: str) -> int:
+    """Return the calls the model server has answered for ``model`` (its request_count, every
+    status), from its Prometheus page."""
+    from ops.tfs_metrics import scrape
+
+    counts = scrape(f"{retrieval['server'].rest_url}/monitoring/prometheus/metrics", model)
+    assert counts is not None, "the model server's metrics page did not answer"
+    return sum(counts.values())
+
+
+def _dense_body(path: str, model: str, texts: list[str]) -> dict[str, Any]:
+    """Return the body of a dense-only route's request for ``texts``."""
+    if path == "/v1/embeddings":
+        return {"model": model, "input": texts}
+    if path == "/v2/embed":
+        return {"model": model, "texts": texts, "input_type": "search_document"}
+    return {"texts": texts}  # :embed
 
 
 class Recording:
@@ -537,14 +562,35 @@ class Recording:
     def __init__(self, client: Any) -> None:
         self._client = client
         self.calls: list[tuple[tuple[str, ...], set[str]]] = []
+        self.bytes: list[int] = []  # each reply's tensors, as the model server sent them
 
     def predict(self, model: str, inputs: Any, **kwargs: Any) -> Any:
         outputs, served = self._client.predict(model, inputs, **kwargs)
         self.calls.append((tuple(kwargs.get("output_filter", ())), set(outputs)))
+        self.bytes.append(sum(int(v.nbytes) for v in outputs.values()))
         return outputs, served
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+
+def _recorded_app(
+    retrieval: dict[str, Any], upstream: str, **settings: Any
+) -> tuple[Any, Recording]:
+    """Return an in-process gateway app on the retrieval model server whose upstream client
+    (the real one) records each call's filter, outputs and bytes."""
+    from backend.app import create_app
+    from backend.clients import make_client
+    from backend.service import Gateway as Service
+
+    app = create_app({"upstream": upstream, "tfs_grpc_target": retrieval["server"].grpc_target,
+                      "tfs_rest_url": retrieval["server"].rest_url,
+                      "model_base_path": str(retrieval["base"]),
+                      "model_config_file": str(retrieval["config"]), **settings})  # fmt: skip
+    made = app.extensions["gateway_settings"]
+    recording = Recording(make_client(made))
+    app.extensions["gateway"] = Service(made, client=recording)
+    return app, recording
 
 
 @pytest.mark.parametrize("upstream", ["grpc", "rest"])
@@ -554,17 +600,7 @@ def test_only_the_outputs_asked_for_leave_the_model_server(
     """gRPC filters the outputs (``output_filter``); REST asks the narrowest output-subset
     signature the export wrote (modelformat/outputs.py ``kind_signatures``): either way the
     upstream answer of a dense-only call holds no token outputs."""
-    from backend.app import create_app
-    from backend.clients import make_client
-    from backend.service import Gateway as Service
-
-    app = create_app({"upstream": upstream, "tfs_grpc_target": retrieval["server"].grpc_target,
-                      "tfs_rest_url": retrieval["server"].rest_url,
-                      "model_base_path": str(retrieval["base"]),
-                      "model_config_file": str(retrieval["config"])})  # fmt: skip
-    settings = app.extensions["gateway_settings"]
-    recording = Recording(make_client(settings))
-    app.extensions["gateway"] = Service(settings, client=recording)
+    app, recording = _recorded_app(retrieval, upstream)
     client = app.test_client()
     path = f"/v1/models/{REAL_M3}:embed"
 
@@ -582,6 +618,79 @@ def test_only_the_outputs_asked_for_leave_the_model_server(
     ]
     assert dense.json["embeddings"] == hybrid.json["embeddings"] == every.json["embeddings"]
     assert sparse.json["sparse"] == hybrid.json["sparse"] == every.json["sparse"]
+
+
+@pytest.mark.parametrize("upstream", ["grpc", "rest"])
+def test_dense_only_routes_bring_back_the_dense_vectors_alone(
+    retrieval: dict[str, Any], upstream: str
+) -> None:
+    """OpenAI's /v1/embeddings and Cohere's /v2/embed read only the dense vector: of a BGE-M3
+    export the model server sends back rows x dim float32s and nothing else, as for a dense
+    :embed (they used to bring back every token vector and weight as well)."""
+    app, recording = _recorded_app(retrieval, upstream)
+    client = app.test_client()
+    paths = ("/v1/embeddings", "/v2/embed", f"/v1/models/{REAL_M3}:embed")
+    seen = {}
+
+    for path in paths:
+        recording.calls.clear()
+        recording.bytes.clear()
+        reply = client.post(path, json=_dense_body(path, REAL_M3, TEXTS))
+        assert reply.status_code == 200, reply.text
+        seen[path] = ({(f, tuple(sorted(o))) for f, o in recording.calls}, sum(recording.bytes))
+
+    dim = 32  # export/tiny_retrieval.py's hidden size: the dense vector's
+    dense = ({(("embedding",), ("embedding",))}, len(TEXTS) * dim * 4)
+    assert seen == dict.fromkeys(paths, dense)
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v2/embed"])
+def test_a_dense_answer_over_the_budget_is_a_413_before_the_model_runs(
+    retrieval: dict[str, Any], path: str
+) -> None:
+    """GATEWAY_MAX_ANSWER_BYTES bounds the dense-only routes' answers too (texts x dims numbers),
+    counted before the call: over it a 413 naming the setting and the numbers, and the model
+    server's request count shows it never ran."""
+    # tiny M3's 8 dims: a float vector is counted as 8 x 16 = 128 answer bytes
+    app, _ = _recorded_app(retrieval, "grpc", max_answer_bytes=300)
+    client = app.test_client()
+    before = _predicts(retrieval, M3)
+
+    over = client.post(path, json=_dense_body(path, M3, ["a", "b", "c"]))
+    refused = _predicts(retrieval, M3)
+    within = client.post(path, json=_dense_body(path, M3, ["a", "b"]))
+
+    assert over.status_code == 413, over.text
+    assert "GATEWAY_MAX_ANSWER_BYTES" in over.text and "384 bytes" in over.text, over.text
+    assert "limit of 300" in over.text, over.text
+    assert refused == before
+    assert within.status_code == 200, within.text
+    assert _predicts(retrieval, M3) == refused + 1
+
+
+def test_a_reply_rest_cant_narrow_is_counted_whole_before_the_call(
+    retrieval: dict[str, Any],
+) -> None:
+    """REST has no output filter: a version without output-subset signatures (the tiny BGE-M3
+    table) sends back every output, so its reply is counted whole against
+    GATEWAY_MAX_ANSWER_BYTES and refused (413) before the call; the real export's dense
+    signature keeps the same request within it."""
+    app, recording = _recorded_app(retrieval, "rest", max_answer_bytes=600)
+    client = app.test_client()
+    before = _predicts(retrieval, M3)
+
+    whole = client.post("/v1/embeddings", json=_dense_body("/v1/embeddings", M3, ["hello"]))
+    refused = _predicts(retrieval, M3)
+    narrowed = client.post("/v1/embeddings", json=_dense_body("/v1/embeddings", REAL_M3,
+                                                               ["hello"]))  # fmt: skip
+
+    assert whole.status_code == 413, whole.text
+    message = whole.json["error"]["message"]
+    assert "model server's reply" in message and "GATEWAY_MAX_ANSWER_BYTES" in message, message
+    assert "token_vectors" in message, message
+    assert refused == before
+    assert narrowed.status_code == 200, narrowed.text
+    assert recording.calls == [(("embedding",), {"embedding"})]
 
 
 @pytest.mark.parametrize(("shadow", "agrees"), [(2, True), (3, False)])
