@@ -94,9 +94,12 @@ def cut(
     return parts, rows
 
 
-def windows(todo: Sequence[int], rows: Sequence[int], hold: int = HOLD_ROWS) -> Iterator[list[int]]:
-    """Yield ``todo`` (part numbers, in order) in windows of at most ``hold`` inputs (a part
-    larger than that alone)."""
+def windows(
+    todo: Sequence[int], rows: Sequence[int], hold: int | None = None
+) -> Iterator[list[int]]:
+    """Yield ``todo`` (part numbers, in order) in windows of at most ``hold`` inputs (default
+    ``HOLD_ROWS``; a part larger than that alone)."""
+    hold = HOLD_ROWS if hold is None else hold
     window: list[int] = []
     held = 0
     for k in todo:
