@@ -389,6 +389,8 @@ class Runner:
             bad = Bad(call[0].index, call[0].custom_id, exc.status_code,
                       error_body(call[0].route, exc))  # fmt: skip
             errors.append(error_line(self.job, bad))
+            if self.progress is not None:  # done too: an error line
+                self.progress.add(call[0].count)
             return
         version = int(done.served)
         start = 0
