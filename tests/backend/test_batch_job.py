@@ -35,7 +35,7 @@ from ops.procs import python_cmd
 from ops.stack import SERVING_CONFIG
 from ops.tfs_metrics import METRICS_PATH, scrape
 from tests.backend.conftest import EMBED, INTENT
-from tests.backend.stack import ModelServer
+from tests.backend.stack import ModelServer, model_config
 
 # the model server as the product runs it: batching on, with the shipped parameters
 BATCHING = ["--enable_batching=true",
@@ -73,12 +73,14 @@ def write_rows(path: Path, texts: list[str], extra: list[bytes] = ()) -> Path:  
     return path
 
 
-def batching_server(config_file: Path, log_dir: Path) -> ModelServer:
-    """Return a model server with the shipped batching parameters, tiny-embed v1 AVAILABLE."""
+def batching_server(
+    config_file: Path, log_dir: Path, models: tuple[str, ...] = (EMBED, INTENT)
+) -> ModelServer:
+    """Return a model server with the shipped batching parameters, ``models`` v1 AVAILABLE."""
     server = ModelServer(config_file, log_dir, extra_flags=BATCHING)
     try:
-        server.wait_available(EMBED, 1)
-        server.wait_available(INTENT, 1)
+        for model in models:
+            server.wait_available(model, 1)
     except BaseException:
         server.stop()
         raise
@@ -602,7 +604,9 @@ def test_a_job_stopped_by_a_model_server_outage_resumes_with_every_row_once(
     source = write_rows(tmp_path / "in.jsonl", corpus(rows, seed=14))
     settings = settings_of(env)
     run_job(JobSpec(source, tmp_path / "whole", model=EMBED, part_rows=8), settings, io.StringIO())
-    server = batching_server(config_file, log_dir)
+    config_file = tmp_path / "embed.config"  # tiny-embed alone: a cheaper start, twice
+    config_file.write_text(model_config(model_base, {}, [EMBED]), encoding="utf-8")
+    server = batching_server(config_file, log_dir, (EMBED,))
     job_settings = settings_of(server_env(server, model_base, config_file))
     out = tmp_path / "out"
     slow = JobSpec(source, out, model=EMBED, part_rows=8, call_rows=8, retries=1, backoff_s=0.1,
@@ -631,7 +635,7 @@ def test_a_job_stopped_by_a_model_server_outage_resumes_with_every_row_once(
     errors = b"".join(p.read_bytes() for p in out.glob("part-*.errors.jsonl"))
     assert errors == b"", "the outage became error lines"
 
-    again = batching_server(config_file, log_dir)
+    again = batching_server(config_file, log_dir, (EMBED,))
     try:
         summary = run_job(JobSpec(source, out, model=EMBED, part_rows=8, call_rows=8),
                           settings_of(server_env(again, model_base, config_file)),
