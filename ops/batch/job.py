@@ -3,21 +3,30 @@ stages straight to the model server, write it whole, and resume where a killed r
 
 The plan is a function of the input alone: the items (lines that passed the route's checks)
 sorted by size, then cut into parts of about ``part_rows`` inputs; part ``k`` belongs to shard
-``k % n``. Each part's items are grouped by their options (model, route, prompt...) into calls of
-up to ``call_rows`` inputs to ``Gateway.embeddings``, which tokenizes, buckets by length and
-sends chunks of ``GATEWAY_MAX_BATCH`` rows over gRPC, ``GATEWAY_MAX_CONCURRENT_CHUNKS`` at once.
+``k % n``, which reads back only its own parts' lines (ops/batch/plan.py). Each part's items are
+grouped by their options (model, route, prompt...) into calls of up to ``call_rows`` inputs to
+``Gateway.embeddings``, which tokenizes, buckets by length and sends chunks of
+``GATEWAY_MAX_BATCH`` rows over gRPC (the model server's batching ``max_batch_size``: the
+gateway's own calls are sized by it too), ``GATEWAY_MAX_CONCURRENT_CHUNKS`` at once.
 Model specs are resolved once, on the job's first start, and recorded in the manifest: a rerun
 (or a resumed run) answers from the same versions even when a label has moved since.
+
+What fails where: a row's own fault (a 4xx: over a limit, a text it may not cut) is an error
+line and the job goes on; the model server's (unavailable, a timeout, a 5xx) is retried a few
+times, then stops the job before the part is written, so a rerun sends those rows again. A call
+the model server refuses as larger than its batching limit is never retried as it was: the job
+says so once, takes the limit the refusal names for the rest of its calls, and counts it.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,14 +38,18 @@ from backend.outputs import KINDS
 from backend.schemas import EmbedRequest
 from backend.service import Gateway
 from backend.settings import Settings, load_settings
+from modelformat.outputs import DENSE_OUTPUT
 from ops.batch import parts
 from ops.batch.answers import answer_line, embed_line, error_line
 from ops.batch.inputs import Bad, Item, error_body, read_batch, read_rows, split_spec
 from ops.batch.pacing import Pacer, Yield
+from ops.batch.plan import load, scan, windows
 from ops.batch.progress import Progress
 from ops.tfs_metrics import METRICS_PATH, scrape
 
 RETRIES = 5  # upstream failures of one call before the job stops (a rerun resumes)
+# TF Serving's (and modelserver's) refusal of a call over its batching max_batch_size
+BATCH_LIMIT = re.compile(r"Task size (\d+) is larger than maximum input batch size (\d+)")
 
 
 @dataclass
@@ -55,6 +68,9 @@ class JobSpec:
     output_format: str | None = None  # "parquet" or "openai"; None: the input form's own
     kinds: tuple[str, ...] = ("dense",)  # Parquet: the output kinds, a column group each
     yields: Yield | None = None  # probe before each call (the command line's default); None: off
+    retries: int = RETRIES  # an unavailable or slow model server: tries of a call past the first
+    backoff_s: float = 1.0  # the first wait before a retry (doubling, at most 10 s)
+    progress_s: float = 5.0  # the progress line's period off a terminal
 
     @property
     def form(self) -> str:
@@ -88,6 +104,7 @@ class Summary:
     parts: int = 0
     seconds: float = 0.0
     yielded: dict[str, Any] | None = None  # the probes: how many, seconds waited, quiet ms
+    refused_calls: int = 0  # calls the model server refused as over its batching limit
 
     def count_error(self, status: int) -> None:
         self.errors[str(status)] = self.errors.get(str(status), 0) + 1
@@ -98,6 +115,7 @@ class Summary:
         return {"rows": self.rows, "errors": dict(sorted(self.errors.items())),
                 "error_lines": sum(self.errors.values()), "parts": self.parts,
                 "seconds": round(self.seconds, 3), "rows_per_s": round(rate, 1),
+                "refused_calls": self.refused_calls,
                 **({"yield": self.yielded} if self.yielded is not None else {})}  # fmt: skip
 
 
@@ -112,20 +130,17 @@ def digest(spec: JobSpec) -> str:
     return hasher.hexdigest()
 
 
-def read_input(spec: JobSpec, settings: Settings) -> tuple[list[Item], list[Bad]]:
-    """Return the input's items and bad lines (with Parquet output, also the lines that ask for
-    what its columns can't hold)."""
+def input_lines(spec: JobSpec, settings: Settings) -> Iterator[Item | Bad]:
+    """Yield the input's lines, read in order, as items and bad lines (with Parquet output, also
+    the lines that ask for what its columns can't hold)."""
     if spec.model is not None:
         lines = read_rows(spec.input, spec.model, spec.id_field, spec.text_field, settings)
     else:
         lines = read_batch(spec.input, settings)
-    items: list[Item] = []
-    bad: list[Bad] = []
     for line in lines:
         if isinstance(line, Item) and spec.fmt == "parquet":
             line = _parquet_check(line, spec.kinds)
-        (items if isinstance(line, Item) else bad).append(line)  # type: ignore[arg-type]
-    return items, bad
+        yield line
 
 
 def _parquet_check(item: Item, kinds: tuple[str, ...]) -> Item | Bad:
@@ -185,23 +200,10 @@ def resolve_specs(
 def plan_parts(items: Sequence[Item], part_rows: int, by_spec: bool = False) -> list[list[Item]]:
     """Return the items sorted by size (then input order), cut into parts of ~part_rows inputs;
     ``by_spec``: sorted by model spec first, a part never holding two (a Parquet part has one
-    vector dimension)."""
-    planned: list[list[Item]] = []
-    current: list[Item] = []
-    rows = 0
-    order = sorted(items, key=lambda i: (i.spec if by_spec else "", i.size, i.index))
-    for item in order:
-        if by_spec and current and current[-1].spec != item.spec:
-            planned.append(current)
-            current, rows = [], 0
-        current.append(item)
-        rows += item.count
-        if rows >= part_rows:
-            planned.append(current)
-            current, rows = [], 0
-    if current:
-        planned.append(current)
-    return planned
+    vector dimension). The job plans from numbers alone (ops/batch/plan.py): the same cut."""
+    plan = scan(items, lambda item: None, part_rows, by_spec, keep_bad=False)
+    at = {item.index: item for item in items}
+    return [[at[int(i)] for i in part] for part in plan.parts]
 
 
 def _spec_error(item: Item, entry: dict[str, Any]) -> Bad:
@@ -237,15 +239,39 @@ def counter(url: str) -> Any:
     return lambda: float(sum((scrape(url) or {}).values()))
 
 
+class _DenseOnly:
+    """The gateway's model-server client asking only for the dense output while ``on`` (the
+    job's dense calls: ``Gateway.embeddings`` reads ``embedding`` alone), when the version has
+    other outputs too (BGE-M3's token vectors and weights stay on the model server)."""
+
+    def __init__(self, client: Any, gateway: Gateway):
+        self._client, self._gateway, self.on = client, gateway, False
+
+    def predict(self, model: str, inputs: Any, **kwargs: Any) -> Any:
+        if self.on and not kwargs.get("output_filter"):
+            version = kwargs.get("version")
+            outputs = self._gateway.assets.get(model, version).outputs if version else None
+            if outputs is not None and outputs.kinds != ("dense",):
+                kwargs["output_filter"] = (DENSE_OUTPUT,)
+        return self._client.predict(model, inputs, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 class Runner:
     """Runs parts of one job on one Gateway (its client, caches, tokenizers)."""
 
     def __init__(self, spec: JobSpec, gateway: Gateway, job: str, models: dict[str, Any]):
         self.spec, self.gateway, self.job, self.models = spec, gateway, job, models
         self.call_rows = spec.call_rows
+        self.progress: Progress | None = None  # counts each call's rows as it is answered
+        self.refused_calls = 0
         self._probes: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         if spec.yields is not None and spec.yields.count is not None:
             gateway.client = _Counted(gateway.client, spec.yields)  # type: ignore[assignment]
+        self._narrow = _DenseOnly(gateway.client, gateway)
+        gateway.client = self._narrow  # type: ignore[assignment]
 
     def _probe(self, name: str, version: int) -> float:
         """Return the seconds of one probe: a one-text Predict of ``name@version``, straight to
@@ -300,6 +326,44 @@ class Runner:
                 start += len(call)
         return outputs, errors
 
+    def _refused(self, exc: UpstreamError) -> bool:
+        """Return True when ``exc`` is the model server's refusal of a call over its batching
+        limit and the job's calls now fit it (said once on stderr, counted); False for any other
+        refusal (it can't succeed again: the job stops on it)."""
+        found = BATCH_LIMIT.search(exc.message)
+        settings = self.gateway.settings
+        if found is None or not 0 < int(found.group(2)) < settings.max_batch_size:
+            return False
+        limit = int(found.group(2))
+        self.refused_calls += 1
+        print(f"batch: the model server refuses calls of more than {limit} rows (its batching "
+              f"max_batch_size; --max-batch / GATEWAY_MAX_BATCH is {settings.max_batch_size}): "
+              f"calls of {limit} rows from now on; give --max-batch {limit} to skip this "
+              "refusal", file=sys.stderr)  # fmt: skip
+        self.gateway.settings = replace(settings, max_batch_size=limit)
+        return True
+
+    def dims(self, item: Item) -> tuple[int, int]:
+        """Return the dense and the multi-vector dimension of ``item``'s model version (its
+        model.json's; where that has none, one call's answer): the columns of a part without
+        rows."""
+        model = self.models[item.spec]
+        outputs = self.gateway.assets.get(model["model"], model["version"]).outputs
+        dense = outputs.dense.dim if outputs is not None and outputs.dense is not None else 0
+        multi = 0
+        if outputs is not None and outputs.multivector is not None:
+            multi = outputs.multivector.dim
+        kinds = self.spec.kinds
+        if ("dense" in kinds and not dense) or ("multivector" in kinds and not multi):
+            request = EmbedRequest(texts=["dimension"], version=model["version"],
+                                   outputs=list(kinds))  # type: ignore[arg-type]  # fmt: skip
+            answer = self.gateway.embed(model["model"], request)
+            if "dense" in kinds:
+                dense = int(np.shape(answer["embeddings"])[-1])
+            if "multivector" in kinds:
+                multi = int(np.shape(answer["multivectors"][0]["vectors"])[-1])
+        return dense, multi
+
     def _sized(self, took: float, rows: int) -> None:
         """Size the next call by the yield rule (``Yield.size``), when it is on."""
         if self.spec.yields is not None:
@@ -316,6 +380,8 @@ class Runner:
                 return
             done, vectors = self._embeddings(call)
         except GatewayError as exc:
+            if exc.status_code >= 500:  # the model server's fault, not a row's: stop the job
+                raise
             if len(call) > 1:  # one item's fault: find it by running each alone
                 for item in call:
                     self._run_call([item], outputs, errors)
@@ -323,6 +389,8 @@ class Runner:
             bad = Bad(call[0].index, call[0].custom_id, exc.status_code,
                       error_body(call[0].route, exc))  # fmt: skip
             errors.append(error_line(self.job, bad))
+            if self.progress is not None:  # done too: an error line
+                self.progress.add(call[0].count)
             return
         version = int(done.served)
         start = 0
@@ -378,20 +446,28 @@ class Runner:
             start = end
 
     def _paced(self, call: list[Item], run: Any, size: Any = None) -> Any:
-        """Return ``run()``, retried on upstream failures, then paced (ops/batch/pacing.py) by
-        ``size(result)``: (rows, padded tokens), by default the call's inputs and characters
-        (the pacer needs a size, not ids)."""
-        for attempt in range(RETRIES + 1):
+        """Return ``run()``, retried while the model server is unavailable or slow (then its
+        error stops the job), then paced (ops/batch/pacing.py) by ``size(result)``: (rows,
+        padded tokens), by default the call's inputs and characters (the pacer needs a size,
+        not ids). A refusal is not retried, but one over the batching limit: see ``_refused``."""
+        attempt = 0
+        while True:
             self._wait_quiet(call[0])
             started = time.monotonic()
             try:
                 result = run()
                 break
-            except (Unavailable, UpstreamTimeout, UpstreamError):
-                if attempt == RETRIES:
+            except (Unavailable, UpstreamTimeout):
+                if attempt == self.spec.retries:
                     raise
-                time.sleep(min(2.0**attempt, 10.0))
+                time.sleep(min(self.spec.backoff_s * 2.0**attempt, 10.0))
+                attempt += 1
+            except UpstreamError as exc:
+                if not self._refused(exc):
+                    raise
         took = time.monotonic() - started
+        if self.progress is not None:
+            self.progress.add(sum(item.count for item in call))
         if size is None:
             rows, tokens = sum(item.count for item in call), sum(item.size for item in call)
         else:
@@ -417,6 +493,7 @@ class Runner:
             truncate, normalize = req.truncate, req.normalize
 
         def run() -> tuple[Any, np.ndarray]:
+            self._narrow.on = True
             try:
                 return self.gateway.embeddings(
                     model["model"], texts, model["version"], None, truncate,
@@ -427,6 +504,8 @@ class Runner:
                 )  # fmt: skip
             except ValueError as exc:  # a token id outside the vocabulary
                 raise UnprocessableInput(str(exc)) from None
+            finally:
+                self._narrow.on = False
 
         def size(result: tuple[Any, np.ndarray]) -> tuple[int, int]:
             done, vectors = result
@@ -466,7 +545,9 @@ def _calls(group: list[Item], call_rows: int) -> list[list[Item]]:
 
 
 def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> Summary:
-    """Run (or resume) the job: every part of this shard not yet written; return its summary."""
+    """Run (or resume) the job: every part of this shard not yet written; return its summary.
+    A failure of the model server (past its retries) raises its GatewayError: the parts written
+    so far stay, the one running is not written, and a rerun resumes there."""
     started = time.monotonic()
     spec.output.mkdir(parents=True, exist_ok=True)
     job = digest(spec)
@@ -475,44 +556,49 @@ def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> 
         raise SystemExit(
             f"{spec.output} holds another job's parts (input or flags differ): use a new --output"
         )
-    items, bad = read_input(spec, settings)
     gateway = Gateway(settings)
     try:
-        models = (
-            manifest["models"]
-            if manifest
-            else resolve_specs(
-                gateway,
-                [i.spec for i in items],
-                spec.kinds if spec.fmt == "parquet" else ("dense",),
-            )
-        )
-        good = [i for i in items if "version" in models[i.spec]]
-        bad += [_spec_error(i, models[i.spec]) for i in items if "version" not in models[i.spec]]
-        planned = plan_parts(good, spec.part_rows, by_spec=spec.form == "batch")
         index, count = spec.shard
-        mine = [k for k in range(len(planned)) if k % count == index]
+        models: dict[str, Any] = dict(manifest["models"]) if manifest else {}
+        kinds = spec.kinds if spec.fmt == "parquet" else ("dense",)
+
+        def good(item: Item) -> Bad | None:
+            """None for an item to run; its Bad line when its model spec did not resolve."""
+            if item.spec not in models:  # resolved once, when the job first sees it
+                models.update(resolve_specs(gateway, [item.spec], kinds))
+            entry = models[item.spec]
+            return None if "version" in entry else _spec_error(item, entry)
+
+        plan = scan(input_lines(spec, settings), good, spec.part_rows,
+                    by_spec=spec.form == "batch", keep_bad=index == 0)  # fmt: skip
+        mine = [k for k in range(len(plan.parts)) if k % count == index]
         manifest = manifest or {
             "job": job, "input": str(spec.input), "form": spec.form, "models": models,
             "output_format": spec.fmt, "outputs": list(spec.kinds),
-            "parts": len(planned), "shard": [index, count],
+            "parts": len(plan.parts), "shard": [index, count],
         }  # fmt: skip
         parts.write_manifest(spec.output, manifest, spec.manifest_name)
         summary = Summary()
         if index == 0:  # the input's bad lines: one file, the first shard's
-            lines = [error_line(job, b) for b in sorted(bad, key=lambda b: b.index)]
+            lines = [error_line(job, b) for b in sorted(plan.bad, key=lambda b: b.index)]
             parts.write_atomic(spec.output / "input.errors.jsonl", parts.jsonl(lines))
-            for b in bad:
+            for b in plan.bad:
                 summary.count_error(b.status)
         done = parts.done_parts(spec.output, spec.ext) & set(mine)
-        total = sum(i.count for k in mine for i in planned[k])
-        progress = Progress(total, sum(i.count for k in done for i in planned[k]), stream)
+        total = sum(plan.rows[k] for k in mine)
+        progress = Progress(total, sum(plan.rows[k] for k in done), stream, spec.progress_s)
         runner = Runner(spec, gateway, job, models)
-        for k in mine:
-            if k not in done:
-                _write_part(spec, runner, k, planned[k])
-                progress.add(sum(i.count for i in planned[k]))
-        progress.close()
+        runner.progress = progress
+        todo = [k for k in mine if k not in done]
+        progress.start()
+        try:
+            for window in windows(todo, plan.rows):
+                held = load(input_lines(spec, settings), plan, window, good)
+                for k in window:
+                    _write_part(spec, runner, k, held.pop(k))
+        finally:
+            summary.refused_calls = runner.refused_calls
+            progress.close()
         for k in mine:
             _count_part(spec, k, summary)
         summary.parts = len(mine)
@@ -523,7 +609,7 @@ def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> 
                                "quiet_probe_ms": round(spec.yields.baseline * 1000, 2)}  # fmt: skip
         summary.seconds = time.monotonic() - started
         if count == 1:
-            _finish(spec, len(planned))
+            _finish(spec, len(plan.parts))
         manifest["summary"] = summary.as_dict()
         manifest["complete"] = True
         parts.write_manifest(spec.output, manifest, spec.manifest_name)
@@ -533,15 +619,19 @@ def run_job(spec: JobSpec, settings: Settings, stream: TextIO | None = None) -> 
 
 
 def _write_part(spec: JobSpec, runner: Runner, k: int, items: list[Item]) -> None:
-    """Run part ``k`` and write it whole: its errors file, then its output file."""
+    """Run part ``k`` and write it whole: its errors file, its output file, then its marker
+    (the part is done only once all three are in place: parts.done_parts)."""
     outputs, errors = runner.run_part(items)
     out = spec.output
-    parts.write_atomic(out / parts.part_name(k, "errors.jsonl"), parts.jsonl(errors))
+    parts.undo_part(out, k)
+    parts.write_atomic(out / parts.part_name(k, parts.ERRORS), parts.jsonl(errors))
     if spec.fmt == "parquet":
-        table = parts.table(outputs, spec.kinds, with_input=spec.form == "batch")
+        dims = runner.dims(items[0]) if not outputs else (0, 0)
+        table = parts.table(outputs, spec.kinds, with_input=spec.form == "batch", dims=dims)
         parts.write_table(out / parts.part_name(k, "parquet"), table)
     else:
         parts.write_atomic(out / parts.part_name(k, "jsonl"), parts.jsonl(outputs))
+    parts.mark_done(out, k, len(outputs), len(errors))
 
 
 def _count_part(spec: JobSpec, k: int, summary: Summary) -> None:
@@ -573,13 +663,14 @@ def _finish(spec: JobSpec, count: int) -> None:
 def job_settings(args: argparse.Namespace) -> Settings:
     """Return the gateway settings of the job: GATEWAY_* variables, then the flags."""
     overrides: dict[str, Any] = {
-        "max_batch_size": args.max_batch,
         "max_concurrent_chunks": args.concurrency,
         "group_in_flight": 0,  # one caller: nothing to share a call with
         "request_timeout_s": args.timeout,
         "max_request_rows": 1 << 30,  # the job's calls, not a client's request
         "max_request_tokens": 1 << 40,
     }
+    if args.max_batch is not None:  # else GATEWAY_MAX_BATCH: the batching limit the stack ships
+        overrides["max_batch_size"] = args.max_batch
     if args.tfs:
         overrides["tfs_grpc_target"] = args.tfs
     if args.model_base_path:
@@ -635,7 +726,10 @@ def parser() -> argparse.ArgumentParser:
                    "k %% n == i (Kubernetes: JOB_COMPLETION_INDEX/completions)")  # fmt: skip
     p.add_argument("--part-rows", type=int, default=2048, help="inputs per part file")
     p.add_argument("--call-rows", type=int, default=512, help="inputs per in-process call")
-    p.add_argument("--max-batch", type=int, default=64, help="rows per model-server call")
+    p.add_argument("--max-batch", type=int, help="rows per model-server call (default: "
+                   "GATEWAY_MAX_BATCH, 32, the max_batch_size of serving_config/"
+                   "batching_parameters.txt; a call the model server refuses as over its limit "
+                   "is sent again at the limit it names, said on stderr)")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=2, help="model-server calls in flight")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
     p.add_argument("--slow-ratio", type=float, default=0.0, help="AIMD: halve the duty cycle "

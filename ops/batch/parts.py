@@ -1,8 +1,10 @@
 """Part files and the manifest of a batch job: each written to a temporary name, fsynced, then
 renamed into place whole, so a reader (or a restarted job) sees a part entirely or not at all.
 
-A part ``k`` is done when ``part-<k>.<ext>`` exists: its errors file (``part-<k>.errors.jsonl``)
-is renamed into place first, so a done part always has both. The manifest records the job (its
+A part ``k`` is done when its marker ``part-<k>.done`` is in place beside both of its files: its
+errors file (``part-<k>.errors.jsonl``) and its output (``part-<k>.<ext>``) are renamed into place
+first, the marker last, so a part whose marker is missing (a kill between the writes) or whose
+files are not both there is run again whole. The manifest records the job (its
 input's digest, the model versions resolved at the start, the plan's size) and the parts done;
 the files are the truth, the manifest a summary rebuilt from them on each start.
 
@@ -29,6 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 MANIFEST = "manifest.json"
+ERRORS = "errors.jsonl"  # a part's error lines: part-<k>.errors.jsonl
+DONE = "done"  # a part's marker: part-<k>.done, written after both of its files
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -57,11 +61,17 @@ def parquet_schema(
     return pa.schema([*columns, ("model", pa.string()), ("version", pa.int64())])
 
 
-def table(records: Sequence[Mapping[str, Any]], kinds: Sequence[str], with_input: bool) -> pa.Table:
+def table(
+    records: Sequence[Mapping[str, Any]],
+    kinds: Sequence[str],
+    with_input: bool,
+    dims: tuple[int, int] = (0, 0),
+) -> pa.Table:
     """Return the Parquet table of ``records`` (dicts of ``id``, ``input``, ``embedding``
     [dim], ``sparse_indices`` / ``sparse_values``, ``token_vectors`` [rows, dim], ``model``,
-    ``version``), with the columns of ``kinds``."""
-    dim = token_dim = 0
+    ``version``), with the columns of ``kinds``; ``dims`` (the dense and the multi-vectors'
+    dimension) size the columns of a part without records (every row of it failed)."""
+    dim, token_dim = dims
     if records and "dense" in kinds:
         dim = int(np.shape(records[0]["embedding"])[-1])
     if records and "multivector" in kinds:
@@ -137,18 +147,33 @@ def jsonl(lines: Iterable[Mapping[str, Any]]) -> bytes:
 
 
 def part_name(index: int, ext: str) -> str:
-    """Return part ``index``'s file name (``ext``: parquet, jsonl or errors.jsonl)."""
+    """Return part ``index``'s file name (``ext``: parquet, jsonl, errors.jsonl or done)."""
     return f"part-{index:05d}.{ext}"
 
 
 def done_parts(out_dir: Path, ext: str) -> set[int]:
-    """Return the indices of the parts whose output file is in place."""
+    """Return the indices of the parts done: their marker (written last) in place, and both of
+    their files (output and errors)."""
     found = set()
-    for path in out_dir.glob(f"part-*.{ext}"):
-        stem = path.name[len("part-") : -len(ext) - 1]
-        if stem.isdigit():
-            found.add(int(stem))
+    for path in out_dir.glob("part-*.done"):
+        stem = path.name[len("part-") : -len(".done")]
+        if not stem.isdigit():
+            continue
+        k = int(stem)
+        if (out_dir / part_name(k, ext)).exists() and (out_dir / part_name(k, ERRORS)).exists():
+            found.add(k)
     return found
+
+
+def mark_done(out_dir: Path, k: int, rows: int, error_lines: int) -> None:
+    """Write part ``k``'s marker (after both of its files): the part is done."""
+    body = {"rows": rows, "error_lines": error_lines}
+    write_atomic(out_dir / part_name(k, DONE), json.dumps(body).encode() + b"\n")
+
+
+def undo_part(out_dir: Path, k: int) -> None:
+    """Remove part ``k``'s marker before it is written again (a rerun of a part half written)."""
+    (out_dir / part_name(k, DONE)).unlink(missing_ok=True)
 
 
 def read_manifest(out_dir: Path, name: str = MANIFEST) -> dict[str, Any] | None:

@@ -1,12 +1,14 @@
 """The batch job's progress on stderr: rows done, rows/s and the time left.
 
 On a terminal one line redrawn in place (a bar); otherwise a plain line every ``every_s``
-seconds, as logs and CI want.
+seconds, as logs and CI want: written by a timer of its own (``start``), so that the line comes
+even while a slow call holds the job (rows are counted as each call is answered).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -25,12 +27,25 @@ class Progress:
         self.started = time.monotonic()
         self.start_done = done
         self.shown = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Write the line every ``every_s`` seconds, whatever the calls do, until ``close``."""
+
+        def tick() -> None:
+            while not self._stop.wait(self.every_s):
+                self.show()
+
+        self._timer = threading.Thread(target=tick, name="batch-progress", daemon=True)
+        self._timer.start()
 
     def add(self, rows: int) -> None:
         """Count ``rows`` more done and show the line when it is time."""
         self.done += rows
         now = time.monotonic()
-        if now - self.shown >= self.every_s:
+        if self._timer is None and now - self.shown >= self.every_s:
             self.shown = now
             self.show()
 
@@ -49,14 +64,18 @@ class Progress:
 
     def show(self) -> None:
         """Write the line (in place on a terminal)."""
-        if self.tty:
-            self.stream.write("\r" + self.line())
-        else:
-            self.stream.write(self.line() + "\n")
-        self.stream.flush()
+        with self._lock:
+            if self.tty:
+                self.stream.write("\r" + self.line())
+            else:
+                self.stream.write(self.line() + "\n")
+            self.stream.flush()
 
     def close(self) -> None:
-        """Write the last line."""
+        """Stop the timer; write the last line."""
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join()
         self.show()
         if self.tty:
             self.stream.write("\n")

@@ -1,5 +1,7 @@
 """Batch jobs (ops/batch/): inputs and errors, Parquet and OpenAI Batch output, resumption after
-SIGKILL, shards, pacing and progress, against the session's tiny model server."""
+SIGKILL and after a model-server outage, shards, pacing and progress, against a tiny model server
+run with the batching parameters the product ships (serving_config/batching_parameters.txt: 32
+rows a call at most, as the `make run` stack, compose and the Kubernetes stack run it)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from backend.errors import GatewayError
 from backend.schemas import EmbedRequest
 from backend.service import Gateway
 from backend.settings import load_settings
@@ -28,8 +32,14 @@ from ops.batch.job import JobSpec, plan_parts, run_job
 from ops.batch.pacing import Pacer, Yield
 from ops.batch.progress import Progress
 from ops.procs import python_cmd
+from ops.stack import SERVING_CONFIG
+from ops.tfs_metrics import METRICS_PATH, scrape
 from tests.backend.conftest import EMBED, INTENT
-from tests.backend.stack import ModelServer
+from tests.backend.stack import ModelServer, model_config
+
+# the model server as the product runs it: batching on, with the shipped parameters
+BATCHING = ["--enable_batching=true",
+            f"--batching_parameters_file={SERVING_CONFIG / 'batching_parameters.txt'}"]  # fmt: skip
 
 WORDS = [
     "the",
@@ -63,15 +73,43 @@ def write_rows(path: Path, texts: list[str], extra: list[bytes] = ()) -> Path:  
     return path
 
 
+def batching_server(
+    config_file: Path, log_dir: Path, models: tuple[str, ...] = (EMBED, INTENT)
+) -> ModelServer:
+    """Return a model server with the shipped batching parameters, ``models`` v1 AVAILABLE."""
+    server = ModelServer(config_file, log_dir, extra_flags=BATCHING)
+    try:
+        for model in models:
+            server.wait_available(model, 1)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 @pytest.fixture(scope="module")
-def env(modelserver: ModelServer, model_base: Path, config_file: Path) -> dict[str, str]:
-    """Return the GATEWAY_* variables of a job against the session's model server."""
+def modelserver(config_file: Path, log_dir: Path) -> Iterator[ModelServer]:
+    """The module's model server (the session's runs without batching)."""
+    server = batching_server(config_file, log_dir)
+    yield server
+    server.stop()
+
+
+def server_env(server: ModelServer, model_base: Path, config_file: Path) -> dict[str, str]:
+    """Return the GATEWAY_* variables of a job against ``server``."""
     return {
-        "GATEWAY_TFS_GRPC": modelserver.grpc_target,
+        "GATEWAY_TFS_GRPC": server.grpc_target,
+        "GATEWAY_TFS_REST": server.rest_url,
         "GATEWAY_MODEL_BASE_PATH": str(model_base),
         "GATEWAY_MODEL_CONFIG_FILE": str(config_file),
         "GATEWAY_MAX_TEXT_CHARS": "2000",
     }
+
+
+@pytest.fixture(scope="module")
+def env(modelserver: ModelServer, model_base: Path, config_file: Path) -> dict[str, str]:
+    """Return the GATEWAY_* variables of a job against the module's model server."""
+    return server_env(modelserver, model_base, config_file)
 
 
 def settings_of(env: dict[str, str], **overrides: Any) -> Any:
@@ -459,3 +497,194 @@ def test_progress_writes_plain_lines_with_rate_and_time_left_off_a_terminal() ->
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("50/100 rows")
     assert "rows/s" in lines[0] and "left" in lines[0]
+
+
+def model_server_requests(server: ModelServer) -> float:
+    """Return the requests the model server has answered (its Prometheus page), every model's."""
+    return float(sum((scrape(server.rest_url + METRICS_PATH) or {}).values()))
+
+
+def test_the_job_with_default_flags_sends_calls_the_shipped_batching_limit_takes(
+    env: dict[str, str], modelserver: ModelServer, tmp_path: Path
+) -> None:
+    """``python -m ops.batch`` as the guide types it (no sizing flags), against the model server
+    run with serving_config's batching parameters: every call fits (none refused, none retried
+    row by row), so the model server answers a few calls of up to 32 rows, not one per row."""
+    rows = 100
+    source = write_rows(tmp_path / "in.jsonl", corpus(rows, seed=11))
+    cmd = python_cmd("-m", "ops.batch", str(source), "--output", str(tmp_path / "out"),
+                     "--model", EMBED)  # fmt: skip
+    before = model_server_requests(modelserver)
+
+    done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["rows"] == rows and summary["error_lines"] == 0
+    assert summary["refused_calls"] == 0, done.stderr[-3000:]
+    assert "refuses" not in done.stderr
+    # 100 rows in calls of <= 32 per length bucket and the yield's probes (7): well under one
+    # call per row (the old default: each call refused, retried, then sent a row a call)
+    assert model_server_requests(modelserver) - before < rows // 2
+    assert len(read_parquet(tmp_path / "out")) == rows
+
+
+def test_a_call_over_the_model_servers_batching_limit_is_sent_again_at_its_limit_and_said(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-batch 64 against a model server whose batching takes 32: the first refusal is said
+    on stderr and counted, the job's calls take the limit it names, nothing is retried as it
+    was, and every row is written (none an error line)."""
+    source = write_rows(tmp_path / "in.jsonl", corpus(80, seed=12))
+
+    summary = run_job(JobSpec(source, tmp_path / "out", model=EMBED),
+                      settings_of(env, max_batch_size=64), io.StringIO())  # fmt: skip
+
+    said = capsys.readouterr().err
+    assert summary.rows == 80 and summary.errors == {}
+    assert summary.refused_calls == 1 and summary.as_dict()["refused_calls"] == 1
+    assert "refuses calls of more than 32 rows" in said and "--max-batch 32" in said
+    assert len(read_parquet(tmp_path / "out")) == 80
+
+
+def test_a_part_whose_every_row_fails_is_written_with_the_models_columns(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """OpenAI Batch :embed lines as Parquet, the long ones with truncate false: their part has
+    no row to write (each a 422 error line), and is written anyway, with the dimension of the
+    other parts' vectors, so the job ends (it died at that part on every rerun)."""
+    url = f"/v1/models/{EMBED}:embed"
+    short = [batch_line(f"s{i}", url, {"texts": [t]}) for i, t in enumerate(corpus(4, seed=2))]
+    long = [batch_line(f"l{i}", url, {"texts": [" ".join(["house"] * (300 + i))],
+                                      "truncate": False}) for i in range(4)]  # fmt: skip
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"\n".join([*short, *long]) + b"\n")
+
+    summary = run_job(JobSpec(source, tmp_path / "out", part_rows=4, output_format="parquet"),
+                      settings_of(env), io.StringIO())  # fmt: skip
+
+    assert summary.rows == 4 and summary.errors == {"422": 4} and summary.parts == 2
+    tables = [pq.read_table(tmp_path / "out" / parts.part_name(k, "parquet")) for k in (0, 1)]
+    assert [t.num_rows for t in tables] == [4, 0]
+    assert tables[1].schema == tables[0].schema  # the embedding column: the model's dimension
+    errors = (tmp_path / "out" / "errors.jsonl").read_bytes().splitlines()
+    assert sorted(orjson.loads(e)["custom_id"] for e in errors) == ["l0", "l1", "l2", "l3"]
+
+
+@pytest.mark.parametrize("missing", ["errors.jsonl", "parquet", "done"])
+def test_a_part_with_one_of_its_files_missing_is_run_again_whole(
+    env: dict[str, str], tmp_path: Path, missing: str
+) -> None:
+    """The states a kill between a part's writes leaves, made on purpose: its errors file, its
+    output or its marker missing. The rerun runs that part again (a new file in place), and the
+    rows are each there once."""
+    source = write_rows(tmp_path / "in.jsonl", corpus(24, seed=13))
+    settings = settings_of(env)
+    out = tmp_path / "out"
+    run_job(JobSpec(source, out, model=EMBED, part_rows=8), settings, io.StringIO())
+    before = (out / parts.part_name(1, "parquet")).stat().st_ino
+    (out / parts.part_name(1, missing)).unlink(missing_ok=True)
+
+    summary = run_job(JobSpec(source, out, model=EMBED, part_rows=8), settings, io.StringIO())
+
+    assert all((out / parts.part_name(1, ext)).exists() for ext in ("parquet", "errors.jsonl"))
+    assert (out / parts.part_name(1, "parquet")).stat().st_ino != before, "part 1 not run again"
+    assert summary.rows == 24 and summary.errors == {}
+    assert sorted(read_parquet(out)) == sorted(f"doc-{i}" for i in range(24))
+
+
+def test_a_job_stopped_by_a_model_server_outage_resumes_with_every_row_once(
+    env: dict[str, str], model_base: Path, config_file: Path, log_dir: Path, tmp_path: Path
+) -> None:
+    """The model server stopped for real while the job runs: the job stops (no 503 error lines,
+    no part written for the rows it could not send) and raises; run again against the model
+    server started anew, it ends with exactly the rows of an uninterrupted run."""
+    rows = 400
+    source = write_rows(tmp_path / "in.jsonl", corpus(rows, seed=14))
+    settings = settings_of(env)
+    run_job(JobSpec(source, tmp_path / "whole", model=EMBED, part_rows=8), settings, io.StringIO())
+    config_file = tmp_path / "embed.config"  # tiny-embed alone: a cheaper start, twice
+    config_file.write_text(model_config(model_base, {}, [EMBED]), encoding="utf-8")
+    server = batching_server(config_file, log_dir, (EMBED,))
+    job_settings = settings_of(server_env(server, model_base, config_file))
+    out = tmp_path / "out"
+    slow = JobSpec(source, out, model=EMBED, part_rows=8, call_rows=8, retries=1, backoff_s=0.1,
+                   pacer=Pacer(slow_ratio=float("inf"), max_rows_per_s=100))  # fmt: skip
+    failure: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            run_job(slow, job_settings, io.StringIO())
+        except BaseException as exc:  # the test reads it
+            failure.append(exc)
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while parts_in(out) < 3 and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        server.stop()
+    thread.join(timeout=120)
+    written = parts_in(out)
+    assert failure and isinstance(failure[0], GatewayError), failure
+    assert failure[0].status_code in (503, 504), failure[0]
+    assert 3 <= written < rows // 8, "the job ended before the outage: make it longer"
+    errors = b"".join(p.read_bytes() for p in out.glob("part-*.errors.jsonl"))
+    assert errors == b"", "the outage became error lines"
+
+    again = batching_server(config_file, log_dir, (EMBED,))
+    try:
+        summary = run_job(JobSpec(source, out, model=EMBED, part_rows=8, call_rows=8),
+                          settings_of(server_env(again, model_base, config_file)),
+                          io.StringIO())  # fmt: skip
+    finally:
+        again.stop()
+
+    whole, resumed = read_parquet(tmp_path / "whole"), read_parquet(out)  # fails on a row twice
+    assert sorted(resumed) == sorted(whole) and len(resumed) == rows
+    assert summary.rows == rows and summary.errors == {}
+    for key, (vector, _, _) in whole.items():
+        np.testing.assert_allclose(resumed[key][0], vector, rtol=1e-5, atol=1e-6)
+    print(f"\noutage after {written} of {rows // 8} parts; resumed: rows {len(resumed)}, "
+          f"lost {rows - len(resumed)}, twice 0")  # fmt: skip
+
+
+def test_a_shard_holds_only_its_own_parts_a_window_at_a_time(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shard 1 of 3 reads back only the lines of its own parts, at most HOLD_ROWS inputs at a
+    time (the plan itself holds numbers, not texts)."""
+    from ops.batch import job as job_module
+    from ops.batch import plan as plan_module
+
+    source = write_rows(tmp_path / "in.jsonl", corpus(60, seed=15))
+    held: list[list[str]] = []
+
+    def load(*args: Any) -> dict[int, list[Item]]:
+        loaded = plan_module.load(*args)
+        held.append([item.custom_id for items in loaded.values() for item in items])
+        return loaded
+
+    monkeypatch.setattr(plan_module, "HOLD_ROWS", 16)
+    monkeypatch.setattr(job_module, "load", load)
+    spec = JobSpec(source, tmp_path / "out", model=EMBED, part_rows=8, shard=(1, 3))
+
+    run_job(spec, settings_of(env), io.StringIO())
+
+    own = read_parquet(tmp_path / "out")
+    assert len(held) > 1 and all(len(ids) <= 16 for ids in held)
+    assert sorted(i for ids in held for i in ids) == sorted(own)
+    assert 0 < len(own) < 60
+
+
+def test_the_progress_line_comes_every_period_while_no_call_ends() -> None:
+    stream = io.StringIO()
+    progress = Progress(100, stream=stream, every_s=0.05)
+    progress.start()
+    time.sleep(0.3)  # a slow call: nothing added
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) >= 4 and all(line.startswith("0/100 rows") for line in lines)

@@ -200,6 +200,57 @@ def test_a_batch_job_writes_each_output_kind_as_parquet_columns_and_embed_lines_
     assert [s["indices"] for s in body["sparse"]] == [s["indices"].tolist() for s in want["sparse"]]
 
 
+def test_a_dense_batch_job_on_a_multi_output_model_asks_the_model_server_for_dense_only(
+    retrieval: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ops.batch with its default --outputs dense on BGE-M3-like rows (Parquet and OpenAI Batch
+    /v1/embeddings lines): every Predict names only ``embedding`` in its output filter (the token
+    vectors and weights stay on the model server), and the vectors are :embed's dense ones."""
+    import io
+
+    import orjson
+    import pyarrow.parquet as pq
+
+    from backend.clients.grpc_client import GrpcClient
+    from backend.schemas import EmbedRequest
+    from backend.service import Gateway as InProcess
+    from backend.settings import load_settings
+    from ops.batch.job import JobSpec, run_job
+
+    env = gateway_env(retrieval["server"], "grpc", retrieval["base"], retrieval["config"])
+    settings = load_settings({"group_in_flight": 0}, environ=env)
+    texts = [*TEXTS, *QUERIES]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b"".join(orjson.dumps({"id": str(i), "text": t}) + b"\n"
+                              for i, t in enumerate(texts)))  # fmt: skip
+    lines = tmp_path / "batch.jsonl"
+    lines.write_bytes(orjson.dumps({"custom_id": "o", "method": "POST", "url": "/v1/embeddings",
+                                    "body": {"model": M3, "input": texts}}) + b"\n")  # fmt: skip
+    asked: list[tuple[str, ...]] = []
+    predict = GrpcClient.predict
+
+    def spy(self: Any, model: str, inputs: Any, **kwargs: Any) -> Any:
+        asked.append(tuple(kwargs.get("output_filter", ())))
+        return predict(self, model, inputs, **kwargs)
+
+    monkeypatch.setattr(GrpcClient, "predict", spy)
+    run_job(JobSpec(rows, tmp_path / "pq", model=M3), settings, io.StringIO())
+    run_job(JobSpec(lines, tmp_path / "openai"), settings, io.StringIO())
+    monkeypatch.undo()
+
+    online = InProcess(settings)
+    try:
+        want = online.embed(M3, EmbedRequest(texts=texts, outputs=["dense"]))["embeddings"]
+    finally:
+        online.close()
+    assert asked and set(asked) == {("embedding",)}, set(asked)
+    got = {row["id"]: row["embedding"] for row in
+           pq.read_table(next((tmp_path / "pq").glob("part-*.parquet"))).to_pylist()}  # fmt: skip
+    np.testing.assert_allclose([got[str(i)] for i in range(len(texts))], want, atol=1e-6)
+    line = orjson.loads((tmp_path / "openai" / "output.jsonl").read_bytes())
+    assert len(line["response"]["body"]["data"]) == len(texts)
+
+
 def test_colbert_queries_and_documents_each_get_their_side(
     gateway: Gateway, retrieval: dict[str, Any]
 ) -> None:
