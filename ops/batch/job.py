@@ -38,7 +38,6 @@ from backend.outputs import KINDS
 from backend.schemas import EmbedRequest
 from backend.service import Gateway
 from backend.settings import Settings, load_settings
-from modelformat.outputs import DENSE_OUTPUT
 from ops.batch import parts
 from ops.batch.answers import answer_line, embed_line, error_line
 from ops.batch.inputs import Bad, Item, error_body, read_batch, read_rows, split_spec
@@ -239,26 +238,6 @@ def counter(url: str) -> Any:
     return lambda: float(sum((scrape(url) or {}).values()))
 
 
-class _DenseOnly:
-    """The gateway's model-server client asking only for the dense output while ``on`` (the
-    job's dense calls: ``Gateway.embeddings`` reads ``embedding`` alone), when the version has
-    other outputs too (BGE-M3's token vectors and weights stay on the model server)."""
-
-    def __init__(self, client: Any, gateway: Gateway):
-        self._client, self._gateway, self.on = client, gateway, False
-
-    def predict(self, model: str, inputs: Any, **kwargs: Any) -> Any:
-        if self.on and not kwargs.get("output_filter"):
-            version = kwargs.get("version")
-            outputs = self._gateway.assets.get(model, version).outputs if version else None
-            if outputs is not None and outputs.kinds != ("dense",):
-                kwargs["output_filter"] = (DENSE_OUTPUT,)
-        return self._client.predict(model, inputs, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
 class Runner:
     """Runs parts of one job on one Gateway (its client, caches, tokenizers)."""
 
@@ -270,8 +249,6 @@ class Runner:
         self._probes: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         if spec.yields is not None and spec.yields.count is not None:
             gateway.client = _Counted(gateway.client, spec.yields)  # type: ignore[assignment]
-        self._narrow = _DenseOnly(gateway.client, gateway)
-        gateway.client = self._narrow  # type: ignore[assignment]
 
     def _probe(self, name: str, version: int) -> float:
         """Return the seconds of one probe: a one-text Predict of ``name@version``, straight to
@@ -493,7 +470,6 @@ class Runner:
             truncate, normalize = req.truncate, req.normalize
 
         def run() -> tuple[Any, np.ndarray]:
-            self._narrow.on = True
             try:
                 return self.gateway.embeddings(
                     model["model"], texts, model["version"], None, truncate,
@@ -504,8 +480,6 @@ class Runner:
                 )  # fmt: skip
             except ValueError as exc:  # a token id outside the vocabulary
                 raise UnprocessableInput(str(exc)) from None
-            finally:
-                self._narrow.on = False
 
         def size(result: tuple[Any, np.ndarray]) -> tuple[int, int]:
             done, vectors = result
