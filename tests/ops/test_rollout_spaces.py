@@ -17,6 +17,8 @@ from ops.rollout import cli as rolloutcli
 from ops.rollout import migrate
 from ops.rollout.metrics import GatewayMetrics
 from ops.rollout.spaces import (
+    MIN_AGREEMENT,
+    KindCheck,
     SpaceCheck,
     compare,
     mean_cosine,
@@ -40,7 +42,7 @@ def spaces(seed: int = 0, rows: int = 120, dim: int = 32) -> np.ndarray:
 
 def versions(old: np.ndarray, new: np.ndarray) -> Any:
     """Return an ``Embed`` answering ``old`` for v1 and ``new`` for v2, whatever the texts."""
-    return lambda version, texts: old if version == 1 else new
+    return lambda version, texts, kind, is_query: old if version == 1 else new
 
 
 def test_a_reexport_and_a_precision_change_are_one_space() -> None:
@@ -49,7 +51,8 @@ def test_a_reexport_and_a_precision_change_are_one_space() -> None:
     for b in (a, bf16):
         check = compare(versions(a, b), 1, 2, sample_texts())
         assert check.same_space, check.describe()
-        assert check.cosine > 0.99 and check.overlap > 0.9
+        dense = check.kind("dense")
+        assert dense.agreement > 0.99 and dense.overlap > 0.9
 
 
 def test_another_space_is_two_spaces_even_when_its_neighbours_agree() -> None:
@@ -57,10 +60,10 @@ def test_another_space_is_two_spaces_even_when_its_neighbours_agree() -> None:
     rotation = np.linalg.qr(np.random.default_rng(1).standard_normal((32, 32)))[0]
     rotated = (a @ rotation).astype(np.float32)  # the same neighbours, other coordinates
     assert neighbour_overlap(a[:20], a[20:], rotated[:20], rotated[20:]) == 1.0
-    assert not compare(lambda v, t: a if v == 1 else rotated, 1, 2, sample_texts()).same_space
-    other = spaces(seed=2)
-    check = compare(lambda v, t: a if v == 1 else other, 1, 2, sample_texts())
-    assert not check.same_space and check.overlap < 0.3 and abs(check.cosine) < 0.2
+    assert not compare(versions(a, rotated), 1, 2, sample_texts()).same_space
+    check = compare(versions(a, spaces(seed=2)), 1, 2, sample_texts())
+    dense = check.kind("dense")
+    assert not check.same_space and dense.overlap < 0.3 and abs(dense.agreement) < 0.2
     assert mean_cosine(a, spaces(dim=16)) == 0.0  # another dimension: nothing in common
 
 
@@ -68,12 +71,17 @@ def test_another_space_is_two_spaces_even_when_its_neighbours_agree() -> None:
 # the engine: refused before any weighted step, recorded
 
 
+def dense_check(stable: int, new: int, cosine: float, overlap: float) -> SpaceCheck:
+    kind = KindCheck("dense", cosine, overlap, (32, 32), MIN_AGREEMENT["dense"])
+    return SpaceCheck(stable, new, (kind,), 20, 100)
+
+
 def two_spaces(model: str, stable: int, new: int) -> SpaceCheck:
-    return SpaceCheck(stable, new, 0.02, 0.08, (32, 32), 20, 100)
+    return dense_check(stable, new, 0.02, 0.08)
 
 
 def one_space(model: str, stable: int, new: int) -> SpaceCheck:
-    return SpaceCheck(stable, new, 0.999, 0.95, (32, 32), 20, 100)
+    return dense_check(stable, new, 0.999, 0.95)
 
 
 def test_two_spaces_refuse_the_weighted_canary_naming_the_migration(
@@ -200,7 +208,7 @@ def test_migrate_refuses_an_incomplete_output(tmp_path: Path) -> None:
     pq.write_table(parts.dense_table(["a", "a"], vectors, ["tiny"] * 2, [2, 2]),
                    tmp_path / "part-00000.parquet")  # fmt: skip
     with pytest.raises(OpsError) as err:
-        migrate.check_output(tmp_path, ["a", "b"], "tiny", 2, 8)
+        migrate.check_output(tmp_path, ["a", "b"], "tiny", 2, {"dense": 8})
     message = str(err.value)
     for part in ("dimension 4, v2 answers 8", "1 rows missing", "1 rows twice", "norm 0"):
         assert part in message
