@@ -113,13 +113,20 @@ def neighbours(queries: np.ndarray, corpus: np.ndarray, k: int = TOP_K) -> np.nd
     return top_neighbours(unit(queries) @ unit(corpus).T, k)
 
 
-def shared_neighbours(scores_a: np.ndarray, scores_b: np.ndarray, k: int = TOP_K) -> float:
+def shared_neighbours(
+    scores_a: np.ndarray, scores_b: np.ndarray, k: int = TOP_K, matches_only: bool = False
+) -> float:
     """Return the mean share of each query's top-``k`` corpus rows that two score matrices
-    ([queries, corpus], each version's own) agree on."""
+    ([queries, corpus], each version's own) agree on. ``matches_only``: a row scoring 0 or less
+    is no neighbour (a sparse query shares no token with it: the zeros' order is no ranking);
+    a query both versions match with nothing counts as agreeing."""
     a, b = top_neighbours(scores_a, k), top_neighbours(scores_b, k)
-    shared = [
-        len(set(x.tolist()) & set(y.tolist())) / a.shape[1] for x, y in zip(a, b, strict=True)
-    ]
+    shared = []
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if matches_only:
+            x, y = x[scores_a[i, x] > 0], y[scores_b[i, y] > 0]
+        most = max(x.shape[0], y.shape[0])
+        shared.append(len(set(x.tolist()) & set(y.tolist())) / most if most else 1.0)
     return float(np.mean(shared)) if shared and a.shape[1] else 0.0
 
 
@@ -288,7 +295,11 @@ def compare_kind(
                                    for x, y in zip(a, b, strict=True)]))  # fmt: skip
     else:
         agreement = float(np.mean([maxsim_agreement(x, y) for x, y in zip(a, b, strict=True)]))
-    overlap = shared_neighbours(*scores) if dims[0] == dims[1] else 0.0
+    overlap = (
+        shared_neighbours(scores[0], scores[1], matches_only=kind == "sparse")
+        if dims[0] == dims[1]
+        else 0.0
+    )
     return KindCheck(kind, agreement, overlap, (dims[0], dims[1]), MIN_AGREEMENT[kind])
 
 
