@@ -5,6 +5,8 @@ embedders: v1, v2 (another seed: another space), v3 (v1 in bf16: the same space)
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 
 from modelformat import serverconfig
 from ops.rollout import cli as rolloutcli
+from ops.rollout import engine as rollout
 from ops.rollout import migrate
 from ops.rollout.metrics import GatewayMetrics
 from ops.rollout.spaces import (
@@ -21,13 +24,14 @@ from ops.rollout.spaces import (
     KindCheck,
     SpaceCheck,
     compare,
+    gateway_embed,
     mean_cosine,
     neighbour_overlap,
     sample_texts,
 )
-from ops.rollout.state import load_states, state_path_for
+from ops.rollout.state import load_states, state_path_for, write_route
 from tests.ops import test_rollout as scripted
-from tests.ops.conftest import OpsServer
+from tests.ops.conftest import OpsServer, start_ops_server
 from tests.ops.test_rollout import FakeGateway, Promotions, log_lines, make_rollout
 
 serving, gateway = scripted.serving, scripted.gateway  # the scripted gateway's fixtures
@@ -65,6 +69,15 @@ def test_another_space_is_two_spaces_even_when_its_neighbours_agree() -> None:
     dense = check.kind("dense")
     assert not check.same_space and dense.overlap < 0.3 and abs(dense.agreement) < 0.2
     assert mean_cosine(a, spaces(dim=16)) == 0.0  # another dimension: nothing in common
+
+
+def test_a_dense_check_recorded_before_kinds_reads_back_as_its_dense_kind() -> None:
+    # a rollout's state file written by the release before kinds, resumed by this one
+    recorded = {"stable": 1, "new": 2, "cosine": 0.02, "overlap": 0.08, "dims": [32, 32],
+                "queries": 20, "corpus": 100, "min_cosine": 0.95, "min_overlap": 0.7,
+                "same_space": False}  # fmt: skip
+    check = SpaceCheck.from_json(recorded)
+    assert check == dense_check(1, 2, 0.02, 0.08) and not check.same_space
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,12 +142,16 @@ def test_one_space_a_classifier_or_no_weighted_step_rolls_out_as_before(
 # against a real model server: the check, the migration and its rollback
 
 
-def cli_args(server: OpsServer, *more: str) -> Any:
-    return rolloutcli.parse_args([
-        "--name", "tiny", "--version", "2", "--gateway", "http://127.0.0.1:1",
+def cli_args_list(server: OpsServer, *more: str, model: str = "tiny") -> list[str]:
+    return [
+        "--name", model, "--version", "2", "--gateway", "http://127.0.0.1:1",
         "--server", server.grpc_target, "--config", str(server.config),
         "--base-path", str(server.base_path), "--reader-wait", "0", *more,
-    ])  # fmt: skip
+    ]  # fmt: skip
+
+
+def cli_args(server: OpsServer, *more: str, model: str = "tiny") -> Any:
+    return rolloutcli.parse_args(cli_args_list(server, *more, model=model))
 
 
 def test_the_space_check_tells_a_precision_change_from_another_space(
@@ -171,29 +188,81 @@ def stable_of(server: OpsServer) -> int:
     return serverconfig.version_labels(serverconfig.read(server.config))["tiny"]["stable"]
 
 
+def default_version(server: OpsServer, model: str = "tiny") -> int:
+    """Return the version a request naming no version or label gets now (a fresh in-process
+    gateway: it reads the labels and the routing file beside models.config as it starts)."""
+    gateway, _ = gateway_embed(server.grpc_target, server.base_path, server.config)
+    try:
+        done, _ = gateway.embeddings(model, ["which version answers"], None, None)
+        return int(done.served)
+    finally:
+        gateway.close()
+
+
+def observed_migration(args: list[str], server: OpsServer, seen: list[int]) -> Any:
+    """Return the migration of ``args`` noting in ``seen`` the version default traffic gets
+    just before its label moves (the re-embedded corpus checked, the label not moved yet)."""
+    migration = migrate.Migration(migrate.parse_args(args))
+    promote = migration.promote
+
+    def observed(model: str, label: str, version: int) -> None:
+        seen.append(default_version(server))
+        promote(model, label, version)
+
+    migration.promote = observed
+    return migration
+
+
 def test_migrate_embeds_checks_moves_the_label_once_and_rolls_back(
-    embed_server: OpsServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    embed_server: OpsServer, tmp_path: Path
 ) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     out = tmp_path / "v2"
     args = migrate_args(embed_server, tmp_path, "--to", "2", "--corpus", str(corpus),
                         "--output", str(out))  # fmt: skip
-    assert rolloutcli.main(["migrate", *args]) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # No routing entry: default traffic goes to the newest AVAILABLE version (v3, v1's space).
+    assert default_version(embed_server) == 3
+    during: list[int] = []
+    report = observed_migration(args, embed_server, during).run()
+    assert during == [1]  # pinned to the label's version until the label moved
     assert report["output"]["rows"] == 60 and report["output"]["dim"] > 0
     assert report["spaces"]["same_space"] is False and report["label"] == {"stable": 2, "was": 1}
     assert stable_of(embed_server) == 2
     assert served(embed_server) == [1, 2, 3]  # nothing unloaded: v1 stays until it is retired
+    # Default traffic follows the label (v3, newer, is in the policy: v2 pinned).
+    assert default_version(embed_server) == 2
     events = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["start", "embedded", "checked", "spaces", "migrated"]
     assert not load_states(state_path_for(embed_server.config.with_name("routing.yaml")))
     # Again: v2 is stable already, nothing moves.
     assert migrate.main(args) == 1
-    # The rollback moves the label back and keeps the output.
+    # The rollback moves the label back, default traffic with it, and keeps the output.
     assert migrate.main(migrate_args(embed_server, tmp_path, "--rollback")) == 0
     assert stable_of(embed_server) == 1 and (out / "manifest.json").exists()
+    assert default_version(embed_server) == 1
     assert served(embed_server) == [1, 2, 3]
     assert migrate.main(migrate_args(embed_server, tmp_path, "--rollback")) == 1  # done once
+
+
+def test_after_a_refused_canary_a_migration_moves_default_traffic_with_the_label(
+    embed_server: OpsServer, tmp_path: Path
+) -> None:
+    routing = embed_server.config.with_name("routing.yaml")
+    write_route(routing, "tiny", None)
+    assert stable_of(embed_server) == 1
+    log = str(tmp_path / "rollouts.jsonl")
+    refused = rolloutcli.main([*cli_args_list(embed_server), "--steps", "50,100", "--log", log])
+    assert refused == rollout.EXIT_ROLLED_BACK
+    assert default_version(embed_server) == 1  # the refusal pinned default traffic to v1
+    corpus = write_corpus(tmp_path / "corpus.jsonl", rows=40)
+    args = migrate_args(embed_server, tmp_path, "--to", "2", "--corpus", str(corpus),
+                        "--output", str(tmp_path / "v2"))  # fmt: skip
+    during: list[int] = []
+    observed_migration(args, embed_server, during).run()
+    assert during == [1] and stable_of(embed_server) == 2
+    assert default_version(embed_server) == 2  # not v1 of the refusal's pin: the label's
+    assert migrate.main(migrate_args(embed_server, tmp_path, "--rollback")) == 0
+    assert stable_of(embed_server) == 1 and default_version(embed_server) == 1
 
 
 def test_migrate_refuses_an_incomplete_output(tmp_path: Path) -> None:
@@ -212,3 +281,72 @@ def test_migrate_refuses_an_incomplete_output(tmp_path: Path) -> None:
     message = str(err.value)
     for part in ("dimension 4, v2 answers 8", "1 rows missing", "1 rows twice", "norm 0"):
         assert part in message
+
+
+# ---------------------------------------------------------------------------------------------
+# every output kind: tiny BGE-M3-, SPLADE- and ColBERT-like versions on one model server
+
+M3, SPLADE, COLBERT = "tiny-m3", "tiny-splade", "tiny-colbert"
+
+
+@pytest.fixture(scope="module")
+def retrieval_server(
+    retrieval_exports: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OpsServer]:
+    """Start ``python -m modelserver`` on the tiny retrieval versions, stable=1 each."""
+    work = tmp_path_factory.mktemp("retrieval-server")
+    base = work / "models"
+    shutil.copytree(retrieval_exports, base)
+    entries = "".join(
+        f'config {{ name: "{name}" base_path: "{base / name}" model_platform: "tensorflow" '
+        f"model_version_policy {{ specific {{ {' '.join(f'versions: {v}' for v in versions)} "
+        f'}} }} version_labels {{ key: "stable" value: 1 }} }} '
+        for name, versions in ((M3, (1, 2, 3, 4)), (SPLADE, (1, 2)), (COLBERT, (1, 2)))
+    )
+    server = start_ops_server(work, base, f"model_config_list {{ {entries}}}\n")
+    try:
+        yield server
+    finally:
+        server.proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("model", "new", "changed"),
+    [(M3, 4, ()), (M3, 2, ("sparse",)), (M3, 3, ("multivector",)), (SPLADE, 2, ("sparse",)),
+     (COLBERT, 2, ("multivector",))],
+    ids=["bge-m3-reexport", "bge-m3-sparse-head", "bge-m3-token-vectors", "splade-new-space",
+         "colbert-new-space"],
+)  # fmt: skip
+def test_the_space_check_compares_every_output_kind(
+    retrieval_server: OpsServer, model: str, new: int, changed: tuple[str, ...]
+) -> None:
+    check = rolloutcli.spaces_checker(cli_args(retrieval_server, model=model))(model, 1, new)
+    assert check is not None
+    print(check.describe())
+    assert check.same_space == (not changed)
+    kinds = {k.kind: k.same_space for k in check.kinds}
+    expected = {M3: ("dense", "sparse", "multivector"), SPLADE: ("sparse",),
+                COLBERT: ("multivector",)}[model]  # fmt: skip
+    assert kinds == {kind: kind not in changed for kind in expected}
+    # what the state file records reads back the same (a resumed rollout's refusal)
+    assert SpaceCheck.from_json(check.to_json()) == check
+
+
+def test_migrate_a_sparse_only_model_re_embeds_its_sparse_vectors(
+    retrieval_server: OpsServer, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", rows=40)
+    out = tmp_path / "v2"
+    args = migrate_args(retrieval_server, tmp_path, "--to", "2", "--corpus", str(corpus),
+                        "--output", str(out))  # fmt: skip
+    args[0] = SPLADE
+    report = migrate.Migration(migrate.parse_args(args)).run()
+    assert report["output"]["rows"] == 40 and report["output"]["kinds"] == ["sparse"]
+    assert [k["kind"] for k in report["spaces"]["kinds"]] == ["sparse"]
+    assert report["spaces"]["same_space"] is False
+    labels = serverconfig.version_labels(serverconfig.read(retrieval_server.config))
+    assert labels[SPLADE]["stable"] == 2
+    table = pq.read_table(sorted(out.glob("part-*.parquet"))[0])
+    assert "sparse_values" in table.column_names and "embedding" not in table.column_names
