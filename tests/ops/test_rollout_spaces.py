@@ -350,3 +350,28 @@ def test_migrate_a_sparse_only_model_re_embeds_its_sparse_vectors(
     assert labels[SPLADE]["stable"] == 2
     table = pq.read_table(sorted(out.glob("part-*.parquet"))[0])
     assert "sparse_values" in table.column_names and "embedding" not in table.column_names
+
+
+def test_the_space_check_asks_the_model_only_for_the_kind_it_compares(
+    retrieval_server: OpsServer,
+) -> None:
+    gateway, embed_for = gateway_embed(retrieval_server.grpc_target, retrieval_server.base_path,
+                                       retrieval_server.config)  # fmt: skip
+    asked: list[Any] = []
+    predict = gateway.client.predict
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        asked.append(tuple(kwargs.get("output_filter") or ()))
+        return predict(*args, **kwargs)
+
+    gateway.client.predict = recorded
+    try:
+        embed = embed_for(M3)
+        for kind, names in (("dense", ("embedding",)), ("sparse", ("token_weights",)),
+                            ("multivector", ("token_vectors",))):  # fmt: skip
+            asked.clear()
+            answers = embed(1, sample_texts(40), kind, False)
+            assert len(answers) == 40
+            assert asked and set(asked) == {names}, (kind, asked)
+    finally:
+        gateway.close()
