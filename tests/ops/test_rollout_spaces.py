@@ -283,6 +283,40 @@ def test_migrate_refuses_an_incomplete_output(tmp_path: Path) -> None:
         assert part in message
 
 
+def test_migrate_checks_each_kinds_columns(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from ops.batch import parts
+    from ops.modelconfig import OpsError
+
+    def record(i: int, rows: int, weight: float) -> dict[str, Any]:
+        return {
+            "id": f"d{i}",
+            "embedding": np.ones(4, np.float32),
+            "sparse_indices": np.array([7, 9]),
+            "sparse_values": np.array([weight, 0.5]),
+            "token_vectors": np.ones((rows, 3), np.float32),
+            "model": "m3",
+            "version": 2,
+        }
+
+    kinds = ("dense", "sparse", "multivector")
+    (tmp_path / "errors.jsonl").write_bytes(b"")
+    good = parts.table([record(0, 2, 1.0), record(1, 1, 2.0)], kinds, with_input=False)
+    pq.write_table(good, tmp_path / "part-00000.parquet")
+    dims = {"dense": 4, "sparse": 0, "multivector": 3}
+    figures = migrate.check_output(tmp_path, ["d0", "d1"], "m3", 2, dims)
+    assert figures["kinds"] == list(kinds) and figures["multivector_dim"] == 3
+    bad = parts.table([record(2, 0, float("nan"))], kinds, with_input=False)
+    pq.write_table(bad, tmp_path / "part-00001.parquet")
+    with pytest.raises(OpsError) as err:
+        migrate.check_output(tmp_path, ["d0", "d1", "d2"], "m3", 2, {**dims, "multivector": 5})
+    message = str(err.value)
+    for part in ("multi-vector dimension 3, v2 answers 5", "1 multi-vectors without a row",
+                 "1 sparse or multi-vector values not finite"):  # fmt: skip
+        assert part in message
+
+
 # ---------------------------------------------------------------------------------------------
 # every output kind: tiny BGE-M3-, SPLADE- and ColBERT-like versions on one model server
 
