@@ -42,9 +42,11 @@ is already clearly broken:
                   p99 latency <= the stable version's p99 x --max-latency-ratio
 
 Embedders: before the first step, when a weighted step is to come, the two versions embed a
-sample (``--space-sample``) in process: one vector space (a re-export, a precision change) rolls
-out as above; two spaces refuse the weighted canary (a rollback naming ``python -m ops.rollout
-migrate``, the thresholds in ``ops.rollout.spaces``).
+sample (``--space-sample``) in process, once per output kind both have (dense, sparse,
+multi-vector: each kind asked alone): one vector space in every kind (a re-export, a precision
+change) rolls out as above; two spaces in any kind, or a kind the new version lacks, refuse the
+weighted canary (a rollback naming ``python -m ops.rollout migrate``, the measures and thresholds
+in ``ops.rollout.spaces``).
 
 With fewer than ``--min-samples`` samples it says so and holds on, up to ``--step-timeout``; a step
 that times out without the evidence rolls back. Every decision is printed with its figures and
@@ -93,6 +95,7 @@ from ops.rollout.push import available_on_replicas, promote_with_push, push_new_
 from ops.rollout.spaces import (
     SpaceCheck,
     compare,
+    compared_kinds,
     gateway_embed,
     is_embedder,
     read_sample,
@@ -257,7 +260,8 @@ def spaces_checker(args: argparse.Namespace) -> CheckSpaces:
         try:
             if not is_embedder(gateway, model, new):
                 return None
-            return compare(embed_for(model), stable, new, texts)
+            kinds, missing = compared_kinds(gateway, model, stable, new)
+            return compare(embed_for(model), stable, new, texts, kinds=kinds, missing=missing)
         except GatewayError as exc:
             raise OpsError(f"the space check of {model} failed: {exc.message}") from exc
         finally:

@@ -41,6 +41,7 @@ from ops.rollout.state import (
     STEPS,
     State,
     driving,
+    entry_following,
     load_states,
     read_routing,
     restore_route,
@@ -248,9 +249,7 @@ class Rollout:
         data = state.spaces
         if not data or data["same_space"]:
             return ""
-        fields = {k: v for k, v in data.items() if k != "same_space"}
-        fields["dims"] = tuple(fields["dims"])
-        return refusal(state.model, SpaceCheck(**fields), state.from_label)
+        return refusal(state.model, SpaceCheck.from_json(data), state.from_label)
 
     def step_name(self, state: State) -> str:
         if state.step >= len(self.s.steps):
@@ -342,34 +341,9 @@ class Rollout:
         return "promoted"
 
     def entry_after_promotion(self, state: State) -> tuple[ModelRoute | None, str]:
-        """Return the model's routing entry once the new version is promoted, and what it means.
-
-        None (the weights reset) when the new version is the newest the config serves: without
-        an entry the gateways send default traffic to the newest AVAILABLE version, and the
-        gateways' version states are at most 2 x GATEWAY_STATUS_CACHE_S (+ one fetch) old, while
-        the new version has been AVAILABLE since before its first step. A newer version in the
-        policy would take the default traffic then: the entry stays pinned to the promoted one.
-        """
-        try:
-            config = serverconfig.read(self.s.config_path)
-        except FormatError as exc:
-            raise OpsError(f"{self.s.config_path}: {exc}") from exc
-        newer = [
-            v
-            for m in config.model_config_list.config
-            if m.name == state.model
-            for v in m.model_version_policy.specific.versions
-            if v > state.version
-        ]
-        if newer:
-            return ModelRoute(((state.version, 100.0),)), (
-                f"{state.model}'s routing entry keeps v{state.version} at 100 % (v"
-                f"{max(newer)}, newer, is in the policy: without the entry it would serve)"
-            )
-        return None, (
-            f"{state.model}'s routing entry removed (default traffic: the newest AVAILABLE "
-            f"version, v{state.version})"
-        )
+        """Return the model's routing entry once the new version is promoted, and what it means
+        (default traffic follows the label: ``ops.rollout.state.entry_following``)."""
+        return entry_following(self.s.config_path, state.model, state.version)
 
     def roll_back(self, state: State, reason: str) -> str:
         """Put the routing entry back (label unmoved, nothing unloaded) and clear the state."""

@@ -172,3 +172,35 @@ def restore_route(state: State) -> tuple[ModelRoute | None, str]:
             f"v{state.version}, would serve); remove the entry once v{state.version} is unloaded",
         )
     return None, "routing entry removed"
+
+
+def entry_following(config_path: Path, model: str, version: int) -> tuple[ModelRoute | None, str]:
+    """Return the routing entry that sends ``model``'s default traffic to ``version`` (the one
+    its label now names), and what it means.
+
+    None (no entry) when ``version`` is the newest the config serves: without an entry the
+    gateways send default traffic to the newest AVAILABLE version, and the gateways' version
+    states are at most 2 x GATEWAY_STATUS_CACHE_S (+ one fetch) old, while ``version`` has been
+    AVAILABLE since before the label moved. A newer version in the policy would take the default
+    traffic then: the entry pins ``version`` at 100 %.
+    """
+    try:
+        config = serverconfig.read(config_path)
+    except FormatError as exc:
+        raise OpsError(f"{config_path}: {exc}") from exc
+    newer = [
+        v
+        for m in config.model_config_list.config
+        if m.name == model
+        for v in m.model_version_policy.specific.versions
+        if v > version
+    ]
+    if newer:
+        return ModelRoute(((version, 100.0),)), (
+            f"{model}'s routing entry keeps v{version} at 100 % (v{max(newer)}, newer, is in "
+            "the policy: without the entry it would serve)"
+        )
+    return None, (
+        f"{model}'s routing entry removed (default traffic: the newest AVAILABLE version, "
+        f"v{version})"
+    )

@@ -6,6 +6,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,3 +142,44 @@ def embed_server(
         embed_exports, tmp_path_factory.mktemp("embed-server"), {1: "stable"},
         "specific { versions: 1 versions: 2 versions: 3 }", also=(2, 3),
     )  # fmt: skip
+
+
+def rotation_fixing(row: Any, seed: int) -> Any:
+    """Return a random orthogonal matrix Q with ``row @ Q == row``: it turns every other
+    direction (a version's token vectors turned, its [CLS] row and any x . w kept)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    dim = row.shape[0]
+    basis = np.linalg.qr(np.column_stack([row, rng.normal(size=(dim, dim - 1))]))[0]
+    along, rest = basis[:, :1], basis[:, 1:]
+    turn = np.linalg.qr(rng.normal(size=(dim - 1, dim - 1)))[0]
+    return (along @ along.T + rest @ turn @ rest.T).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def retrieval_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a base path of tiny retrieval versions (tests/backend/retrieval_models.py's table
+    graphs): ``tiny-m3`` v1, v2 (only its sparse head changed), v3 (only its token vectors
+    turned: dense and sparse outputs the same), v4 (v1 again: a re-export); ``tiny-splade`` and
+    ``tiny-colbert`` v1 and v2 (another table: another space)."""
+    from tests.backend import retrieval_models as rm
+
+    def build(base: Path) -> None:
+        made = rm.write_versions(base)
+
+        def again(name: str, version: int, weights: Any, sparse_w: Any) -> None:
+            target = base / name / str(version)
+            shutil.copytree(base / name / "1", target)
+            if weights is not None:
+                rm._save_graph(target, weights, sparse_w, made[name]["outputs"])
+
+        m3 = made[rm.M3]
+        again(rm.M3, 2, m3["table"], rm.table(99, m3["vocab_size"])[1])
+        turn = rotation_fixing(m3["table"][rm.CLS_ID], seed=98)
+        again(rm.M3, 3, m3["table"] @ turn, turn.T @ m3["sparse"])
+        again(rm.M3, 4, None, None)
+        for name, seed in ((rm.SPLADE, 97), (rm.COLBERT, 96)):
+            again(name, 2, *rm.table(seed, made[name]["vocab_size"]))
+
+    return built_once(tmp_path_factory, "retrieval-space-exports", build)
