@@ -54,7 +54,8 @@ class Settings:
     tfs_max_elements: int = 1_000_000
     # bytes of the answer one :embed may build (multi-vectors are rows x dims numbers, sparse
     # answers indices and weights): estimated from the tokenized rows before the model runs;
-    # a 413 past it (backend/outputs/)
+    # a 413 past it (backend/outputs/). Also the most bytes of a model server reply the
+    # gateway reads in: the gRPC channel's max receive size, a /tfs REST reply read up to it
     max_answer_bytes: int = 33_554_432
     bucketing: bool = True
     grpc_retries: int = 2

@@ -101,7 +101,9 @@ SETTING_MEANINGS: dict[str, str] = {
     "([coming from TF Serving](../guides/coming-from-other-servers.md))",
     "GATEWAY_MAX_ANSWER_BYTES": "bytes the answer of one `:embed` may take, estimated per output "
     "kind from the tokenized rows before the model runs (multi-vectors: rows × dims numbers per "
-    "output type; sparse: an index and a weight per entry): 413 past it",
+    "output type; sparse: an index and a weight per entry): 413 past it; also the most bytes of "
+    "a model server reply read in (the gRPC channel's max receive size; a `/tfs` reply past it "
+    "is a 413)",
     "GATEWAY_BUCKETING": "pad length-sorted chunks to 16/32/64/… buckets (`0`: pad to the longest)",
     "GATEWAY_GRPC_RETRIES": "retries (with jitter) on UNAVAILABLE only",
     "GATEWAY_RETRY_AFTER_S": "the `Retry-After` of a 503",

@@ -10,7 +10,9 @@ retried on another. A plain ``host:port`` is one channel, as before.
 
 from __future__ import annotations
 
+import functools
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +25,13 @@ import backend.clients.endpoints as endpoints
 from backend import tracing
 from backend.clients.base import Outputs, error_for_status
 from backend.clients.replicas import Replica, ReplicaHung, ReplicaSet
-from backend.errors import GatewayError, UpstreamStatus, UpstreamTimeout, UpstreamUnavailable
+from backend.errors import (
+    GatewayError,
+    PayloadTooLarge,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from backend.tensors import fill_tensor_proto, from_tensor_proto
 from backend.tfs_json import HTTP_STATUS
 from modelformat.protos import serving_pb2
@@ -36,10 +44,11 @@ CLASSIFY = "/tensorflow.serving.PredictionService/Classify"
 REGRESS = "/tensorflow.serving.PredictionService/Regress"
 SIGNATURE = "serving_default"
 
-# TF Serving sends up to 2 GiB; grpc-python would refuse replies over 4 MiB by default.
+# TF Serving sends up to 2 GiB; grpc-python would refuse replies over 4 MiB by default. What a
+# channel receives is bounded by the client's max_receive_bytes (GATEWAY_MAX_ANSWER_BYTES:
+# Stubs.open sets grpc.max_receive_message_length).
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_permit_without_calls", 1),
     # After a model-server restart, reconnect within ~1 s instead of gRPC's default backoff,
@@ -49,6 +58,8 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
+# grpc-python's words for a reply over the channel's max_receive_message_length
+_LARGER_THAN_MAX = re.compile(r"Received message larger than max \((\d+) vs")
 # A call that has waited this long on one replica makes the set probe that replica's status.
 SUSPECT_AFTER_S = 0.5
 # How often each replica is asked for the states of a model requests name by version or label.
@@ -69,8 +80,9 @@ class Stubs:
     regress: Any
 
     @classmethod
-    def open(cls, target: str) -> Stubs:
-        channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    def open(cls, target: str, max_receive_bytes: int = -1) -> Stubs:
+        options = [*CHANNEL_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
+        channel = grpc.insecure_channel(target, options=options)
         return cls(
             channel,
             channel.unary_unary(
@@ -118,8 +130,13 @@ class GrpcClient:
         backoff_s: float = 0.05,
         retry_after_s: int = 1,
         status_deadline_s: float = 1.0,
+        max_receive_bytes: int = -1,
     ) -> None:
         self.target = target
+        # a reply over this is refused by the channel before it is read in (413, naming
+        # GATEWAY_MAX_ANSWER_BYTES); -1: no bound
+        self.max_receive_bytes = max_receive_bytes
+        connect = functools.partial(Stubs.open, max_receive_bytes=max_receive_bytes)
         self.retries = retries
         self.backoff_s = backoff_s
         self.retry_after_s = retry_after_s
@@ -130,7 +147,7 @@ class GrpcClient:
             self.replicas = ReplicaSet(
                 target,
                 resolve=lambda: endpoints.resolve(target),
-                connect=Stubs.open,
+                connect=connect,
                 disconnect=Stubs.close,
                 status=self._replica_status,
                 transport=self.transport,
@@ -138,7 +155,7 @@ class GrpcClient:
                 retry_after_s=retry_after_s,
             )
         else:
-            self._single = Stubs.open(target)
+            self._single = connect(target)
 
     def predict(
         self,
@@ -246,6 +263,9 @@ class GrpcClient:
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
                 details = exc.details() if hasattr(exc, "details") else str(exc)
+                too_large = self._too_large(code, details or "")
+                if too_large is not None:
+                    raise too_large from exc
                 status = HTTP_STATUS.get(code.name, 500)
                 raise UpstreamStatus(details or code.name, status) from exc
 
@@ -312,9 +332,23 @@ class GrpcClient:
                     continue
                 raise error from exc
 
+    def _too_large(self, code: grpc.StatusCode, details: str) -> PayloadTooLarge | None:
+        """Return the 413 of a reply the channel refused for its size (grpc-python's own
+        RESOURCE_EXHAUSTED, not the model server's), else None."""
+        found = _LARGER_THAN_MAX.search(details)
+        if code != grpc.StatusCode.RESOURCE_EXHAUSTED or found is None:
+            return None
+        return PayloadTooLarge(
+            f"the model server's reply is {found.group(1)} bytes, over the limit of "
+            f"{self.max_receive_bytes} bytes per answer (GATEWAY_MAX_ANSWER_BYTES)"
+        )
+
     def _mapped(self, exc: grpc.RpcError, model: str) -> GatewayError:
         code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
         message = exc.details() if hasattr(exc, "details") else str(exc)
+        too_large = self._too_large(code, message or "")
+        if too_large is not None:
+            return too_large
         return error_for_status(
             code.name, message or "", model=model, retry_after_s=self.retry_after_s
         )
