@@ -173,12 +173,11 @@ class Passthrough:
         """Return TF Serving's answer to ``:verb`` with ``body`` (``doc``: its JSON as TF Serving
         reads it, ``tfs_json.parse_body``: a body the gateway can't read and count is refused
         before this, over either upstream)."""
-        self.check_size(doc)
+        rows = self.check_size(doc)
         deadline = self._deadline()  # one for the whole request: metadata, then the call
         transport = self.gateway.client.transport
         version = self.known_version(target)
         signature = doc.get("signature_name") if isinstance(doc, dict) else None
-        rows = request_size(doc)[0]
         with tracing.upstream_call(
             target.model, -1 if version is None else version, signature, rows, transport
         ):
@@ -195,8 +194,9 @@ class Passthrough:
             clock.inferred = True  # an inference's answer: it carries the timing headers
         return answer
 
-    def check_size(self, doc: Any) -> None:
-        """413 when a body holds more rows or elements than the gateway's limits allow."""
+    def check_size(self, doc: Any) -> int:
+        """Return a body's rows; 413 when it holds more rows or elements than the gateway's
+        limits allow."""
         rows, elements = request_size(doc)
         settings = self.settings
         if rows > settings.max_request_rows:
@@ -209,6 +209,7 @@ class Passthrough:
                 f"the body has {elements} tensor elements, over the limit of "
                 f"{settings.tfs_max_elements} (GATEWAY_TFS_MAX_ELEMENTS)"
             )
+        return rows
 
     def _grpc_predict(self, target: Target, doc: Any, deadline: float) -> Answer:
         if not isinstance(doc, dict):

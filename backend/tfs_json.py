@@ -170,23 +170,22 @@ _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 def _check_walk(doc: Any) -> int:
-    """Return how many object members ``doc`` holds (walking it iteratively); a 400 past
-    MAX_DEPTH."""
+    """Return how many object members ``doc`` holds, walking it a level at a time (no
+    recursion, no record per container); a 400 past MAX_DEPTH."""
     members = 0
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise TfsError(_too_deep())
-        items = value.values() if isinstance(value, dict) else value
-        if isinstance(value, dict):
-            members += len(value)
-        elif not isinstance(value, list):
-            continue
-        if set(map(type, items)) <= _SCALARS:
-            continue  # a list or object of leaves: nothing below it
-        stack.extend((item, depth + 1) for item in items if type(item) in (list, dict))
-    return members
+    level = [doc]
+    for _ in range(MAX_DEPTH):
+        below: list[Any] = []
+        for value in level:
+            if type(value) is dict:
+                members += len(value)
+                value = value.values()
+            if value and not set(map(type, value)) <= _SCALARS:
+                below.extend(item for item in value if type(item) in (list, dict))
+        if not below:
+            return members
+        level = below
+    raise TfsError(_too_deep())
 
 
 def _raw_keys(region: bytes, doc: Any, parsed: int) -> int:
@@ -261,22 +260,33 @@ def json_type(value: Any) -> str:
 
 def count_elements(value: Any) -> int:
     """Return how many leaves (numbers, strings, b64 objects, nulls) a JSON value holds,
-    walking it once without recursion: what a predict body's tensors will hold, known before
-    any is built."""
+    walking it a level at a time without recursion: what a predict body's tensors will hold,
+    known before any is built."""
     count = 0
-    stack = [value]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict) and not _is_b64(value):
-            items: Any = value.values()
-        elif isinstance(value, list):
-            items = value
-        else:
-            count += 1
-            continue
-        nested = [item for item in items if type(item) in (list, dict)]
-        count += len(items) - len(nested)
-        stack.extend(nested)
+    level = [value]
+    while level:
+        below: list[Any] = []
+        for value in level:
+            kind = type(value)
+            if kind is dict:
+                if len(value) == 1 and "b64" in value:
+                    count += 1
+                    continue
+                value = value.values()
+            elif kind is not list:
+                count += 1
+                continue
+            if not value:
+                continue
+            if set(map(type, value)) <= _SCALARS:
+                count += len(value)
+                continue
+            for item in value:
+                if type(item) in (list, dict):
+                    below.append(item)
+                else:
+                    count += 1
+        level = below
     return count
 
 
