@@ -20,7 +20,7 @@ from urllib.parse import quote
 import numpy as np
 
 from backend import auth, routing, timing, tracing
-from backend.errors import PayloadTooLarge, UpstreamStatus
+from backend.errors import PayloadTooLarge, UpstreamStatus, UpstreamTimeout
 from backend.shadow import ShadowJob
 from backend.tensors import fill_tensor_proto, from_tensor_proto
 from backend.tfs_json import (
@@ -118,16 +118,21 @@ class Passthrough:
         default traffic follows the routing file's weights."""
         if version is not None or label is not None:
             routing.pinned.set(True)
-            key = auth.current_key.get()
-            if key is not None:
-                labels = self.gateway.labels.labels(model)
-                public = self.settings.public_label_names
-                auth.check_reach(key, model, version, label, labels, public)
-            return Target(model, version, label)
+            return self.named(model, version, label)
         route = self.gateway.routing.route(model)
         if route is not None and route.weights:
             return Target(model, self.gateway.routing.choose(model, route), None, route)
         return Target(model, route=route)
+
+    def named(self, model: str, version: int | None, label: str | None) -> Target:
+        """Return the target a path names as it names it (status, metadata, a pinned call): 403
+        for a version or label the API key may not name, as for :predict."""
+        key = auth.current_key.get()
+        if key is not None and (version is not None or label is not None):
+            labels = self.gateway.labels.labels(model)
+            public = self.settings.public_label_names
+            auth.check_reach(key, model, version, label, labels, public)
+        return Target(model, version, label)
 
     def known_version(self, target: Target) -> int | None:
         """Return the version a target names, a label resolved by the serving config."""
@@ -142,20 +147,22 @@ class Passthrough:
     def status(self, target: Target) -> Answer:
         """Return TF Serving's model-status answer (all versions, or the one named)."""
         client = self.gateway.client
+        deadline = self._deadline()
         if client.transport == "rest":
-            return self._forward("GET", target, "", None)
+            return self._forward("GET", target, "", None, deadline)
         request = serving_pb2.GetModelStatusRequest()
         request.model_spec.name = target.model
         if target.version is not None:  # TF Serving ignores a label here: all versions come back
             request.model_spec.version.value = target.version
-        reply = self._grpc("status", request, target)
+        reply = self._grpc("status", request, target, deadline)
         return Answer(200, status_body(reply).encode())
 
     def metadata(self, target: Target) -> Answer:
         """Return TF Serving's metadata answer (model_spec and the signature_def map)."""
+        deadline = self._deadline()
         if self.gateway.client.transport == "rest":
-            return self._forward("GET", target, "/metadata", None)
-        reply = self._metadata_reply(target)
+            return self._forward("GET", target, "/metadata", None, deadline)
+        reply = self._metadata_reply(target, deadline)
         signatures = serving_pb2.SignatureDefMap.FromString(reply.metadata["signature_def"].value)
         body = metadata_body(reply, signatures).encode()
         return Answer(200, body, reply.model_spec.version.value)
@@ -163,23 +170,23 @@ class Passthrough:
     # -- POST: predict, classify, regress ----------------------------------------------------
 
     def infer(self, verb: str, target: Target, body: bytes, doc: Any) -> Answer:
-        """Return TF Serving's answer to ``:verb`` with ``body`` (``doc``: its parsed JSON, or
-        None when it is not JSON: over REST TF Serving then says why itself)."""
-        if doc is not None:
-            self.check_size(doc)
+        """Return TF Serving's answer to ``:verb`` with ``body`` (``doc``: its JSON as TF Serving
+        reads it, ``tfs_json.parse_body``: a body the gateway can't read and count is refused
+        before this, over either upstream)."""
+        rows = self.check_size(doc)
+        deadline = self._deadline()  # one for the whole request: metadata, then the call
         transport = self.gateway.client.transport
         version = self.known_version(target)
         signature = doc.get("signature_name") if isinstance(doc, dict) else None
-        rows = request_size(doc)[0] if doc is not None else 0
         with tracing.upstream_call(
             target.model, -1 if version is None else version, signature, rows, transport
         ):
             if transport == "rest":
-                answer = self._forward("POST", target, f":{verb}", body)
+                answer = self._forward("POST", target, f":{verb}", body, deadline)
             elif verb == "predict":
-                answer = self._grpc_predict(target, doc)
+                answer = self._grpc_predict(target, doc, deadline)
             else:
-                answer = self._grpc_examples(verb, target, doc)
+                answer = self._grpc_examples(verb, target, doc, deadline)
         if answer.version is None:
             answer.version = version
         clock = timing.current()
@@ -187,8 +194,9 @@ class Passthrough:
             clock.inferred = True  # an inference's answer: it carries the timing headers
         return answer
 
-    def check_size(self, doc: Any) -> None:
-        """413 when a body holds more rows or elements than the gateway's limits allow."""
+    def check_size(self, doc: Any) -> int:
+        """Return a body's rows; 413 when it holds more rows or elements than the gateway's
+        limits allow."""
         rows, elements = request_size(doc)
         settings = self.settings
         if rows > settings.max_request_rows:
@@ -201,8 +209,9 @@ class Passthrough:
                 f"the body has {elements} tensor elements, over the limit of "
                 f"{settings.tfs_max_elements} (GATEWAY_TFS_MAX_ELEMENTS)"
             )
+        return rows
 
-    def _grpc_predict(self, target: Target, doc: Any) -> Answer:
+    def _grpc_predict(self, target: Target, doc: Any, deadline: float) -> Answer:
         if not isinstance(doc, dict):
             raise TfsError(f"JSON Value: {debug_string(doc)} Is not object")
         name = doc.get("signature_name", "")
@@ -212,7 +221,7 @@ class Passthrough:
                 "must be a string value."
             )
         signature = name or SIGNATURE
-        sigs = self._signatures_of(target)
+        sigs = self._signatures_of(target, deadline)
         if signature not in sigs.signature_def:
             raise TfsError(f'Serving signature name: "{signature}" not found in signature def')
         with timing.stage("plan"):  # JSON → tensors
@@ -222,13 +231,13 @@ class Passthrough:
             target.spec(request.model_spec, signature)
             for alias, array in inputs.items():
                 fill_tensor_proto(request.inputs[alias], array)
-        reply = self._grpc("predict", request, target)
+        reply = self._grpc("predict", request, target, deadline)
         with timing.stage("postprocess"):  # tensors → TF Serving's JSON
             outputs = {alias: from_tensor_proto(t) for alias, t in reply.outputs.items()}
             body = predict_body(outputs, row_format)
         return Answer(200, body.encode(), reply.model_spec.version.value or None)
 
-    def _grpc_examples(self, verb: str, target: Target, doc: Any) -> Answer:
+    def _grpc_examples(self, verb: str, target: Target, doc: Any, deadline: float) -> Answer:
         """Classify or Regress: the body's tf.Examples in one call, its result as TF Serving's
         REST API writes it."""
         with timing.stage("plan"):  # JSON → tf.Examples
@@ -244,7 +253,7 @@ class Passthrough:
             )  # fmt: skip
             request = kind(input=request_input)
             target.spec(request.model_spec, name)
-        reply = self._grpc(verb, request, target)
+        reply = self._grpc(verb, request, target, deadline)
         with timing.stage("postprocess"):
             write = classify_body if verb == "classify" else regress_body
             body = write(reply.result)
@@ -252,14 +261,15 @@ class Passthrough:
 
     def predict_outputs(self, target: Target, doc: Any) -> dict[str, np.ndarray]:
         """Return the raw outputs of a predict body on ``target`` (the shadow's comparison)."""
-        answer = self._grpc_predict(target, doc) if self.gateway.client.transport == "grpc" else (
-            self._forward("POST", target, ":predict", None, doc)
-        )  # fmt: skip
+        deadline = self._deadline()
+        answer = self._grpc_predict(target, doc, deadline) if (
+            self.gateway.client.transport == "grpc"
+        ) else self._forward("POST", target, ":predict", None, deadline, doc)  # fmt: skip
         if answer.status != 200:
             raise UpstreamStatus(answer.body.decode(errors="replace"), answer.status)
         return raw_outputs(answer.body)
 
-    def _signatures_of(self, target: Target) -> Any:
+    def _signatures_of(self, target: Target, deadline: float) -> Any:
         """Return the target's SignatureDefMap (a version's cached for good, else for the
         labels' re-read interval)."""
         key = (target.model, target.version, target.label)
@@ -268,7 +278,7 @@ class Passthrough:
             cached = self._signatures.get(key)
         if cached is not None and (target.version is not None or cached[0] > now):
             return cached[1]
-        reply = self._metadata_reply(target)
+        reply = self._metadata_reply(target, deadline)
         sigs = serving_pb2.SignatureDefMap.FromString(reply.metadata["signature_def"].value)
         with self._lock:
             if len(self._signatures) > 256:
@@ -276,29 +286,44 @@ class Passthrough:
             self._signatures[key] = (now + self.settings.labels_cache_s, sigs)
         return sigs
 
-    def _metadata_reply(self, target: Target) -> Any:
+    def _metadata_reply(self, target: Target, deadline: float) -> Any:
         request = serving_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         target.spec(request.model_spec)
-        return self._grpc("metadata", request, target)
+        return self._grpc("metadata", request, target, deadline)
 
-    def _grpc(self, method: str, request: Any, target: Target) -> Any:
+    def _deadline(self) -> float:
+        """Return the deadline of a request starting now (GATEWAY_TIMEOUT_S for all its calls)."""
+        return time.monotonic() + self.settings.request_timeout_s
+
+    def _left(self, deadline: float) -> float:
+        """Return the seconds left before ``deadline``; 504 when none are."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise UpstreamTimeout(
+                f"the request's deadline ({self.settings.request_timeout_s:.3g}s, "
+                "GATEWAY_TIMEOUT_S) passed before the model server was asked"
+            )
+        return left
+
+    def _grpc(self, method: str, request: Any, target: Target, deadline: float) -> Any:
         client: Any = self.gateway.client
         with timing.stage("call"):
             return client.forward(
                 method, request, model=target.model, version=target.version,
-                timeout_s=self.settings.request_timeout_s,
+                timeout_s=self._left(deadline),
             )  # fmt: skip
 
     def _forward(
-        self, method: str, target: Target, suffix: str, body: bytes | None, doc: Any = None
-    ) -> Answer:
+        self, method: str, target: Target, suffix: str, body: bytes | None, deadline: float,
+        doc: Any = None,
+    ) -> Answer:  # fmt: skip
         client: Any = self.gateway.client
         if body is None and doc is not None:
             body = _json_bytes(doc)
         with timing.stage("call"):
             status, content = client.forward(
                 method, target.path(suffix), body, model=target.model, version=target.version,
-                timeout_s=self.settings.request_timeout_s,
+                timeout_s=self._left(deadline),
             )  # fmt: skip
         return Answer(status, content)
 

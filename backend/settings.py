@@ -55,8 +55,9 @@ class Settings:
     # bytes of the answer one embedding request (:embed, /v1/embeddings, /v2/embed) may build
     # (multi-vectors are rows x dims numbers, sparse answers indices and weights), and of the
     # model server's reply to it (the outputs the route reads, padded rows): estimated from the
-    # tokenized rows before the model runs; a 413 past it (backend/outputs/); the gRPC receive
-    # limit follows it
+    # tokenized rows before the model runs; a 413 past it (backend/outputs/). Also the most bytes
+    # of a model server reply the gateway reads in: the gRPC receive limit follows it, a /tfs
+    # REST reply is read up to it
     max_answer_bytes: int = 33_554_432
     bucketing: bool = True
     grpc_retries: int = 2

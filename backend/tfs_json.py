@@ -14,6 +14,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -23,12 +24,16 @@ from google.protobuf import json_format
 from modelformat.protos import serving_pb2, tensor_pb2
 
 DT = tensor_pb2.DataType
+# What JSON integers each dtype takes: int8, int16 and uint8 take any int32 (rapidjson's IsInt)
+# and TF casts it into the tensor; uint16 is not converted at all (json_tensor.cc
+# AddValueToTensor: Unimplemented, 501).
+_INT32 = (-(2**31), 2**31 - 1)
+_INT32_WIDE = (DT.DT_INT8, DT.DT_INT16, DT.DT_UINT8)
 _INT_RANGES: dict[int, tuple[int, int]] = {
-    DT.DT_INT8: (-(2**7), 2**7 - 1),
-    DT.DT_UINT8: (0, 2**8 - 1),
-    DT.DT_INT16: (-(2**15), 2**15 - 1),
-    DT.DT_UINT16: (0, 2**16 - 1),
-    DT.DT_INT32: (-(2**31), 2**31 - 1),
+    DT.DT_INT8: _INT32,
+    DT.DT_UINT8: _INT32,
+    DT.DT_INT16: _INT32,
+    DT.DT_INT32: _INT32,
     DT.DT_UINT32: (0, 2**32 - 1),
     DT.DT_INT64: (-(2**63), 2**63 - 1),
     DT.DT_UINT64: (0, 2**64 - 1),
@@ -39,7 +44,6 @@ _NUMPY: dict[int, Any] = {
     DT.DT_INT8: np.int8,
     DT.DT_UINT8: np.uint8,
     DT.DT_INT16: np.int16,
-    DT.DT_UINT16: np.uint16,
     DT.DT_INT32: np.int32,
     DT.DT_UINT32: np.uint32,
     DT.DT_INT64: np.int64,
@@ -81,18 +85,56 @@ def dtype_name(dtype: int) -> str:
     return {"DT_FLOAT": "float", "DT_DOUBLE": "double"}.get(name, name.removeprefix("DT_").lower())
 
 
+# Nesting deeper than this is refused (400) before any walk of the body: TF's tensors have at
+# most 254 dimensions, and the body's own levels (object, instances, row, named input) sit above.
+MAX_DEPTH = 260
+# rapidjson's kParseNanAndInfFlag tokens that Python's json lacks (it reads NaN, Infinity and
+# -Infinity itself); strings are matched whole so that a token inside one is left alone.
+_TOKENS = re.compile(r'("(?:[^"\\]|\\.)*")|-?Inf(?:inity)?|-NaN')
+_TOKEN_TEXT = {"Inf": "Infinity", "-Inf": "-Infinity", "-NaN": "NaN"}
+_KEY = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?')
+_COLON_ESCAPE = re.compile(rb"\\u003[aA]")
+_LONG_DIGITS = re.compile(r"[0-9]{20}")
+_BIG_EXPONENT = re.compile(r"[0-9][eE]\+?0*[1-9][0-9]{2}|[0-9]{309}")
+
+
 def parse_body(body: bytes) -> Any:
-    """Return a request body's JSON like rapidjson: NaN/Infinity tokens, trailing bytes ignored."""
+    """Return a request body's JSON as TF Serving's rapidjson reads it (NaN, Inf, -Inf and
+    Infinity tokens, integers past 64 bits as doubles, trailing bytes ignored); a 400 for what
+    it would refuse, for nesting deeper than MAX_DEPTH and for a key given twice in one object
+    (TF Serving reads its first copy, a parse here keeps the last: the body counted must be the
+    body served). Parsing and every walk are iterative: no depth reaches Python's stack."""
     try:
-        return orjson.loads(body)  # the common case, ~5x faster than the json module
+        doc = orjson.loads(body)  # the common case, ~5x faster than the json module
+        region = body
     except orjson.JSONDecodeError:
-        pass  # NaN/Infinity, trailing bytes, ints over 64 bits, or an error to word as rapidjson
+        # NaN/Inf, trailing bytes, a number past double's range, or an error to word as rapidjson
+        doc, region = _parse_slowly(body)
+    keys = _check_walk(doc)
+    if keys and _raw_keys(region, doc, keys) != keys:
+        raise TfsError(
+            "JSON Parse error: the body repeats a member name in one object (TF Serving reads its "
+            "first copy): give each name once"
+        )
+    return doc
+
+
+def _parse_slowly(body: bytes) -> tuple[Any, bytes]:
+    """Return (the first JSON value of ``body``, the bytes it spans) with Python's json module,
+    after rewriting rapidjson's extra tokens; TF Serving's words for what it can't read."""
     text = body.decode("utf-8", errors="replace")
     stripped = text.lstrip()
     if not stripped:
         raise TfsError("JSON Parse error: The document is empty")
+    offset = len(text) - len(stripped)
+    if "Inf" in stripped or "-NaN" in stripped:
+        stripped = _TOKENS.sub(lambda m: m.group(1) or _TOKEN_TEXT.get(m.group(), m.group()),
+                               stripped)  # fmt: skip
+    parse_float = _finite_float if _BIG_EXPONENT.search(stripped) else float
+    parse_int = _int64_or_double if _LONG_DIGITS.search(stripped) else int
     try:
-        value, _ = json.JSONDecoder().raw_decode(stripped)
+        decoder = json.JSONDecoder(parse_float=parse_float, parse_int=parse_int)
+        value, end = decoder.raw_decode(stripped)
     except json.JSONDecodeError as exc:
         message = _RAPIDJSON_MESSAGES.get(exc.msg, exc.msg + ".")
         if exc.msg.startswith("Expecting ','"):
@@ -101,9 +143,82 @@ def parse_body(body: bytes) -> Any:
                 if _innermost_open(stripped[: exc.pos]) == "{"
                 else "Missing a comma or ']' after an array element."
             )
-        offset = exc.pos + len(text) - len(stripped)
-        raise TfsError(f"JSON Parse error: {message} at offset: {offset}") from None
+        raise TfsError(f"JSON Parse error: {message} at offset: {exc.pos + offset}") from None
+    except RecursionError:  # the json module recurses per level: over MAX_DEPTH anyway
+        raise TfsError(_too_deep()) from None
+    return value, stripped[:end].encode("utf-8", errors="replace")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise TfsError("JSON Parse error: Number too big to be stored in double.")
     return value
+
+
+def _int64_or_double(text: str) -> int | float:
+    """Return a JSON integer as rapidjson holds it: past int64 and uint64, a double."""
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else float(value)
+
+
+def _too_deep() -> str:
+    return f"JSON Parse error: the body is nested deeper than {MAX_DEPTH} levels"
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _check_walk(doc: Any) -> int:
+    """Return how many object members ``doc`` holds, walking it a level at a time (no
+    recursion, no record per container); a 400 past MAX_DEPTH."""
+    members = 0
+    level = [doc]
+    for _ in range(MAX_DEPTH):
+        below: list[Any] = []
+        for value in level:
+            if type(value) is dict:
+                members += len(value)
+                value = value.values()
+            if value and not set(map(type, value)) <= _SCALARS:
+                below.extend(item for item in value if type(item) in (list, dict))
+        if not below:
+            return members
+        level = below
+    raise TfsError(_too_deep())
+
+
+def _raw_keys(region: bytes, doc: Any, parsed: int) -> int:
+    """Return how many member names the JSON text ``region`` spells (``parsed``: those its
+    parse kept): every ':' outside a string follows one, so no more ':' than that is the
+    common case."""
+    colons = region.count(b":")
+    if colons == parsed:
+        return parsed
+    if _COLON_ESCAPE.search(region) is None:
+        return colons - _colons_in_strings(doc)
+    found = _KEY.findall(region)
+    return len(found) - found.count(b"")
+
+
+def _colons_in_strings(doc: Any) -> int:
+    """Return the ':' characters in ``doc``'s strings, member names included."""
+    count = 0
+    stack = [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            count += "".join(value).count(":")
+            items: Any = value.values()
+        elif isinstance(value, list):
+            items = value
+        else:
+            count += value.count(":") if isinstance(value, str) else 0
+            continue
+        texts = [item for item in items if type(item) is str]
+        count += "".join(texts).count(":")
+        stack.extend(item for item in items if type(item) in (list, dict))
+    return count
 
 
 def _innermost_open(text: str) -> str:
@@ -144,13 +259,35 @@ def json_type(value: Any) -> str:
 
 
 def count_elements(value: Any) -> int:
-    """Return how many leaves (numbers, strings, b64 objects) a JSON value holds, walking it
-    once: what a predict body's tensors will hold, known before any is built."""
-    if isinstance(value, list):
-        return sum(count_elements(item) for item in value)
-    if isinstance(value, dict) and list(value) != ["b64"]:
-        return sum(count_elements(item) for item in value.values())
-    return 1
+    """Return how many leaves (numbers, strings, b64 objects, nulls) a JSON value holds,
+    walking it a level at a time without recursion: what a predict body's tensors will hold,
+    known before any is built."""
+    count = 0
+    level = [value]
+    while level:
+        below: list[Any] = []
+        for value in level:
+            kind = type(value)
+            if kind is dict:
+                if len(value) == 1 and "b64" in value:
+                    count += 1
+                    continue
+                value = value.values()
+            elif kind is not list:
+                count += 1
+                continue
+            if not value:
+                continue
+            if set(map(type, value)) <= _SCALARS:
+                count += len(value)
+                continue
+            for item in value:
+                if type(item) in (list, dict):
+                    below.append(item)
+                else:
+                    count += 1
+        level = below
+    return count
 
 
 def request_size(doc: Any) -> tuple[int, int]:
@@ -224,60 +361,94 @@ def _shape_of(value: Any) -> list[int]:
 
 
 def to_array(value: Any, dtype: int) -> np.ndarray:
-    """Return a JSON value (scalar, nested list, b64 object) as a numpy array of ``dtype``."""
+    """Return a JSON value (scalar, nested list, b64 object) as a numpy array of ``dtype``:
+    its shape and every leaf's type checked first, in TF Serving's order, then one array of
+    that dtype built (numpy never infers a dtype from the client's JSON)."""
     np_dtype = _NUMPY.get(dtype)
-    if isinstance(value, list) and np_dtype is not None and np_dtype is not np.object_:
-        fast = _fast_numeric(value, dtype, np_dtype)
-        if fast is not None:
-            return fast
+    if np_dtype is None:  # TF Serving refuses any leaf of these (json_tensor.cc AddValueToTensor)
+        leaf = value
+        while isinstance(leaf, list) and leaf:
+            leaf = leaf[0]
+        raise TfsError(
+            f"Conversion of JSON Value: {debug_string(leaf)} to type: {dtype_name(dtype)}", 501
+        )
     shape = _shape_of(value)
-    flat: list[Any] = []
-    _flatten(value, 0, shape, dtype, flat)
-    if np_dtype is None:
-        raise TfsError(f"Unsupported dtype: {dtype_name(dtype)}", 501)
-    array = np.empty(len(flat), dtype=np_dtype)
-    array[:] = flat
+    leaves = _checked_leaves(value, shape, dtype)
+    if dtype == DT.DT_STRING:
+        array = np.empty(len(leaves), dtype=object)
+        array[:] = [v.encode("utf-8") if isinstance(v, str) else _b64(v) for v in leaves]
+    elif dtype in _FLOATS:  # rapidjson's GetFloat is the double cast to float
+        array = np.array(leaves, dtype=np.float64).astype(np_dtype)
+    elif dtype in _INT32_WIDE:  # an int32 stored in an int8/int16/uint8 tensor: cast, as TF does
+        array = np.array(leaves, dtype=np.int64).astype(np_dtype)
+    else:
+        array = np.array(leaves, dtype=np_dtype)
     return array.reshape(shape)
 
 
-def _fast_numeric(value: list[Any], dtype: int, np_dtype: Any) -> np.ndarray | None:
-    """Convert well-formed numeric lists in one numpy call; None sends them the checked way."""
-    try:
-        array = np.array(value)
-    except ValueError:  # ragged
-        return None
-    if dtype in _FLOATS and array.dtype.kind in "if":
-        return array.astype(np_dtype)
-    if dtype in _INT_RANGES and array.dtype.kind == "i" and array.size:
-        low, high = _INT_RANGES[dtype]
-        if array.min() >= low and array.max() <= high:
-            return array.astype(np_dtype)
-    if dtype == DT.DT_BOOL and array.dtype.kind == "b":
-        return array
-    return None
+# The JSON leaves each dtype takes (bools are not numbers, ints are; json_tensor.cc).
+_LEAF_TYPES: dict[int, frozenset[type]] = {
+    **{dt: frozenset((int, float)) for dt in _FLOATS},
+    **{dt: frozenset((int,)) for dt in _INT_RANGES},
+    DT.DT_BOOL: frozenset((bool,)),
+    DT.DT_STRING: frozenset((str, dict)),
+}
 
 
-def _flatten(value: Any, level: int, shape: list[int], dtype: int, out: list[Any]) -> None:
-    if level == len(shape):
-        if isinstance(value, list):
+def _checked_leaves(value: Any, shape: list[int], dtype: int) -> list[Any]:
+    """Return the leaves of ``value`` in row-major order after checking, without recursion,
+    that it is a dense tensor of ``shape`` whose leaves ``dtype`` takes; the first fault in
+    document order is the error, worded as TF Serving words it."""
+    rank = len(shape)
+    if rank == 0:
+        _check_leaves([value], dtype, 0)
+        return [value]
+    leaves: list[Any] = []
+    stack = [iter((value,))]
+    while stack:
+        level = len(stack) - 1
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+            continue
+        if not isinstance(item, list):
             raise TfsError(
-                f"JSON Value: {debug_string(value)} found at incorrect level: {level + 1} in the "
+                f"JSON Value: {debug_string(item)} found at incorrect level: {level} in the "
+                f"JSON DOM. Expected at level: {rank}"
+            )
+        if len(item) != shape[level]:
+            raise TfsError(
+                f"Encountered list at unexpected size: {len(item)} at level: {level} expected "
+                f"size: {shape[level]}"
+            )
+        if level + 1 < rank:
+            stack.append(iter(item))
+            continue
+        _check_leaves(item, dtype, rank)
+        leaves.extend(item)
+    return leaves
+
+
+_END = object()
+
+
+def _check_leaves(items: list[Any], dtype: int, level: int) -> None:
+    """Raise TF Serving's error for the first of ``items`` (leaves at ``level``) that ``dtype``
+    does not take: their types checked in one pass, values in range by their extremes."""
+    allowed = _LEAF_TYPES[dtype]
+    fine = set(map(type, items)) <= allowed
+    if fine and dtype in _INT_RANGES and items:
+        low, high = _INT_RANGES[dtype]
+        fine = low <= min(items) and max(items) <= high
+    if fine:
+        return
+    for item in items:
+        if isinstance(item, list):
+            raise TfsError(
+                f"JSON Value: {debug_string(item)} found at incorrect level: {level + 1} in the "
                 f"JSON DOM. Expected at level: {level}"
             )
-        out.append(convert_leaf(value, dtype))
-        return
-    if not isinstance(value, list):
-        raise TfsError(
-            f"JSON Value: {debug_string(value)} found at incorrect level: {level} in the JSON "
-            f"DOM. Expected at level: {len(shape)}"
-        )
-    if len(value) != shape[level]:
-        raise TfsError(
-            f"Encountered list at unexpected size: {len(value)} at level: {level} expected "
-            f"size: {shape[level]}"
-        )
-    for item in value:
-        _flatten(item, level + 1, shape, dtype, out)
+        convert_leaf(item, dtype)  # raises for the first one it does not take
 
 
 def decode_predict(doc: Any, sig: Any, sig_label: str) -> tuple[dict[str, np.ndarray], bool]:

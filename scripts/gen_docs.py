@@ -104,7 +104,8 @@ SETTING_MEANINGS: dict[str, str] = {
     "output kind from the tokenized rows before the model runs (multi-vectors: rows × dims numbers "
     "per output type; sparse: an index and a weight per entry; the reply: only the outputs the "
     "route reads, where the transport can narrow them, padded rows × numbers × 4 bytes on gRPC): "
-    "413 past it; the gRPC channel's receive limit is it plus 1 MiB",
+    "413 past it; the gRPC channel's receive limit is it plus 1 MiB, and a `/tfs` reply past it "
+    "is a 413 too",
     "GATEWAY_BUCKETING": "pad length-sorted chunks to 16/32/64/… buckets (`0`: pad to the longest)",
     "GATEWAY_GRPC_RETRIES": "retries (with jitter) on UNAVAILABLE only",
     "GATEWAY_RETRY_AFTER_S": "the `Retry-After` of a 503",

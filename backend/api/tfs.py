@@ -14,7 +14,7 @@ from flask import Blueprint, Response, g
 from backend import timing
 from backend.api import current_gateway, request_body
 from backend.errors import ERROR_SHAPES, PATH_SHAPES, GatewayError, UpstreamStatus
-from backend.passthrough import Answer, Target
+from backend.passthrough import Answer
 from backend.tfs_json import TfsError, error_body, parse_body
 
 bp = Blueprint("tfs", __name__, url_prefix="/tfs/v1/models")
@@ -39,7 +39,7 @@ def status(model: str, version: int | None = None, label: str | None = None) -> 
     """TF Serving's model status: every version's state (or the one named)."""
     if _too_big(version):
         return _error(_version_error(version))
-    return _answered(lambda p: p.status(Target(model, version, label)), model)
+    return _answered(lambda p: p.status(p.named(model, version, label)), model)
 
 
 @bp.get("/<name:model>/metadata")
@@ -49,7 +49,7 @@ def metadata(model: str, version: int | None = None, label: str | None = None) -
     """TF Serving's model metadata: the model spec and its signature_def map."""
     if _too_big(version):
         return _error(_version_error(version))
-    return _answered(lambda p: p.metadata(Target(model, version, label)), model)
+    return _answered(lambda p: p.metadata(p.named(model, version, label)), model)
 
 
 @bp.post(f"/<name:model>:{VERB}")
@@ -62,12 +62,10 @@ def infer(model: str, verb: str, version: int | None = None, label: str | None =
         body = request_body()
         if _too_big(version):
             return _error(_version_error(version))
-        try:
+        try:  # as TF Serving's parser reads it; what can't be read and counted goes no further
             doc = parse_body(body)
         except TfsError as exc:
-            if passthrough.gateway.client.transport != "rest":
-                return _error(exc)
-            doc = None  # not JSON: TF Serving's REST API says why itself
+            return _error(exc)
         target = passthrough.target(model, version, label)
     answer = _answered_raw(lambda p: p.infer(verb, target, body, doc), model)
     if isinstance(answer, Response):

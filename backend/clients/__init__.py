@@ -33,6 +33,7 @@ def make_client(settings: Settings, calls_at_once: int | None = None) -> Predict
             pool_size=calls_at_once or POOL_SIZE,
             retry_after_s=settings.retry_after_s,
             status_deadline_s=settings.status_deadline_s,
+            max_reply_bytes=settings.max_answer_bytes,
         )
     from backend.clients.local_client import LocalClient
 

@@ -11,6 +11,7 @@ retried on another. A plain ``host:port`` is one channel, as before.
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,6 @@ SIGNATURE = "serving_default"
 # gateway's channels take what its answer budget allows (``receive_limit``), the rest none.
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_permit_without_calls", 1),
     # After a model-server restart, reconnect within ~1 s instead of gRPC's default backoff,
@@ -60,6 +60,8 @@ CHANNEL_OPTIONS = [
 # version): the receive limit is the budget plus this
 RECEIVE_MARGIN_BYTES = 1 << 20
 GRPC_MAX_MESSAGE = (1 << 31) - 1  # gRPC's own ceiling (an int32): a larger limit is none
+# grpc-python's words for a reply over the channel's max_receive_message_length
+_LARGER_THAN_MAX = re.compile(r"Received message larger than max \((\d+) vs")
 
 
 def receive_limit(max_answer_bytes: int) -> int:
@@ -274,6 +276,9 @@ class GrpcClient:
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
                 details = exc.details() if hasattr(exc, "details") else str(exc)
+                too_large = self._too_large(code, details or "")
+                if too_large is not None:
+                    raise too_large from exc
                 status = HTTP_STATUS.get(code.name, 500)
                 raise UpstreamStatus(details or code.name, status) from exc
 
@@ -340,16 +345,24 @@ class GrpcClient:
                     continue
                 raise error from exc
 
+    def _too_large(self, code: grpc.StatusCode, details: str) -> PayloadTooLarge | None:
+        """Return the 413 of a reply the channel refused for its size (grpc-python's own
+        RESOURCE_EXHAUSTED, not the model server's), else None."""
+        found = _LARGER_THAN_MAX.search(details)
+        if code != grpc.StatusCode.RESOURCE_EXHAUSTED or found is None:
+            return None
+        return PayloadTooLarge(
+            f"the model server's reply is {found.group(1)} bytes, over the gateway's receive limit "
+            f"of {self.max_receive_bytes} bytes (GATEWAY_MAX_ANSWER_BYTES plus "
+            f"{RECEIVE_MARGIN_BYTES} bytes)"
+        )
+
     def _mapped(self, exc: grpc.RpcError, model: str) -> GatewayError:
         code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
         message = exc.details() if hasattr(exc, "details") else str(exc)
-        limit = self.max_receive_bytes
-        if code.name == "RESOURCE_EXHAUSTED" and f"vs. {limit})" in (message or "") and limit > 0:
-            # our channel's receive limit, not the model server's queue: the reply is too big
-            return PayloadTooLarge(
-                f"the model server's reply is over the gateway's receive limit ({message}: "
-                f"GATEWAY_MAX_ANSWER_BYTES plus {RECEIVE_MARGIN_BYTES} bytes)"
-            )
+        too_large = self._too_large(code, message or "")
+        if too_large is not None:
+            return too_large
         return error_for_status(
             code.name, message or "", model=model, retry_after_s=self.retry_after_s
         )

@@ -31,7 +31,7 @@ import orjson
 from backend import tracing
 from backend.clients.base import Outputs, error_for_status
 from backend.clients.replicas import ReplicaSet
-from backend.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from backend.errors import PayloadTooLarge, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from modelformat.outputs import narrowest_signature
 from modelformat.status import VersionStatus, from_rest
 
@@ -64,7 +64,11 @@ class RestClient:
         pool_size: int = POOL_SIZE,
         retry_after_s: int = 1,
         status_deadline_s: float = 1.0,
+        max_reply_bytes: int | None = None,
     ) -> None:
+        # the most bytes of a passthrough reply read in (``forward``; None: no bound): past it
+        # a 413 naming GATEWAY_MAX_ANSWER_BYTES, the rest of the reply left unread
+        self.max_reply_bytes = max_reply_bytes
         self.base_urls = [u.strip().rstrip("/") for u in base_url.split(",") if u.strip()]
         self.base_url = self.base_urls[0] if self.base_urls else base_url.rstrip("/")
         self.retry_after_s = retry_after_s
@@ -169,7 +173,7 @@ class RestClient:
 
         def at(url: str, left: float) -> tuple[int, bytes]:
             tracing.annotate("tfserving.replica", url)
-            return self._exchange(url, method, path, body, headers, left)
+            return self._exchange(url, method, path, body, headers, left, self.max_reply_bytes)
 
         if self.replicas is None:
             return at(self.base_url, timeout_s)
@@ -297,10 +301,11 @@ class RestClient:
         body: bytes | None,
         headers: dict[str, str],
         timeout_s: float,
+        max_bytes: int | None = None,
     ) -> tuple[int, bytes]:
         """Send one request on a pooled connection; return (status, body). Every failure is a
         gateway error: no connection → unavailable, no answer in time → timeout, an answer that
-        broke off → unusable.
+        broke off → unusable, an answer over ``max_bytes`` (when given) → 413, read no further.
 
         ``timeout_s`` bounds the whole exchange (connecting, sending, every read of the
         answer), not each read: a server that trickles its answer is cut off at the deadline.
@@ -324,7 +329,7 @@ class RestClient:
                 conn.request(method, pool.prefix + path, body=body, headers=headers)
                 response = conn.getresponse()
                 answered = True
-                content = response.read()
+                content = _read(response, max_bytes)
             except TimeoutError as exc:
                 conn.close()
                 raise UpstreamTimeout(
@@ -383,6 +388,28 @@ def _left(deadline: float) -> float:
     if left <= 0:
         raise TimeoutError("the deadline passed")
     return left
+
+
+def _read(response: http.client.HTTPResponse, max_bytes: int | None) -> bytes:
+    """Return the reply's body; past ``max_bytes`` a 413 (its Content-Length says so before any
+    byte is read, else one byte past the limit does; the caller closes the connection)."""
+    if max_bytes is None:
+        return response.read()
+    length = response.getheader("Content-Length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise _too_large(int(length), max_bytes)
+    content = response.read(max_bytes + 1)
+    if len(content) > max_bytes:
+        raise _too_large(None, max_bytes)
+    return content
+
+
+def _too_large(size: int | None, limit: int) -> PayloadTooLarge:
+    what = f"{size} bytes" if size is not None else f"over {limit} bytes"
+    return PayloadTooLarge(
+        f"the model server's reply is {what}, over the limit of {limit} bytes per answer "
+        "(GATEWAY_MAX_ANSWER_BYTES)"
+    )
 
 
 def _unusable(method: str, path: str, exc: BaseException) -> UpstreamError:

@@ -549,3 +549,76 @@ def test_a_body_over_its_values_is_read_only_up_to_them_and_named_or_refused() -
     assert answer(EmbeddingsRequest, escaped) == (200, "")
     with pytest.raises(BadRequest, match="not valid JSON"):  # in the part read: a 400 still
         parse_request(EmbeddingsRequest, b'{"input": [1, ]' + b"[]," * 10_000, settings)
+
+
+# -- the same rule for TF Serving's own API (/tfs): counted and checked before anything is built --
+
+TFS_PREDICT = f"/tfs/v1/models/{EMBED}:predict"
+TFS_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the export's int32 inputs
+
+
+def _tfs_shapes() -> Iterator[tuple[str, bytes]]:
+    """Yield (case, body) of /tfs :predict bodies just under the 1 MiB cap: every item type
+    (first, then as many fillers as fit) as rows, as one row's input, as a column; numbers then
+    one long string (numpy once made an N x 4·len unicode array of them); nesting no tensor has."""
+    others = b", ".join(b'"%s": [[1]]' % name.encode() for name in TFS_INPUTS[1:])
+    forms = {
+        "rows": (b'{"instances": [', b"]}"),
+        "a row's input": (b'{"instances": [{' + others + b', "input_ids": [', b"]}]}"),
+        "a column": (b'{"inputs": {' + others + b', "input_ids": [[', b"]]}}"),
+    }
+    for n, filler in enumerate(ITEMS):
+        first = ITEMS[(n + 3) % len(ITEMS)]
+        for form, (head, tail) in forms.items():
+            one = orjson.dumps(filler)
+            count = (MIB - 200) // (len(one) + 1)
+            items = orjson.dumps(first) + b"," + b",".join([one] * count)
+            yield f"{form}: {first!r}, then {filler!r}...", head + items + tail
+    for form, (head, tail) in forms.items():
+        numbers = b"7," * 2_000 + b'"' + b"x" * 50_000 + b'"'  # 54 KB: 400 MB as numpy's unicode
+        yield f"{form}: 2,000 numbers then a 50,000-character string", head + numbers + tail
+    yield "nested 100,000 deep", b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    yield "nested 100,000 deep, with Inf", b'{"instances": ' + b"[" * 100_000 + b"Inf" + (
+        b"]" * 100_000) + b"}"  # fmt: skip
+
+
+# The shapes whose cost the checks bound (the others are parsed whole: see the test's docstring).
+TFS_BOUNDED = ("numbers then a", "nested")
+
+
+def test_every_tfs_body_shape_is_counted_and_checked_before_it_is_built(gateway: Gateway) -> None:
+    """/tfs over gRPC: whatever a body's lists hold, it is a 4xx in TF Serving's shape, never a
+    5xx (a RecursionError was one); numbers then one long string and deep nesting cost the
+    worker at most 50 ms of CPU and 20 MiB (numpy made a 400 MB unicode array of the first).
+    The others are printed, not bounded: /tfs parses a body whole before counting it, and 1 MiB
+    of small items is 350,000 Python objects (~30 MiB, ~0.2-0.9 s with the walks); bounding
+    them needs a parse that stops at the limits, as the other routes' does."""
+    worst_cpu: tuple[float, str] = (0.0, "")
+    worst_rss: tuple[float, str] = (0.0, "")
+    failures = []
+    session = requests.Session()
+    session.get(f"{gateway.url}/healthz", timeout=10)
+    worker = _worker(gateway)
+    url = f"{gateway.url}{TFS_PREDICT}"
+    for case, data in _tfs_shapes():
+        assert len(data) <= MIB, (case, len(data))
+        reply, cpu, grown = _measured_cpu(session, url, data, worker)
+        for _ in range(2):  # over the CPU bound: measured again (10 ms ticks, a busy machine)
+            if cpu <= CPU_SHAPE_BOUND_S:
+                break
+            cpu = min(cpu, _measured_cpu(session, url, data, worker)[1])
+        worst_cpu = max(worst_cpu, (cpu, case))
+        worst_rss = max(worst_rss, (grown, case))
+        shaped = reply.headers.get("Content-Type") == "application/json" and set(
+            orjson.loads(reply.content)
+        ) == {"error"}
+        bounded = not any(part in case for part in TFS_BOUNDED) or (
+            cpu <= CPU_SHAPE_BOUND_S and grown <= RSS_SHAPE_BOUND_MIB
+        )
+        print(f"/tfs {case}: {reply.status_code}, CPU {cpu * 1000:.0f} ms, RSS +{grown:.1f} MiB")
+        if not (400 <= reply.status_code < 500 and shaped and bounded):
+            failures.append(f"{case}: {reply.status_code} {reply.text[:120]!r}, CPU "
+                            f"{cpu * 1000:.0f} ms, RSS +{grown:.1f} MiB")  # fmt: skip
+    print(f"worst of the /tfs bodies: CPU {worst_cpu[0] * 1000:.0f} ms ({worst_cpu[1]}), "
+          f"RSS +{worst_rss[0]:.1f} MiB ({worst_rss[1]})")  # fmt: skip
+    assert not failures, f"{len(failures)} bodies:\n" + "\n".join(failures[:40])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from tests.backend.stack import Gateway, ModelServer, model_config
 
 HP2, KERAS, DECODE = "half_plus_two", "keras_multi", "str_decode"
 MAX_ELEMENTS = 64
+MAX_ANSWER_BYTES = 65_536
 # API keys: every model and version; half_plus_two's public scope only; one request a second
 KEYS = {"ops": {"versions": "all"}, "hp2": {"models": [HP2]}, "slow": {"rate": 0.2, "burst": 1}}
 ROUTING = f"{HP2}:\n  weights: {{2: 1}}\n  shadow: {{version: 1, share: 1.0}}\n"
@@ -51,7 +53,9 @@ def _export_keras(base: Path) -> None:
 
 
 def _export_decoder(base: Path) -> None:
-    """A tf.Module whose string input is parsed in the graph: y = 2 * to_number(s)."""
+    """A tf.Module whose string input is parsed in the graph: y = 2 * to_number(s); signature
+    ``thirds``: float64 in and out (x / 3, 17 digits to write); ``expand``: n float32 halves
+    (an answer far larger than its body)."""
     import tensorflow as tf
 
     class Decoder(tf.Module):
@@ -59,8 +63,18 @@ def _export_decoder(base: Path) -> None:
         def serve(self, s: tf.Tensor) -> dict[str, tf.Tensor]:
             return {"y": 2.0 * tf.strings.to_number(s), "echo_bytes": s}
 
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float64, name="x")])
+        def thirds(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"y": x / 3.0}
+
+        @tf.function(input_signature=[tf.TensorSpec([1], tf.int32, name="n")])
+        def expand(self, n: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"z": tf.fill(n, 0.5)}
+
     module = Decoder()
-    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
+    signatures = {"serving_default": module.serve, "thirds": module.thirds,
+                  "expand": module.expand}  # fmt: skip
+    tf.saved_model.save(module, str(base / "1"), signatures=signatures)
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +107,7 @@ def tfs_stack(tmp_path_factory: pytest.TempPathFactory, hp2_base: Path) -> Itera
                 "GATEWAY_MODEL_BASE_PATH": str(root),
                 "GATEWAY_MODEL_CONFIG_FILE": str(config),
                 "GATEWAY_TFS_MAX_ELEMENTS": str(MAX_ELEMENTS),
+                "GATEWAY_MAX_ANSWER_BYTES": str(MAX_ANSWER_BYTES),
                 "GATEWAY_MAX_REQUEST_ROWS": "16",
                 "GATEWAY_DEBUG_ENDPOINTS": "1",
                 "GATEWAY_API_KEYS_FILE": str(root / "keys.json"),
@@ -147,6 +162,15 @@ CASES: list[tuple[str, str, str, Any]] = [
      {"inputs": {"f": [[1.0, 2.0]], "i": [[3]], "s": [["c"]]}}),
     ("decode-rows", "POST", f"{DECODE}:predict", {"instances": ["1.5", b64("2")]}),
     ("decode-columns", "POST", f"{DECODE}:predict", {"inputs": ["0.25"]}),
+    ("float64-rows", "POST", f"{DECODE}:predict",
+     {"signature_name": "thirds", "instances": [1.0, 0.1, 2, 1e300, -7e-320, 123456789.123]}),
+    ("float64-columns", "POST", f"{DECODE}:predict",
+     {"signature_name": "thirds", "inputs": [0.7, 5e-324, 1.7976931348623157e308]}),
+    ("answer-within-budget", "POST", f"{DECODE}:predict",
+     {"signature_name": "expand", "inputs": {"n": [1000]}}),
+    ("wrong-dtype-large", "POST", f"{HP2}:predict", {"inputs": [[1.0] * 60 + ["x" * 20_000]]}),
+    ("wrong-dtype-deep", "POST", f"{HP2}:predict",
+     {"instances": [[1.0]] * 8 + [[{"b64": "x" * 20_000}]]}),
     ("unknown-model", "POST", "nope:predict", {"instances": [[1.0]]}),
     ("unknown-model-status", "GET", "nope", None),
     ("unknown-version", "POST", f"{HP2}/versions/9:predict", {"instances": [[1.0]]}),
@@ -186,15 +210,22 @@ def _send(
 def test_gateway_answers_as_the_model_server_does(
     tfs_stack: dict[str, Any], upstream: str, name: str, method: str, path: str, body: Any
 ) -> None:
+    """Same status, same JSON with every number as written (float64's 17 digits compared as
+    text, not as the floats they parse to), over REST the same bytes."""
     direct = _send(tfs_stack["server"].rest_url + "/v1/models", method, path, body)
     through = _send(tfs_stack[upstream].url + "/tfs/v1/models", method, path, body)
-    assert (through.status_code, json.loads(through.content)) == (
+    assert (through.status_code, _as_written(through.content)) == (
         direct.status_code,
-        json.loads(direct.content),
+        _as_written(direct.content),
     )
     assert through.headers["Content-Type"] == "application/json"
     if upstream == "rest":
         assert through.content == direct.content  # TF Serving's own bytes
+
+
+def _as_written(content: bytes) -> Any:
+    """Return a JSON answer with each number kept as its text."""
+    return json.loads(content, parse_float=str, parse_int=str, parse_constant=str)
 
 
 @pytest.mark.parametrize("upstream", ["grpc", "rest"])
@@ -218,6 +249,51 @@ def test_limits_answer_413_naming_the_setting_in_tf_servings_shape(
     assert elements.status_code == 413
     assert "GATEWAY_TFS_MAX_ELEMENTS" in elements.json()["error"]
     assert rows.status_code == 413 and "GATEWAY_MAX_REQUEST_ROWS" in rows.json()["error"]
+
+
+STEPPING_AROUND = {
+    # TF Serving reads Inf (rapidjson's kParseNanAndInfFlag): the body is counted all the same
+    "Inf among too many elements": (
+        "RAW:{\"inputs\": [[Inf, " + "1.0, " * MAX_ELEMENTS + "-Inf]]}", 413,
+        "GATEWAY_TFS_MAX_ELEMENTS"),
+    "Inf among too many rows": ("RAW:{\"instances\": [" + "[Inf], " * 16 + "[NaN]]}", 413,
+                                "GATEWAY_MAX_REQUEST_ROWS"),
+    # TF Serving reads the first copy of a name, a parse here the last: refused
+    "a second, small copy of instances": (
+        "RAW:{\"instances\": " + json.dumps([[1.0]] * 17) + ", \"instances\": [[1.0]]}", 400,
+        "repeats a member name"),
+    "a second copy of an input": (
+        "RAW:{\"inputs\": {\"x\": " + json.dumps([[1.0]] * MAX_ELEMENTS * 2) + ", \"x\": [[1]]}}",
+        400, "repeats a member name"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("upstream", ["grpc", "rest"])
+@pytest.mark.parametrize("case", list(STEPPING_AROUND))
+def test_limits_cant_be_stepped_around_by_what_only_tf_serving_reads(
+    tfs_stack: dict[str, Any], upstream: str, case: str
+) -> None:
+    """A body the gateway's parse could not read went on unchecked over REST; a repeated name
+    was counted by its last copy while TF Serving serves its first."""
+    body, status, words = STEPPING_AROUND[case]
+    reply = _send(tfs_stack[upstream].url + "/tfs/v1/models", "POST", f"{HP2}:predict", body)
+
+    assert reply.status_code == status, reply.text[:300]
+    assert words in reply.json()["error"]
+
+
+@pytest.mark.parametrize("upstream", ["grpc", "rest"])
+def test_an_answer_over_the_answer_budget_is_a_413_naming_the_setting(
+    tfs_stack: dict[str, Any], upstream: str
+) -> None:
+    """A 4-element body asks for 20,000 float32s: the reply (80 KB over gRPC, ~100 KB of JSON
+    over REST) is refused by the client past GATEWAY_MAX_ANSWER_BYTES, before it is read in."""
+    body = {"signature_name": "expand", "inputs": {"n": [20_000]}}
+    reply = _send(tfs_stack[upstream].url + "/tfs/v1/models", "POST", f"{DECODE}:predict", body)
+
+    assert reply.status_code == 413, reply.text[:300]
+    error = reply.json()["error"]
+    assert "GATEWAY_MAX_ANSWER_BYTES" in error and str(MAX_ANSWER_BYTES) in error, error
 
 
 @pytest.mark.parametrize("upstream", ["grpc", "rest"])
@@ -250,6 +326,10 @@ def test_api_keys_scope_the_models_and_versions_in_tf_servings_error_shape(
         "no key": _send(base, "POST", f"{HP2}:predict", body, key=None),
         "other model": _send(base, "GET", f"{KERAS}/metadata", None, key="hp2"),
         "unvetted version": _send(base, "POST", f"{HP2}/versions/2:predict", body, key="hp2"),
+        "unvetted metadata": _send(base, "GET", f"{HP2}/versions/2/metadata", None, key="hp2"),
+        "unvetted status": _send(base, "GET", f"{HP2}/versions/2", None, key="hp2"),
+        "unvetted label": _send(base, "GET", f"{HP2}/labels/canary/metadata", None, key="hp2"),
+        "public metadata": _send(base, "GET", f"{HP2}/labels/stable/metadata", None, key="hp2"),
         "public label": _send(base, "POST", f"{HP2}/labels/stable:predict", body, key="hp2"),
         "default": _send(base, "POST", f"{HP2}:predict", body, key="hp2"),
     }
@@ -257,8 +337,9 @@ def test_api_keys_scope_the_models_and_versions_in_tf_servings_error_shape(
 
     statuses = {name: reply.status_code for name, reply in answers.items()}
     assert statuses == {
-        "no key": 401, "other model": 403, "unvetted version": 403, "public label": 200,
-        "default": 200,
+        "no key": 401, "other model": 403, "unvetted version": 403, "unvetted metadata": 403,
+        "unvetted status": 403, "unvetted label": 403, "public metadata": 200,
+        "public label": 200, "default": 200,
     }  # fmt: skip
     assert set(answers["other model"].json()) == {"error"}  # TF Serving's shape
     assert answers["public label"].json() == {"predictions": [[2.5]]}  # v1: 0.5x + 2
@@ -330,3 +411,164 @@ def test_rows_and_elements_are_counted_before_the_call(doc: Any, size: tuple[int
     from backend.tfs_json import request_size
 
     assert request_size(doc) == size
+
+
+# -- the body as TF Serving reads it, counted and checked before anything is built --------------
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize(
+    ("body", "value"),
+    [(b'{"x": [Inf, -Inf, Infinity, -Infinity]}', [INF, -INF, INF, -INF]),
+     (b'{"x": ["Inf", "a -Inf b", 1]} trailing bytes', ["Inf", "a -Inf b", 1]),
+     (b'{"x": 123456789012345678901234}', 1.2345678901234568e23),  # rapidjson: a double
+     (b'{"x": [NaN, -123456789012345678901234, 1]}', [math.nan, -1.2345678901234568e23, 1]),
+     (b'{"x": 18446744073709551615}', 2**64 - 1),
+     (b'{"x:": "a:b", "y": {"\\u003a": ":"}}', {"x:": "a:b", "y": {":": ":"}})],
+)  # fmt: skip
+def test_the_body_is_read_as_tf_servings_parser_reads_it(body: bytes, value: Any) -> None:
+    from backend.tfs_json import parse_body
+
+    doc = parse_body(body)
+    if isinstance(value, dict):
+        assert doc == value
+    else:  # the same values (NaN as NaN), of the same types (an int is not a float)
+        got = doc["x"] if isinstance(value, list) else [doc["x"]]
+        want = value if isinstance(value, list) else [value]
+        assert [(type(v), repr(v)) for v in got] == [(type(v), repr(v)) for v in want]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [(b'{"instances": [[1.0]], "instances": [[1.0], [2.0]]}', "repeats a member name"),
+     (b'{"inputs": {"a": [1], "a": [1, 2, 3]}}', "repeats a member name"),
+     (b'{"inputs": {"a\\u003a": [1], "a\\u003a": [2]}, "s": ":"}', "repeats a member name"),
+     (b'{"x": 1e400}', "Number too big"),
+     (b'{"x": [NaN, 1e999]}', "Number too big"),
+     (b"[" * 100_000 + b"]" * 100_000, "nested deeper than"),
+     (b"[" * 100_000 + b"NaN" + b"]" * 100_000, "nested deeper than"),
+     (b'{"instances": [1.0, Inf', "JSON Parse error")],
+)  # fmt: skip
+def test_what_the_gateway_would_count_otherwise_than_tf_serving_is_a_400(
+    body: bytes, words: str
+) -> None:
+    """A repeated name is read by its first copy there and by its last here: refused, as are
+    numbers past a double and nesting no tensor has (never a RecursionError's 500)."""
+    from backend.tfs_json import TfsError, parse_body
+
+    with pytest.raises(TfsError, match=words) as caught:
+        parse_body(body)
+    assert caught.value.status == 400
+
+
+def test_elements_are_counted_without_recursion() -> None:
+    from backend.tfs_json import MAX_DEPTH, count_elements
+
+    deep: Any = [1.0, 2.0]
+    for _ in range(MAX_DEPTH * 4):
+        deep = [deep, {"b64": "eA=="}]
+    assert count_elements(deep) == 2 + MAX_DEPTH * 4
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "expected"),
+    [([1.0, True], "DT_FLOAT", "JSON Value: true Type: True is not of expected type: float"),
+     ([[1, 2], [3, False]], "DT_INT32",
+      "JSON Value: false Type: False is not of expected type: int32"),
+     ([200, -300, 2**31 - 1], "DT_INT8", np.array([200, -300, 2**31 - 1]).astype(np.int8)),
+     ([2**31], "DT_UINT8", "JSON Value: 2147483648 Type: Number is not of expected type: uint8"),
+     ([1.8446744073709552e19], "DT_INT64",
+      "JSON Value: 1.8446744073709552e+19 Type: Number is not of expected type: int64"),
+     ([2**64 - 1], "DT_UINT64", np.array([2**64 - 1], dtype=np.uint64)),
+     ([1, 2], "DT_UINT16", "Conversion of JSON Value: 1 to type: uint16"),
+     ([[1.0, 2.0], [3.0]], "DT_DOUBLE", "Encountered list at unexpected size: 1 at level: 1"),
+     ([[1.0, [2.0]], [3.0, 4.0]], "DT_DOUBLE", "JSON Value: [2.0] found at incorrect level: 3")],
+)  # fmt: skip
+def test_leaves_are_taken_as_tf_serving_takes_them(value: Any, dtype: str, expected: Any) -> None:
+    """json_tensor.cc AddValueToTensor: bools are not numbers; int8, int16 and uint8 take any
+    int32 (cast into the tensor); an integer past 64 bits is the double rapidjson read."""
+    from backend.tfs_json import DT, TfsError, to_array
+
+    try:
+        got: Any = to_array(value, DT.Value(dtype))
+    except TfsError as exc:
+        got = exc.message
+    if isinstance(expected, str):
+        assert isinstance(got, str) and got.startswith(expected), got
+    else:
+        assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("dtype", ["DT_FLOAT", "DT_INT32", "DT_BOOL"])
+def test_no_array_is_built_before_its_leaves_are_checked(dtype: str) -> None:
+    """Numbers and one long string: numpy once inferred a unicode array of numbers x (4 x the
+    string's length) bytes from them (a 60 KB body took a worker to 1.6 GB)."""
+    import tracemalloc
+
+    from backend.tfs_json import DT, TfsError, to_array
+
+    leaf: Any = True if dtype == "DT_BOOL" else 1
+    value = [leaf] * 1000 + ["x" * 10_000]
+    tracemalloc.start()
+    try:
+        with pytest.raises(TfsError, match="Type: String is not of expected type"):
+            to_array(value, DT.Value(dtype))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak / (1 << 20):.1f} MiB"  # it was 40 MiB
+
+
+class _SlowUpstream:
+    """A gRPC client that takes ``seconds`` per call and notes each call's timeout (a fault a
+    real model server does not make on cue)."""
+
+    transport = "grpc"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.timeouts: list[tuple[str, float]] = []
+
+    def forward(self, method: str, request: Any, *, model: str, version: int | None,
+                timeout_s: float) -> Any:  # fmt: skip
+        from backend.tensors import fill_tensor_proto
+        from modelformat.protos import serving_pb2, tensor_pb2
+
+        self.timeouts.append((method, timeout_s))
+        time.sleep(min(self.seconds, timeout_s))
+        if method == "metadata":
+            sigs = serving_pb2.SignatureDefMap()
+            sigs.signature_def["serving_default"].inputs["x"].dtype = tensor_pb2.DT_FLOAT
+            reply = serving_pb2.GetModelMetadataResponse()
+            reply.metadata["signature_def"].value = sigs.SerializeToString()
+            return reply
+        reply = serving_pb2.PredictResponse()
+        fill_tensor_proto(reply.outputs["y"], np.array([[2.5]], dtype=np.float32))
+        return reply
+
+
+def test_a_grpc_predict_spends_one_deadline_on_its_metadata_and_its_call() -> None:
+    """The signatures' lookup and the Predict each took the full GATEWAY_TIMEOUT_S: twice it."""
+    from types import SimpleNamespace
+
+    from backend.errors import UpstreamTimeout
+    from backend.passthrough import Passthrough, Target
+    from backend.settings import Settings
+
+    def run(seconds: float) -> tuple[Any, list[tuple[str, float]]]:
+        client = _SlowUpstream(seconds)
+        gateway = SimpleNamespace(settings=Settings(request_timeout_s=0.3), client=client)
+        try:
+            answer: Any = Passthrough(gateway).infer(  # type: ignore[arg-type]
+                "predict", Target("m"), b"", {"instances": [[1.0]]}
+            )
+        except UpstreamTimeout as exc:
+            answer = exc
+        return answer, client.timeouts
+
+    answer, timeouts = run(0.1)
+    assert answer.status == 200 and [m for m, _ in timeouts] == ["metadata", "predict"]
+    assert timeouts[1][1] <= 0.3 - 0.1 + 0.02, timeouts  # what the metadata left of it
+    late, timeouts = run(0.5)
+    assert isinstance(late, UpstreamTimeout) and [m for m, _ in timeouts] == ["metadata"]
