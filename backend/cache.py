@@ -23,7 +23,8 @@ request claims the key, the others wait for it (until their deadline) and then r
 The shared tier (``SharedTier``, GATEWAY_CACHE_REDIS): Redis behind every worker's tier, so a
 text one worker or pod computed is a hit in the others. The texts a worker's tier misses are read
 in one MGET; its hits fill the worker's tier; the texts computed are written in one pipeline of
-``SET name value PX ttl``. A name is the prefix and the BLAKE2b digest of the whole key (the same
+``PSETEX name ttl value`` (the ACL's cache user may write no other way: every entry expires).
+A name is the prefix and the BLAKE2b digest of the whole key (the same
 scope, model, served version, inputs key and text); a value is the entry's tokens and rows, the
 arrays' raw bytes after a small JSON header (``encode``: never pickle, which would run what a
 Redis holds), at most the entry bound. Every call waits at most GATEWAY_CACHE_REDIS_TIMEOUT_S;
@@ -204,8 +205,9 @@ class SharedTier:
         return found
 
     def store(self, items: Sequence[tuple[Key, Entry]]) -> None:
-        """Write the entries (those within the entry bound) in one pipeline of SET ... PX ttl;
-        nothing when the tier is skipped or fails."""
+        """Write the entries (those within the entry bound) in one pipeline of PSETEX (SET ...
+        PX ttl: the only write the cache's Redis user may run, so no entry is ever written
+        without its expiry); nothing when the tier is skipped or fails."""
         if self.degraded:
             self._skipped.inc(len(items))
             return
@@ -221,7 +223,7 @@ class SharedTier:
         try:
             pipe = self._redis.client.pipeline(transaction=False)
             for name, value in values:
-                pipe.set(name, value, px=self.ttl_ms)
+                pipe.psetex(name, self.ttl_ms, value)
             pipe.execute()
         except self._redis.errors as exc:
             self._failed(exc)

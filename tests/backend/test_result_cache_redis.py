@@ -1,6 +1,8 @@
 """The result cache's shared tier in Redis (backend/cache.py, SharedTier): two one-worker gateways
 ("pods", processes of their own) on the session's modelserver and one real redis-server (the
-Debian package, started here on a free port) share their hits byte for byte; entries over the
+Debian package, started here on a free port, with the Kubernetes base's own arguments: the pods
+as its user "gateway-cache", MGET and PSETEX on the cache's keys only) share their hits byte for
+byte; entries over the
 entry bound and no-store answers are not written; with Redis killed under load nothing fails, the
 tier is skipped and says so, and once Redis is back it is used again."""
 
@@ -15,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redis
 import requests
 
 from backend.cache import SharedTier, decode, encode, entry_of
@@ -24,7 +25,7 @@ from backend.tokenization import Encoded
 from ops.procs import free_port
 from tests.backend.conftest import EMBED, INTENT
 from tests.backend.stack import Gateway, ModelServer, gateway_env, hung_port
-from tests.backend.test_ratelimit_redis import RedisServer, redis_server_binary
+from tests.backend.test_ratelimit_redis import RedisServer, acl_server, redis_server_binary
 
 PREFIX = "bert-gateway:cache:"
 ENTRY_BYTES = 3_000  # a short text's entry fits; a 3,150-character text's key alone does not
@@ -34,7 +35,7 @@ RETRY_S = 0.5
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     redis_server_binary()
-    server = RedisServer(tmp_path_factory.mktemp("cache-redis"))
+    server = acl_server(tmp_path_factory.mktemp("cache-redis"))
     yield server
     server.stop()
 
@@ -48,7 +49,7 @@ def pods(
     env = gateway_env(modelserver, "grpc", model_base, config_file)
     env.update(
         GATEWAY_CACHE_BYTES="1000000", GATEWAY_CACHE_ENTRY_BYTES=str(ENTRY_BYTES),
-        GATEWAY_CACHE_REDIS="1", GATEWAY_RATE_LIMIT_REDIS_URL=redis_server.url,
+        GATEWAY_CACHE_REDIS="1", GATEWAY_CACHE_REDIS_URL=redis_server.url_as("gateway-cache"),
         GATEWAY_CACHE_REDIS_RETRY_S=str(RETRY_S), GATEWAY_MAX_TEXT_CHARS="4000",
     )  # fmt: skip
     gateways = [Gateway(env, log_dir, workers=1, threads=8) for _ in range(2)]
@@ -67,7 +68,7 @@ def _post(gateway: Gateway, model: str, route: str, body: dict[str, Any], **kw: 
 
 
 def _stored(server: RedisServer) -> int:
-    return len(redis.Redis(port=server.port).keys(PREFIX + "*"))
+    return len(server.client().keys(PREFIX + "*"))
 
 
 def _samples(gateway: Gateway) -> dict[str, float]:
@@ -232,3 +233,35 @@ def test_a_keys_name_in_redis_holds_the_whole_key() -> None:
     names = {tier.name(k) for k in [key, *others]}
     tier.close()
     assert len(names) == 4 and all(name.startswith(PREFIX) for name in names)
+
+
+MISTYPED = [
+    "redis//gateway:s3cret-pw@r:6379/0",  # no scheme
+    "http://gateway:s3cret-pw@r:6379/0",  # another scheme
+    "redis://gateway:s3cr/et-pw@r:6379/0",  # a '/' not percent-encoded: a host inside it
+    "redis://gateway:s3cr#et-pw@r:6379/0",
+    "redis://gateway:s3cret-pw@r:63x9/0",  # the port
+]
+
+
+@pytest.mark.parametrize("url", MISTYPED)
+@pytest.mark.parametrize("setting", ["rate_limit_redis_url", "cache_redis_url"])
+def test_a_mistyped_redis_url_is_refused_without_its_password(url: str, setting: str) -> None:
+    """Issue 60 item 7: the message names the setting and shows the URL, its password
+    redacted (the gateway logs it at start)."""
+    with pytest.raises(SettingsError) as refused:
+        load_settings({setting: url, "cache_bytes": 1000, "cache_redis": True})
+    assert "s3cr" not in str(refused.value) and "gateway:***@" in str(refused.value)
+    assert f"GATEWAY_{setting.upper()}" in str(refused.value)
+
+
+def test_a_redis_url_redis_py_cannot_read_is_refused_without_its_password() -> None:
+    from backend.redisconn import RedisConn, redacted
+
+    with pytest.raises(ValueError) as refused:
+        RedisConn("redis://gateway:s3cret-pw@r:63x9/0", 0.05, 1.0)
+    assert "s3cret" not in str(refused.value) and refused.value.__suppress_context__
+    assert redacted("unix:///run/redis.sock?db=0&password=s3cret-pw") == (
+        "unix:///run/redis.sock?db=0&password=***"
+    )
+    assert redacted("redis://s3cret-pw@r:6379/0") == "redis://***@r:6379/0"
