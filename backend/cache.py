@@ -8,28 +8,38 @@ limits) runs on every answer, hit or miss, so the answer of a hit is the uncache
 for byte, and options that only post-process are not in the key (they do not decide what is
 kept).
 
-A key is ``(scope, model, served version, the route's inputs key, text)``: the served version
-is a number (never a label: a label move, a rollback or a new version is a new key, never an
-old answer); the route's inputs key holds every option that decides the tokens and the model's
-rows (prompt, input type, truncation side, ColBERT/query side, speed, ...); the scope is the
-API key's name unless GATEWAY_CACHE_SHARED_KEYS (a hit answers faster than a miss: shared
-entries let one key learn whether another sent a text).
+A key is ``(scope, model, served version, the route's inputs key, the outputs held, text)``:
+everything the entry depends on. The served version is a number (never a label: a label move,
+a rollback or a new version is a new key, never an old answer); the route's inputs key holds
+every option that decides the tokens and the model's rows (prompt, input type, truncation side,
+ColBERT/query side, speed, ...); the outputs held are the signature outputs the model-server
+call was narrowed to (a dense-only request of a hybrid model asks for its dense output alone:
+its entry can't answer a sparse request, issue 60 item 3); the scope is the API key's name
+unless GATEWAY_CACHE_SHARED_KEYS (a hit answers faster than a miss: shared entries let one key
+learn whether another sent a text).
 
 Bounded: the entries' bytes (GATEWAY_CACHE_BYTES, least recently used first out), each entry's
 (GATEWAY_CACHE_ENTRY_BYTES: a bigger one is computed and not kept) and their count
 (GATEWAY_CACHE_ENTRIES). Concurrent misses of one key in a worker are computed once: the first
-request claims the key, the others wait for it (until their deadline) and then read it.
+request claims the key, the others wait for it (until their deadline) and then read it. A
+request's claims are a ``Claim`` made before the lookup and released in a ``finally`` (a claim
+left behind would make every later request for its text wait its whole deadline), and a release
+ends only the flights that request claimed.
 
 The shared tier (``SharedTier``, GATEWAY_CACHE_REDIS): Redis behind every worker's tier, so a
 text one worker or pod computed is a hit in the others. The texts a worker's tier misses are read
 in one MGET; its hits fill the worker's tier; the texts computed are written in one pipeline of
-``SET name value PX ttl``. A name is the prefix and the BLAKE2b digest of the whole key (the same
-scope, model, served version, inputs key and text); a value is the entry's tokens and rows, the
-arrays' raw bytes after a small JSON header (``encode``: never pickle, which would run what a
-Redis holds), at most the entry bound. Every call waits at most GATEWAY_CACHE_REDIS_TIMEOUT_S;
-one that fails or times out is counted (``gateway_cache_errors_total{tier="redis"}``), and the
-worker skips the tier for GATEWAY_CACHE_REDIS_RETRY_S (``gateway_cache_degraded``): the texts
-are computed and nothing fails, and a Redis down costs requests nothing.
+``PSETEX name ttl value`` (the ACL's cache user may write no other way: every entry expires). A
+name is the prefix and the BLAKE2b digest of the whole key (the same scope, model, served
+version, inputs key, outputs and text) and of ``SEMANTICS`` (this gateway's version of what an
+entry means, with the tokenizers library's version and the value format: pods of a rolling
+upgrade that changes answers never read each other's entries); a value is the entry's tokens and
+rows, the arrays' raw bytes after a small JSON header (``encode``: never pickle, which would run
+what a Redis holds), at most the entry bound; read back, its arrays are copied out of it (what a
+worker keeps is what it counts). Every call waits at most GATEWAY_CACHE_REDIS_TIMEOUT_S; one that
+fails or times out is counted (``gateway_cache_errors_total{tier="redis"}``), and the worker
+skips the tier for GATEWAY_CACHE_REDIS_RETRY_S (``gateway_cache_degraded``): the texts are
+computed and nothing fails, and a Redis down costs requests nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
+import tokenizers
 
 from backend import metrics
 from backend.redisconn import RedisConn
@@ -55,6 +66,11 @@ log = logging.getLogger(__name__)
 TIER = "local"
 SHARED_TIER = "redis"
 Key = tuple[Hashable, ...]
+
+# Bump when what an entry holds or how the gateway makes it changes (tokenization, the encoders'
+# prompts and markers, the outputs asked, the key's fields): the shared tier's names hold it, so
+# pods of a rolling upgrade never serve each other's entries. 2: the key holds the outputs held.
+SEMANTICS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +85,17 @@ class Entry:
 def entry_of(key: Key, encoded: Encoded, rows: dict[str, np.ndarray]) -> Entry:
     """Return the entry of ``key``'s text (its rows copied: nothing shared with the request)."""
     kept = {name: np.array(row, copy=True) for name, row in rows.items()}
+    return Entry(encoded, kept, _size(key, encoded, kept))
+
+
+def _size(key: Key, encoded: Encoded, rows: dict[str, np.ndarray]) -> int:
+    """Return the bytes an entry of these parts holds (each array owning its data)."""
     size = sum(sys.getsizeof(part) for part in key) + 200  # the tuples, dicts and the Entry
-    size += sum(row.nbytes + 112 for row in kept.values()) + encoded.ids.nbytes + 112
+    size += sum(row.nbytes + 112 for row in rows.values()) + encoded.ids.nbytes + 112
     for extra in (encoded.type_ids, encoded.attention):
         if extra is not None:
             size += extra.nbytes + 112
-    return Entry(encoded, kept, size)
+    return size
 
 
 def stack(entries: Sequence[Entry]) -> dict[str, np.ndarray]:
@@ -98,6 +119,9 @@ def stack(entries: Sequence[Entry]) -> dict[str, np.ndarray]:
 # a value: this, the header's length, the JSON header, then each array's bytes in its order
 _FORMAT = b"bgc1"
 _LENGTH = struct.Struct("<I")
+# what the shared tier's names hold besides the key: an entry made by another tokenizers
+# release or another value format is another entry
+_SEMANTICS = (SEMANTICS, tokenizers.__version__, _FORMAT.decode())
 
 
 def encode(entry: Entry) -> bytes:
@@ -118,7 +142,9 @@ def encode(entry: Entry) -> bytes:
 
 
 def decode(key: Key, value: bytes) -> Entry:
-    """Return the entry that ``encode`` made ``value`` of; ValueError for anything else."""
+    """Return the entry that ``encode`` made ``value`` of; ValueError for anything else. Each
+    array is copied out of ``value`` once (a view would keep the whole value alive beside the
+    copies, twice the bytes counted)."""
     if value[:4] != _FORMAT:
         raise ValueError("not an entry of this format")
     start = 4 + _LENGTH.size
@@ -131,7 +157,7 @@ def decode(key: Key, value: bytes) -> Entry:
         if kind.hasobject:
             raise ValueError("an entry holds numbers only")
         count = int(np.prod(shape, dtype=np.int64))
-        arrays[name] = np.frombuffer(value, kind, count, offset).reshape(shape)
+        arrays[name] = np.frombuffer(value, kind, count, offset).reshape(shape).copy()
         offset += count * kind.itemsize
     if offset != len(value):
         raise ValueError("the entry's length does not match its header")
@@ -140,7 +166,7 @@ def decode(key: Key, value: bytes) -> Entry:
         arrays.pop("type_ids", None), arrays.pop("attention", None),
     )  # fmt: skip
     rows = {name.removeprefix("row:"): row for name, row in arrays.items()}
-    return entry_of(key, encoded, rows)
+    return Entry(encoded, rows, _size(key, encoded, rows))
 
 
 class SharedTier:
@@ -166,8 +192,10 @@ class SharedTier:
         self._degraded.set(0)
 
     def name(self, key: Key) -> str:
-        """Return ``key``'s name in Redis: the prefix and the digest of the whole key."""
-        return self.prefix + hashlib.blake2b(repr(key).encode(), digest_size=20).hexdigest()
+        """Return ``key``'s name in Redis: the prefix and the digest of the whole key and of
+        this gateway's semantics."""
+        named = repr((_SEMANTICS, key)).encode()
+        return self.prefix + hashlib.blake2b(named, digest_size=20).hexdigest()
 
     @property
     def degraded(self) -> bool:
@@ -192,7 +220,7 @@ class SharedTier:
                 self._read.inc(len(value))
                 try:
                     entry = decode(key, value)
-                except (ValueError, TypeError, KeyError, struct.error) as exc:
+                except (ValueError, TypeError, LookupError, ArithmeticError, struct.error) as exc:
                     self._failures.inc()  # not ours, or another format's: computed again
                     log.warning("result cache: an entry in Redis does not decode (%s)", exc)
             found.append(entry)
@@ -204,8 +232,9 @@ class SharedTier:
         return found
 
     def store(self, items: Sequence[tuple[Key, Entry]]) -> None:
-        """Write the entries (those within the entry bound) in one pipeline of SET ... PX ttl;
-        nothing when the tier is skipped or fails."""
+        """Write the entries (those within the entry bound) in one pipeline of PSETEX (SET ...
+        PX ttl: the only write the cache's Redis user may run, so no entry is ever written
+        without its expiry); nothing when the tier is skipped or fails."""
         if self.degraded:
             self._skipped.inc(len(items))
             return
@@ -221,7 +250,7 @@ class SharedTier:
         try:
             pipe = self._redis.client.pipeline(transaction=False)
             for name, value in values:
-                pipe.set(name, value, px=self.ttl_ms)
+                pipe.psetex(name, self.ttl_ms, value)
             pipe.execute()
         except self._redis.errors as exc:
             self._failed(exc)
@@ -280,10 +309,11 @@ class ResultCache:
         return self._bytes
 
     def lookup(
-        self, keys: Sequence[Key], claim: bool
+        self, keys: Sequence[Key], claim: Claim | None
     ) -> tuple[list[Entry | None], list[int], list[tuple[int, threading.Event]]]:
         """Return each key's entry (None: a miss), the misses this request computes (claimed
-        when ``claim``) and the misses another request is computing (with its event)."""
+        in ``claim``, when given) and the misses another request is computing (with its
+        event)."""
         found: list[Entry | None] = []
         mine: list[int] = []
         theirs: list[tuple[int, threading.Event]] = []
@@ -296,11 +326,13 @@ class ResultCache:
                     entries.move_to_end(key)
                     continue
                 flight = flights.get(key)
-                if flight is not None and claim:
+                if flight is not None and claim is not None:
                     theirs.append((index, flight))
                     continue
-                if claim:
-                    flights[key] = threading.Event()
+                if claim is not None:
+                    # recorded in the claim under the lock: no moment where a flight is
+                    # claimed and its request could fail to release it
+                    flights[key] = claim.flights[key] = threading.Event()
                 mine.append(index)
         hits = len(keys) - len(mine) - len(theirs)
         if hits:
@@ -340,9 +372,11 @@ class ResultCache:
         self._bytes_gauge.set(size)
         self._count_gauge.set(count)
 
-    def fill(self, keys: Sequence[Key], found: list[Entry | None], mine: list[int]) -> list[int]:
+    def fill(
+        self, keys: Sequence[Key], found: list[Entry | None], mine: list[int], claim: Claim
+    ) -> list[int]:
         """Return the misses ``mine`` left after the shared tier: its hits go into ``found`` and
-        this tier, and their flights end (their waiters read them)."""
+        this tier, and their flights (in ``claim``) end: their waiters read them."""
         shared = self.shared
         if shared is None or not mine:
             return mine
@@ -357,7 +391,7 @@ class ResultCache:
             found[index] = entry
             self.put(keys[index], entry)
             filled.append(keys[index])
-        self.release(filled)
+        self.release(claim, filled)
         return left
 
     def keep(self, items: Sequence[tuple[Key, Entry]]) -> None:
@@ -372,10 +406,28 @@ class ResultCache:
         if self.shared is not None:
             self.shared.close()
 
-    def release(self, keys: Sequence[Key]) -> None:
-        """End the flights of ``keys`` (claimed by this request): their waiters read them."""
+    def release(self, claim: Claim, keys: Sequence[Key] | None = None) -> None:
+        """End the flights of ``claim`` (those of ``keys`` only, when given): their waiters read
+        them. Safe to call again: a flight ends once, and never one another request claimed
+        since."""
+        names = list(claim.flights) if keys is None else keys
+        events = []
         with self._lock:
-            events = [self._flights.pop(key, None) for key in keys]
+            for key in names:
+                event = claim.flights.pop(key, None)
+                if event is not None and self._flights.get(key) is event:
+                    del self._flights[key]
+                if event is not None:
+                    events.append(event)
         for event in events:
-            if event is not None:
-                event.set()
+            event.set()
+
+
+class Claim:
+    """The flights one request claimed in a worker's cache (``ResultCache.lookup``): made before
+    the lookup, released in a ``finally``."""
+
+    __slots__ = ("flights",)
+
+    def __init__(self) -> None:
+        self.flights: dict[Key, threading.Event] = {}

@@ -86,8 +86,10 @@ class PodStore:
 
 # KEYS[1]: the bucket; ARGV: rate, burst. Redis's own clock (TIME), so pods' clocks don't matter;
 # the bucket expires once it would be full again (an idle key costs nothing).
-# Kubernetes' Redis runs this script and no other Lua: its ACL names the script's SHA-1
-# (deploy/k8s/base/redis.yaml, `+evalsha|<sha1>`): change both together.
+# Kubernetes' Redis runs this script and no other Lua: the rate limits' user may EVAL this text
+# and EVALSHA its SHA-1 (first-argument rules, deploy/k8s/base/redis.yaml), never SCRIPT LOAD
+# (which compiles any Lua it is given: Redis's Lua parser is where its worst bugs were), so no
+# other Lua reaches Redis's parser: change the script and the ACL together.
 _TAKE = """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -106,6 +108,7 @@ redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
 return tostring(wait)
 """
+_TAKE_SHA = hashlib.sha1(_TAKE.encode()).hexdigest()
 PREFIX = "bert-gateway:rate:"
 
 
@@ -116,7 +119,6 @@ class RedisStore:
         self, url: str, fallback: RateStore, timeout_s: float = 0.25, retry_s: float = 1.0
     ) -> None:
         self._redis = RedisConn(url, timeout_s, retry_s)
-        self._script = self._redis.client.register_script(_TAKE)
         self._fallback = fallback
         self.retry_s = retry_s
 
@@ -125,7 +127,7 @@ class RedisStore:
         if conn.down:
             return self._fallback.take(name, rate, burst)
         try:
-            wait = float(self._script(keys=[PREFIX + _bucket_id(name)], args=[rate, burst]))
+            wait = float(_take(conn, PREFIX + _bucket_id(name), rate, burst))
         except conn.errors as exc:
             metrics.RATE_LIMIT_STORE_ERRORS.inc()
             if conn.failed():
@@ -134,6 +136,15 @@ class RedisStore:
         if conn.answered():
             log.warning("rate limits: Redis answers again; limits are shared again")
         return wait
+
+
+def _take(conn: RedisConn, bucket: str, rate: float, burst: float) -> Any:
+    """Run the script on ``bucket`` by its SHA-1; the first time after Redis (re)starts, by
+    EVAL of its text, which Redis then keeps under that SHA-1 (never SCRIPT LOAD)."""
+    try:
+        return conn.client.evalsha(_TAKE_SHA, 1, bucket, rate, burst)
+    except conn.no_script:
+        return conn.client.eval(_TAKE, 1, bucket, rate, burst)
 
 
 class RateLimiter:

@@ -18,7 +18,7 @@ import numpy as np
 
 from backend import auth, budget, metrics, routing, timing, tracing
 from backend.bucketing import Chunk, plan_chunks, reassemble
-from backend.cache import Entry, Key, ResultCache, SharedTier, entry_of, stack
+from backend.cache import Claim, Entry, Key, ResultCache, SharedTier, entry_of, stack
 from backend.clients import PredictClient, make_client, newest_available
 from backend.clients.base import Outputs
 from backend.early_exit import EXIT_OUTPUT, ignored_note, text_speeds
@@ -672,23 +672,24 @@ class Gateway:
                 clock.cache = "bypass"
             self._compute(plan)
             return
-        with timing.stage("cache"):
-            keys = self._cache_keys(plan)
-            found, mine, theirs = cache.lookup(keys, claim=True)
-            if cache.shared is not None and mine:
-                asked = len(mine)
-                mine = cache.fill(keys, found, mine)
-                if clock is not None:
-                    clock.cache_shared = _tier_answer(asked, asked - len(mine),
-                                                      cache.shared.degraded)  # fmt: skip
-        if clock is not None:
-            hits = len(keys) - len(mine) - len(theirs)
-            clock.cache = "hit" if hits == len(keys) else "miss" if not hits else "partial"
-        if mine:
-            try:
+        claim = Claim()
+        try:  # from the lookup on: a claim left behind makes its text's waiters wait it out
+            with timing.stage("cache"):
+                keys = self._cache_keys(plan)
+                found, mine, theirs = cache.lookup(keys, claim)
+                if cache.shared is not None and mine:
+                    asked = len(mine)
+                    mine = cache.fill(keys, found, mine, claim)
+                    if clock is not None:
+                        clock.cache_shared = _tier_answer(asked, asked - len(mine),
+                                                          cache.shared.degraded)  # fmt: skip
+            if clock is not None:
+                hits = len(keys) - len(mine) - len(theirs)
+                clock.cache = "hit" if hits == len(keys) else "miss" if not hits else "partial"
+            if mine:
                 self._compute_texts(plan, mine, keys, found, cache)
-            finally:
-                cache.release([keys[i] for i in mine])
+        finally:
+            cache.release(claim)  # before waiting on theirs: theirs may wait on ours
         if theirs:
             left = []
             with timing.stage("cache"):
@@ -707,12 +708,14 @@ class Gateway:
             self._check_answer_bytes(plan)
 
     def _cache_keys(self, plan: Plan) -> list[Key]:
-        """Return each text's key: scope, model, served version, the route's inputs, text."""
+        """Return each text's key: everything its entry depends on (scope, model, served
+        version, the route's inputs, the outputs the model-server call is narrowed to, text)."""
         scope = ""
         key = auth.current_key.get()
         if key is not None and not self.settings.cache_shared_keys:
             scope = key.name
-        head = (scope, plan.model, plan.served, plan.reuse)
+        held = _wanted_outputs(plan) or "every output"  # what _call_one asks for
+        head = (scope, plan.model, plan.served, plan.reuse, held)
         return [(*head, text) for text in plan.texts]
 
     def _compute_texts(
@@ -1062,10 +1065,10 @@ def _tier_answer(asked: int, hits: int, degraded: bool) -> str:
 def _cacheable(plan: Plan) -> bool:
     """Return whether the result cache keeps the plan's texts: one row per text of one shape
     (not token classification, not multi-vectors, whose rows are as long as their tokens) and
-    a model call (not inference-free sparse queries)."""
-    outputs = plan.assets.outputs
-    multivectors = outputs is not None and outputs.multivector is not None
-    return not (plan.per_token or plan.from_idf or multivectors)
+    a model call (not inference-free sparse queries). A request of a multi-vector model that
+    asks for no multi-vectors is kept: its call is narrowed to the kinds asked, and the key
+    holds them (issue 61: a dense-only request of a BGE-M3 export is cached)."""
+    return not (plan.per_token or plan.from_idf or "multivector" in plan.kinds)
 
 
 def embed_options(request: EmbedRequest) -> Options:

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from backend.redisconn import url_problem
+
 UPSTREAMS = ("grpc", "rest", "local")
 LOG_FORMATS = ("json", "text")
 
@@ -158,9 +160,9 @@ class Settings:
         """Refuse a shared tier without the worker's tier, a Redis, a prefix or positive times."""
         for name in ("rate_limit_redis_url", "cache_redis_url"):
             url = getattr(self, name)
-            if url and not url.startswith(("redis://", "rediss://", "unix://")):
-                raise SettingsError(f"GATEWAY_{name.upper()} must be a redis://, rediss:// or "
-                                    f"unix:// URL, not {url!r}")  # fmt: skip
+            problem = url_problem(url) if url else None
+            if problem is not None:  # the message shows the URL with its password redacted
+                raise SettingsError(f"GATEWAY_{name.upper()} {problem}")
         if not self.cache_redis:
             return
         if not (self.cache_bytes and self.cache_entries):

@@ -149,7 +149,7 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_CACHE_REDIS_TTL_S": "how long Redis keeps a shared entry (an entry is never stale: "
     "its key holds the served version; the TTL bounds what Redis holds of retired versions)",
     "GATEWAY_CACHE_REDIS_TIMEOUT_S": "the most one call to the shared tier waits (one MGET or "
-    "one pipeline of SETs per request); past it the texts are computed",
+    "one pipeline of PSETEXs per request); past it the texts are computed",
     "GATEWAY_CACHE_REDIS_RETRY_S": "after a failed or timed-out call, how long a worker skips the "
     "shared tier before asking Redis again",
     # docker/gunicorn.conf.py

@@ -1,6 +1,8 @@
 """Tiny retrieval versions for the gateway's end-to-end tests: BGE-M3-like (dense, token
-weights, token vectors), ColBERT-like (token vectors with query/document markers) and
-SPLADE-like (top-k sparse, an inference-free IDF query side).
+weights, token vectors), ColBERT-like (token vectors with query/document markers), SPLADE-like
+(top-k sparse, an inference-free IDF query side) and a hybrid with a query side (dense, token
+weights and ColBERT-marked token vectors: a query's tokens differ from a document's, whatever
+kinds are asked).
 
 Each is a tiny exported embed version (export/tiny.py: its tokenizer and assets) whose SavedModel
 is replaced by a graph of a random embedding table with no context, so every output is a known
@@ -29,6 +31,7 @@ from modelformat.outputs import (
 
 DIM, TOP_K = 8, 6
 M3, COLBERT, SPLADE = "tiny-m3", "tiny-colbert", "tiny-splade"
+HYBRID = "tiny-hybrid-marked"
 SPECIAL_IDS = (0, 1, 2, 3)  # the tiny vocabulary's [PAD] [UNK] [CLS] [SEP]; [MASK] is 4
 CLS_ID, MASK_ID = 2, 4
 
@@ -102,6 +105,25 @@ def write_m3_versions(base: Path, name: str, seeds: dict[int, int]) -> None:
         _save_graph(path, weights, sparse_w, outputs)
         info.update(outputs=outputs.to_info(), bucket_signatures={}, dim=DIM)
         (path / "assets" / "model.json").write_text(json.dumps(info), encoding="utf-8")
+
+
+def write_hybrid_version(base: Path, name: str = HYBRID, seed: int = 60) -> None:
+    """Write ``name`` v1: dense, token weights and ColBERT token vectors with query and document
+    markers (``colbert_outputs``), so a text's tokens depend on its side for every kind."""
+    from export.tiny import export_tiny_model
+
+    path = export_tiny_model(base, name, task="embed", version=1, seed=seed, max_seq_len=32,
+                             warmup=False)  # fmt: skip
+    info = json.loads((path / "assets" / "model.json").read_text(encoding="utf-8"))
+    vocab_size = int(info["vocab_size"])
+    marked = colbert_outputs(vocab_size).multivector
+    outputs = Outputs(dense=DenseOutput(DIM, normalized=True),
+                      sparse=SparseOutput(form="token_weights", drop_ids=SPECIAL_IDS),
+                      multivector=marked)  # fmt: skip
+    weights, sparse_w = table(seed, vocab_size)
+    _save_graph(path, weights, sparse_w, outputs)
+    info.update(outputs=outputs.to_info(), bucket_signatures={}, dim=DIM)
+    (path / "assets" / "model.json").write_text(json.dumps(info), encoding="utf-8")
 
 
 def _save_graph(version: Path, weights: np.ndarray, sparse_w: np.ndarray, outputs: Outputs) -> None:

@@ -12,12 +12,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from ops import apikeys
-from ops.procs import ServerProcess, free_port
+from ops.procs import REPO, ServerProcess, free_port
 from tests.backend.stack import Gateway, gateway_env
 
 RATE, BURST = 4.0, 4.0
@@ -26,26 +27,68 @@ RATE, BURST = 4.0, 4.0
 class RedisServer:
     """``redis-server`` on a free port, in memory only (no snapshot, no append-only file)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(
+        self, log_dir: Path, args: list[str] | None = None, admin: tuple[str, str] | None = None
+    ) -> None:
+        """``args``: the server's own (default: in memory, every user the default one);
+        ``admin``: the user and password the tests inspect it as (default: the default user)."""
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.admin = {"username": admin[0], "password": admin[1]} if admin else {}
+        self.password = ""  # the users' of ``acl_server``
+        own = args or ["redis-server", "--save", "", "--appendonly", "no"]
         self.process = ServerProcess(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(log_dir)],
+            [*own, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(log_dir)],
             log_dir / f"redis-{self.port}.log",
         )  # fmt: skip
         self.process.wait_until(self._ready, 30)
+
+    def client(self) -> Any:
+        """Return a client of the server as its admin (every command, every key)."""
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=0.5, **self.admin)
 
     def _ready(self) -> bool:
         import redis
 
         try:
-            return bool(redis.Redis(port=self.port, socket_timeout=0.5).ping())
+            return bool(self.client().ping())
         except redis.RedisError:
             return False
 
     def stop(self) -> None:
         self.process.stop()
+
+    def url_as(self, user: str) -> str:
+        """Return the URL of the server as ``user`` (of ``acl_server``'s)."""
+        return f"redis://{user}:{self.password}@127.0.0.1:{self.port}/0"
+
+
+MANIFEST = REPO / "deploy" / "k8s" / "base" / "redis.yaml"
+
+
+def manifest_args(password: str) -> list[str]:
+    """Return redis.yaml's redis-server command line, as Kubernetes expands it."""
+    import yaml
+
+    (deployment, _service) = list(yaml.safe_load_all(MANIFEST.read_text(encoding="utf-8")))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("$(REDIS_PASSWORD)", password) for a in container["args"]]
+    assert args[0] == "redis-server"
+    return args
+
+
+def acl_server(log_dir: Path) -> RedisServer:
+    """Return redis.yaml's Redis (its users "gateway" and "gateway-cache" and nothing else for
+    the gateway) with one more user, the tests' own, to look inside it."""
+    import secrets
+
+    password, admin = secrets.token_hex(16), secrets.token_hex(16)
+    args = [*manifest_args(password), "--user", "tests", "on", f">{admin}", "~*", "&*", "+@all"]
+    server = RedisServer(log_dir, args, admin=("tests", admin))
+    server.password = password
+    return server
 
 
 def redis_server_binary() -> None:
@@ -102,7 +145,8 @@ def hammer(urls: list[str], key: str, seconds: float) -> tuple[list[int], float]
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     redis_server_binary()
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    # the Kubernetes base's own Redis: the pods as its user "gateway" (deploy/k8s/base/redis.yaml)
+    server = acl_server(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
 
@@ -111,7 +155,7 @@ def test_one_keys_limit_holds_across_two_pods_on_redis(
     redis_server: RedisServer, keys_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """Accepted = burst + rate × time within 20 % across both pods (per pod it would be twice)."""
-    gateways = pods(2, redis_server.url, keys_file[0], tmp_path)
+    gateways = pods(2, redis_server.url_as("gateway"), keys_file[0], tmp_path)
     try:
         statuses, elapsed = hammer([g.url for g in gateways], keys_file[1], 3.0)
     finally:

@@ -1,8 +1,11 @@
 """The result cache's shared tier in Redis (backend/cache.py, SharedTier): two one-worker gateways
 ("pods", processes of their own) on the session's modelserver and one real redis-server (the
-Debian package, started here on a free port) share their hits byte for byte; entries over the
-entry bound and no-store answers are not written; with Redis killed under load nothing fails, the
-tier is skipped and says so, and once Redis is back it is used again."""
+Debian package, started here on a free port, with the Kubernetes base's own arguments: the pods
+as its user "gateway-cache", MGET and PSETEX on the cache's keys only) share their hits byte for
+byte, and a pod's entry serves the other pod only the request it answers (the gateways' own
+keys, every option crossed: none built by hand); entries over the entry bound and no-store
+answers are not written, every entry written expires; with Redis killed under load nothing
+fails, the tier is skipped and says so, and once Redis is back it is used again."""
 
 from __future__ import annotations
 
@@ -15,16 +18,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redis
 import requests
 
+from backend import cache as cache_module
 from backend.cache import SharedTier, decode, encode, entry_of
 from backend.settings import SettingsError, load_settings
 from backend.tokenization import Encoded
 from ops.procs import free_port
-from tests.backend.conftest import EMBED, INTENT
+from tests.backend.conftest import EMBED, INTENT, SENTENCE
+from tests.backend.corpus import LONG_ENGLISH
 from tests.backend.stack import Gateway, ModelServer, gateway_env, hung_port
-from tests.backend.test_ratelimit_redis import RedisServer, redis_server_binary
+from tests.backend.test_ratelimit_redis import RedisServer, acl_server, redis_server_binary
 
 PREFIX = "bert-gateway:cache:"
 ENTRY_BYTES = 3_000  # a short text's entry fits; a 3,150-character text's key alone does not
@@ -34,7 +38,7 @@ RETRY_S = 0.5
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     redis_server_binary()
-    server = RedisServer(tmp_path_factory.mktemp("cache-redis"))
+    server = acl_server(tmp_path_factory.mktemp("cache-redis"))
     yield server
     server.stop()
 
@@ -48,7 +52,7 @@ def pods(
     env = gateway_env(modelserver, "grpc", model_base, config_file)
     env.update(
         GATEWAY_CACHE_BYTES="1000000", GATEWAY_CACHE_ENTRY_BYTES=str(ENTRY_BYTES),
-        GATEWAY_CACHE_REDIS="1", GATEWAY_RATE_LIMIT_REDIS_URL=redis_server.url,
+        GATEWAY_CACHE_REDIS="1", GATEWAY_CACHE_REDIS_URL=redis_server.url_as("gateway-cache"),
         GATEWAY_CACHE_REDIS_RETRY_S=str(RETRY_S), GATEWAY_MAX_TEXT_CHARS="4000",
     )  # fmt: skip
     gateways = [Gateway(env, log_dir, workers=1, threads=8) for _ in range(2)]
@@ -67,7 +71,7 @@ def _post(gateway: Gateway, model: str, route: str, body: dict[str, Any], **kw: 
 
 
 def _stored(server: RedisServer) -> int:
-    return len(redis.Redis(port=server.port).keys(PREFIX + "*"))
+    return len(server.client().keys(PREFIX + "*"))
 
 
 def _samples(gateway: Gateway) -> dict[str, float]:
@@ -224,11 +228,106 @@ def test_the_shared_tier_uses_the_rate_limits_redis_only_once_turned_on() -> Non
     assert own.cache_redis_target == "redis://c:6379/1"
 
 
-def test_a_keys_name_in_redis_holds_the_whole_key() -> None:
+def test_a_keys_name_in_redis_holds_this_gateways_semantics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rolling upgrade that changes answers bumps SEMANTICS: its pods never read the old
+    pods' entries (nor the old theirs), whatever the key."""
     tier = SharedTier("redis://127.0.0.1:1/0", PREFIX, 60.0, 0.05, 5.0, 10_000)
-    key = ("key-a", EMBED, 1, ("embed", None, None, None, False), "text")
-    others = [("key-b", *key[1:]), (key[0], key[1], 2, *key[3:]),
-              (*key[:3], ("embed", "query", None, None, False), key[4])]  # fmt: skip
-    names = {tier.name(k) for k in [key, *others]}
+    key = ("", EMBED, 1, ("embed", None, None, None, False), "every output", "text")
+    before = tier.name(key)
+    monkeypatch.setattr(cache_module, "_SEMANTICS", (cache_module.SEMANTICS + 1,
+                                                     *cache_module._SEMANTICS[1:]))  # fmt: skip
+    after = tier.name(key)
     tier.close()
-    assert len(names) == 4 and all(name.startswith(PREFIX) for name in names)
+    assert before != after and before.startswith(PREFIX) and after.startswith(PREFIX)
+
+
+def test_an_entry_from_redis_holds_the_bytes_it_counts() -> None:
+    """Issue 60 item 3: an entry read back holds its arrays alone, not views of the whole value
+    beside copies (twice the bytes counted against GATEWAY_CACHE_BYTES)."""
+    import gc
+    import tracemalloc
+
+    key = ("", EMBED, 1, ("embed",), "every output", "a text")
+    rows = {"token_weights": np.ones(8_000, dtype=np.float32)}
+    made = entry_of(key, Encoded(np.arange(64, dtype=np.int32), False, 64), rows)
+    tracemalloc.start()
+    try:
+        value = encode(made)
+        back = decode(key, value)
+        del value
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert back.rows["token_weights"].tobytes() == rows["token_weights"].tobytes()
+    assert held <= back.size * 1.1, (held, back.size)
+
+
+# Pod 0 and pod 1 take turns: each option's request is computed (and written) by one pod, then
+# asked of the other, which reads it from Redis when its key is the same. An option the key left
+# out would serve one option's entry to another across pods. (Options that only post-process
+# share entries: tests/backend/test_result_cache.py.)
+SHARED_CROSS = [
+    (EMBED, "embed", [{}, {"truncation_direction": "left"}]),
+    (SENTENCE, "embed", [{}, {"prompt_name": "query"}, {"input_type": "search_document"},
+                         {"prompt_name": "query", "truncation_direction": "left"}]),
+    (INTENT, "classify", [{}, {"truncation_direction": "left"}]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "route", "variants"), SHARED_CROSS,
+                         ids=[m for m, _, _ in SHARED_CROSS])  # fmt: skip
+def test_a_pods_entry_serves_another_pod_only_the_request_it_answers(
+    pods: list[Gateway], redis_server: RedisServer, model: str, route: str,
+    variants: list[dict[str, Any]],
+) -> None:  # fmt: skip
+    texts = [f"shared across pods {model}", f"{LONG_ENGLISH[:600]} {model}"]
+    uncached = [_post(pods[0], model, route, {"texts": texts, **v},
+                      headers={"Cache-Control": "no-store"}).content
+                for v in variants]  # fmt: skip
+    assert len(set(uncached)) == len(variants), "two options answer alike: nothing to tell apart"
+    for index, variant in enumerate(variants):
+        writer, reader = pods[index % 2], pods[(index + 1) % 2]
+        body = {"texts": texts, **variant}
+        written = _post(writer, model, route, body)
+        assert written.headers["x-cache-shared"] == "miss", variant  # no other option's entry
+        read = _post(reader, model, route, body)
+        assert read.headers["x-cache-shared"] == "hit", variant  # the writer's, through Redis
+        assert written.content == read.content == uncached[index], variant
+    client = redis_server.client()
+    names = client.keys(PREFIX + "*")
+    assert names and all(client.pttl(name) > 0 for name in names)  # every entry expires
+
+
+MISTYPED = [
+    "redis//gateway:s3cret-pw@r:6379/0",  # no scheme
+    "http://gateway:s3cret-pw@r:6379/0",  # another scheme
+    "redis://gateway:s3cr/et-pw@r:6379/0",  # a '/' not percent-encoded: a host inside it
+    "redis://gateway:s3cr#et-pw@r:6379/0",
+    "redis://gateway:s3cret-pw@r:63x9/0",  # the port
+]
+
+
+@pytest.mark.parametrize("url", MISTYPED)
+@pytest.mark.parametrize("setting", ["rate_limit_redis_url", "cache_redis_url"])
+def test_a_mistyped_redis_url_is_refused_without_its_password(url: str, setting: str) -> None:
+    """Issue 60 item 7: the message names the setting and shows the URL, its password
+    redacted (the gateway logs it at start)."""
+    with pytest.raises(SettingsError) as refused:
+        load_settings({setting: url, "cache_bytes": 1000, "cache_redis": True})
+    assert "s3cr" not in str(refused.value) and "gateway:***@" in str(refused.value)
+    assert f"GATEWAY_{setting.upper()}" in str(refused.value)
+
+
+def test_a_redis_url_redis_py_cannot_read_is_refused_without_its_password() -> None:
+    from backend.redisconn import RedisConn, redacted
+
+    with pytest.raises(ValueError) as refused:
+        RedisConn("redis://gateway:s3cret-pw@r:63x9/0", 0.05, 1.0)
+    assert "s3cret" not in str(refused.value) and refused.value.__suppress_context__
+    assert redacted("unix:///run/redis.sock?db=0&password=s3cret-pw") == (
+        "unix:///run/redis.sock?db=0&password=***"
+    )
+    assert redacted("redis://s3cret-pw@r:6379/0") == "redis://***@r:6379/0"

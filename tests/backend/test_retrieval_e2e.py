@@ -24,13 +24,16 @@ import numpy as np
 import pytest
 import requests
 
+from tests.backend.alike import assert_alike
 from tests.backend.corpus import CORPUS
 from tests.backend.retrieval_models import (
     COLBERT,
+    HYBRID,
     M3,
     SPECIAL_IDS,
     SPLADE,
     TOP_K,
+    write_hybrid_version,
     write_m3_versions,
     write_versions,
 )
@@ -63,6 +66,7 @@ def retrieval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     base = tmp_path_factory.mktemp("retrieval")
     made = write_versions(base)
     write_m3_versions(base, SHADOWED, SHADOW_SEEDS)
+    write_hybrid_version(base)
     checkpoints = tmp_path_factory.mktemp("retrieval-ckpt")
     checkpoint = save_tiny_inference_free(checkpoints / EXPORTED, seed=3)
     build(checkpoint, EXPORTED, base, version=1, task="embed", top_k=TOP_K, warmup=False)
@@ -72,7 +76,7 @@ def retrieval(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         build(checkpoint, name, base, version=1, task="embed", max_seq_len=REAL_SEQ,
               warmup=False)  # fmt: skip
         made[name] = {"checkpoint": checkpoint}
-    served = [*MODELS, EXPORTED, REAL_M3, REAL_COLBERT, SHADOWED]
+    served = [*MODELS, EXPORTED, REAL_M3, REAL_COLBERT, SHADOWED, HYBRID]
     config = base / "models.config"
     config.write_text(model_config(base, {}, served), encoding="utf-8")
     server = ModelServer(config, tmp_path_factory.mktemp("retrieval-logs"))
@@ -90,6 +94,9 @@ def gateway(request: pytest.FixtureRequest, retrieval: dict[str, Any],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:  # fmt: skip
     env = gateway_env(retrieval["server"], request.param, retrieval["base"], retrieval["config"])
     env["GATEWAY_DEFAULT_MODEL"] = SPLADE  # TEI's /embed_sparse serves the default model
+    # the result cache on (one worker: a repeat hits): every test here crosses the cache, and a
+    # text another test sent with other kinds or another side is a hit only if its key says so
+    env["GATEWAY_CACHE_BYTES"] = "4000000"
     running = Gateway(env, tmp_path_factory.mktemp("retrieval-gw"), workers=1, threads=4)
     try:
         yield running
@@ -136,6 +143,55 @@ def test_bge_m3_answers_dense_sparse_and_multivectors_as_flagembedding_would(
         assert vectors["rows"] == len(ids) - 1  # CLS out, the final SEP in
         np.testing.assert_allclose(vectors["vectors"], _unit(table[ids[1:]]), atol=1e-5)
     assert answer["dim"] == answer["multivector_dim"] == 8
+
+
+# Issue 60 item 3: the output kinds (each narrows the model-server call), the side, the truncation
+# side and post-processing options, crossed on BGE-M3-like (no sides) and a hybrid with ColBERT
+# markers (a query's tokens differ for every kind); the multi-vector request is not cached.
+KINDS = [{"outputs": ["dense"]}, {"outputs": ["sparse"]}, {"outputs": ["dense", "sparse"]},
+         {"outputs": ["sparse", "dense"], "truncation_direction": "left"},
+         {"outputs": ["sparse"], "return_tokens": True, "top_k": 3},
+         {"outputs": ["dense", "sparse", "multivector"]}]  # fmt: skip
+SIDES = [{"outputs": ["sparse"], "is_query": True},
+         {"outputs": ["dense", "sparse"], "input_type": "search_query",
+          "truncation_direction": "left"}]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "variants"), [(M3, KINDS), (HYBRID, [*KINDS, *SIDES])],
+                         ids=[M3, HYBRID])  # fmt: skip
+def test_every_output_kind_and_side_answers_as_uncached_in_any_order(
+    gateway: Gateway, model: str, variants: list[dict[str, Any]]
+) -> None:
+    """The same texts with each option in turn, then in the other order, partly cached every
+    third time: each answer is what the same request gets uncached (``no-store``: the stages
+    the cache off crosses), byte for byte when its texts were computed together (a miss), else
+    up to its floats' last bits (another batch). Before issue 60 a sparse request after a dense
+    one was a 502, a partly cached dense+sparse one a 500."""
+    path = f"/v1/models/{model}:embed"
+    tag = f"{model}-{gateway.port}"
+    long = " ".join(REAL_TEXTS[:12])  # over max_seq_len 32, its two ends of other tokens
+    texts = [f"crossed {tag}", f"{long} {tag}", f"{tag} {long}"]
+
+    def post(body: dict[str, Any], **headers: str) -> requests.Response:
+        reply = requests.post(f"{gateway.url}{path}", json=body, headers=headers, timeout=30)
+        assert reply.status_code == 200, (body, reply.text)
+        return reply
+
+    no_store = {"Cache-Control": "no-store"}
+    uncached = [post({"texts": texts, **v}, **no_store).content for v in variants]
+    assert len(set(uncached)) == len(variants), "two options answer alike: nothing to tell apart"
+    order = [*range(len(variants)), *reversed(range(len(variants)))]
+    seen = []
+    for step, index in enumerate(order):
+        some = texts if step % 3 else [f"new {step} {tag}", *texts[1:]]
+        body = {"texts": some, **variants[index]}
+        answer = post(body)
+        seen.append(answer.headers.get("x-cache"))
+        want = uncached[index] if some is texts else post(body, **no_store).content
+        assert_alike(answer.content, want, (variants[index], answer.headers.get("x-cache")))
+        if answer.headers.get("x-cache") == "miss":
+            assert answer.content == want, variants[index]
+    assert "hit" in seen and "partial" in seen  # the kinds cached were served from the cache
 
 
 def test_a_batch_job_writes_each_output_kind_as_parquet_columns_and_embed_lines_as_embed_answers(
