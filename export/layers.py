@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from export.config import BertConfig
+from export.config import ROPE_TYPES, BertConfig, Rope
 
 # A large negative (not -inf) so a fully padded row still gives a finite softmax.
 MASK_NEG = -1e9
@@ -337,13 +337,65 @@ def mpnet_bias(table: tf.Variable, seq: tf.Tensor, max_distance: int = 128) -> t
     return tf.transpose(values, [2, 0, 1])[tf.newaxis]
 
 
-def rotary(seq: tf.Tensor, theta: float, head_dim: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """Return the rotary (cos, sin) ``[S, head_dim]`` of positions 0..S-1 (float32)."""
+def rope_frequencies(rope: Rope, head_dim: int) -> tuple[np.ndarray, float]:
+    """Return a rotary embedding's inverse frequencies ``[head_dim / 2]`` (float32) and the scale
+    of its cos/sin, as transformers' modeling_rope_utils computes them for ``rope.rope_type``:
+    default ``1 / theta^(2i/d)``; linear those over ``factor``; yarn a ramp between the
+    interpolated (over ``factor``) and the extrapolated ones, and the attention factor.
+
+    Every rotary architecture computes its tables here, at export time: graph constants.
+    """
     steps = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inv_freq = tf.constant(np.float32(1.0) / (np.float32(theta) ** steps))
-    freqs = tf.cast(tf.range(seq), tf.float32)[:, tf.newaxis] * inv_freq[tf.newaxis]
+    powers = np.float32(rope.theta) ** steps  # float32, as torch computes it
+    inv_freq = np.float32(1.0) / powers
+    if rope.rope_type == "default":
+        return inv_freq, 1.0
+    if rope.rope_type == "linear":
+        return (inv_freq / np.float32(rope.factor)).astype(np.float32), 1.0
+    if rope.rope_type != "yarn":
+        raise ValueError(f"rope_type {rope.rope_type!r}: export computes {', '.join(ROPE_TYPES)}")
+    factor = rope.factor
+    interpolated = np.float32(1.0) / (np.float32(factor) * powers)
+
+    def dimension(rotations: float) -> float:  # the dimension turning ``rotations`` times
+        turns = rope.original_max_position / (rotations * 2 * math.pi)
+        return head_dim * math.log(turns) / (2 * math.log(rope.theta))
+
+    low, high = dimension(rope.beta_fast), dimension(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = (np.arange(head_dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low)
+    extrapolated = np.float32(1.0) - np.clip(ramp, 0.0, 1.0).astype(np.float32)
+    inv_freq = interpolated * (np.float32(1.0) - extrapolated) + inv_freq * extrapolated
+    return inv_freq.astype(np.float32), _yarn_attention_factor(rope)
+
+
+def _yarn_attention_factor(rope: Rope) -> float:
+    """Return yarn's cos/sin scale: the given one, else ``0.1 ln(factor) + 1`` (mscale's ratio
+    where both ``mscale`` and ``mscale_all_dim`` are given)."""
+    if rope.attention_factor is not None:
+        return float(rope.attention_factor)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if rope.mscale and rope.mscale_all_dim:
+        return mscale(rope.factor, rope.mscale) / mscale(rope.factor, rope.mscale_all_dim)
+    return mscale(rope.factor)
+
+
+def rotary(seq: tf.Tensor, rope: Rope, head_dim: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Return the rotary (cos, sin) ``[S, head_dim]`` of positions 0..S-1 (float32), scaled as
+    ``rope`` says (``rope_frequencies``)."""
+    inv_freq, scale = rope_frequencies(rope, head_dim)
+    freqs = tf.cast(tf.range(seq), tf.float32)[:, tf.newaxis] * tf.constant(inv_freq)[tf.newaxis]
     angles = tf.concat([freqs, freqs], axis=-1)
-    return tf.cos(angles), tf.sin(angles)
+    if scale == 1.0:
+        return tf.cos(angles), tf.sin(angles)
+    return tf.cos(angles) * scale, tf.sin(angles) * scale
 
 
 def window_bias(seq: tf.Tensor, half: int) -> tf.Tensor:

@@ -3,9 +3,9 @@
 One encoder (export/model.py) runs every architecture; each module here says only what its
 architecture does differently: the weight names in its Hugging Face checkpoints, how it reads
 config.json, its position ids (learned absolute, counted from ``padding_idx + 1``, none), its
-attention variant (standard, relative bias, disentangled, rotary with sliding windows), its
-feed-forward (GELU MLP or GeGLU), where its norms sit, and its classification head. ``BERT`` is
-the first entry of the table, not the model. Nothing here imports TensorFlow or torch.
+attention variant (standard, relative bias, disentangled, rotary with or without sliding
+windows), its feed-forward (GELU MLP or GeGLU), where its norms sit, and its classification head.
+``BERT`` is the first entry of the table, not the model. Nothing here imports TensorFlow or torch.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from export.architectures import (
     deberta_v2,
     distilbert,
     electra,
+    jina_embeddings_v3,
     modernbert,
     mpnet,
     roberta,
@@ -35,7 +36,17 @@ __all__ = ["SUPPORTED_ACTIVATIONS", "Architecture", "architecture", "architectur
 # the table: BERT first, then the order docs/reference/supported-models.md lists them in
 _TABLE: dict[str, Architecture] = {
     arch.model_type: arch
-    for module in (bert, roberta, distilbert, electra, albert, mpnet, deberta_v2, modernbert)
+    for module in (
+        bert,
+        roberta,
+        distilbert,
+        electra,
+        albert,
+        mpnet,
+        deberta_v2,
+        modernbert,
+        jina_embeddings_v3,
+    )
     for arch in module.ARCHITECTURES
 }
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from export.config import BertConfig
+from export.config import ROPE_TYPES, BertConfig, Rope
 from export.names import TensorName
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh")
@@ -163,3 +163,40 @@ def absolute_positions_only(data: Mapping[str, Any]) -> None:
     kind = data.get("position_embedding_type", "absolute")
     if kind not in (None, "absolute"):
         raise ValueError(f"only absolute position embeddings are supported, not {kind!r}")
+
+
+def rope(params: Mapping[str, Any] | None, *, default_theta: float, max_position: int,
+         original_max_position: int | None = None, truncate: bool | None = None
+         ) -> Rope:  # fmt: skip
+    """Return the rotary parameters of one ``rope_parameters`` entry (transformers' names and
+    defaults: ``rope_theta`` else ``default_theta``; yarn's ``original_max_position_embeddings``
+    else ``max_position``, its ``factor`` else their ratio); ValueError naming any other
+    ``rope_type`` (dynamic, longrope, llama3: their tables change with the input's length or are
+    not an encoder's) or a partial rotary. ``original_max_position`` / ``truncate``: the values
+    transformers reads outside the entry (a top-level ``original_max_position_embeddings``;
+    ModernBERT's ``truncate`` from the outer dict)."""
+    params = dict(params or {})
+    kind = str(params.get("rope_type", params.get("type", "default")))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_type {kind!r}: export computes {', '.join(ROPE_TYPES)} only")
+    if float(params.get("partial_rotary_factor") or 1.0) != 1.0:
+        raise ValueError("partial_rotary_factor: export turns the whole head (1.0) only")
+    theta = float(params.get("rope_theta") or default_theta)
+    if kind == "default":
+        return Rope(theta)
+    if kind == "linear":
+        return Rope(theta, kind, factor=float(params["factor"]))
+    original = int(original_max_position or params.get("original_max_position_embeddings")
+                   or max_position)  # fmt: skip
+    factor = params.get("factor")
+    given = params.get("attention_factor")
+    return Rope(
+        theta, kind, factor=float(factor) if factor is not None else max_position / original,
+        original_max_position=original,
+        attention_factor=None if given is None else float(given),
+        mscale=float(params.get("mscale") or 0.0),
+        mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        truncate=bool(params.get("truncate", True)) if truncate is None else truncate,
+    )  # fmt: skip

@@ -36,7 +36,8 @@ SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
 TOKENIZERS = {"bert": "wordpiece", "distilbert": "wordpiece", "electra": "wordpiece",
               "mpnet": "wordpiece", "roberta": "bpe", "modernbert": "bpe",
               "camembert": "unigram", "xlm-roberta": "unigram", "albert": "unigram-cls",
-              "deberta-v3": "unigram-cls", "deberta-v2": "unigram-cls"}  # fmt: skip
+              "deberta-v3": "unigram-cls", "deberta-v2": "unigram-cls",
+              "jina_embeddings_v3": "unigram"}  # fmt: skip
 
 # the parity matrix's architectures: a name → transformers config keywords (tiny, and set to
 # reach each architecture's differences: a short sliding window, log buckets inside the input)
@@ -63,7 +64,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
                    "eos_token_id": 2, "cls_token_id": 0, "sep_token_id": 2,
                    "local_attention": 4, "global_attn_every_n_layers": 2,
                    "num_hidden_layers": 3, "classifier_pooling": "mean"},
+    # XLM-R with rotary positions: no table, so the config's length is the rotary's (LONG's 2,048)
+    "jina_embeddings_v3": {"model_type": "jina_embeddings_v3", "pad_token_id": 1,
+                           "type_vocab_size": 1, "max_position_embeddings": 2048},
 }  # fmt: skip
+# each row's seed is its place here: the rows before issue 63 sorted, new rows after them, so a
+# new row changes no other row's weights (the gateway matrix and finetune save these too)
+SEED_ORDER = ("albert", "bert", "camembert", "deberta-v2", "deberta-v3", "distilbert", "electra",
+              "modernbert", "mpnet", "roberta", "xlm-roberta", "jina_embeddings_v3")  # fmt: skip
 TAGS = ["O", "B-ORDER", "I-ORDER", "B-EMAIL", "I-EMAIL"]
 # a head → (transformers auto class, config keywords)
 HEADS: dict[str, tuple[Any, dict[str, Any]]] = {
@@ -94,20 +102,25 @@ def _tokenizer(arch: str, kind: str | None = None) -> Any:
     return _TRAINED[kind]
 
 
-def _config(arch: str, head: str, kind: str | None = None) -> Any:
+def _config(arch: str, head: str, kind: str | None = None,
+            extra: dict[str, Any] | None = None) -> Any:  # fmt: skip
     rows = _tokenizer(arch, kind).get_vocab_size(with_added_tokens=True)
-    values = {**SIZE, "vocab_size": rows, **ARCHITECTURES[arch], **HEADS[head][1]}
+    values = {**SIZE, "vocab_size": rows, **ARCHITECTURES[arch], **(extra or {}),
+              **HEADS[head][1]}  # fmt: skip
     model_type = values.pop("model_type")
     return transformers.AutoConfig.for_model(model_type, **values)
 
 
-def save_checkpoint(arch: str, head: str, where: Path, kind: str | None = None) -> Path:
+def save_checkpoint(arch: str, head: str, where: Path, kind: str | None = None,
+                    extra: dict[str, Any] | None = None, name: str | None = None
+                    ) -> Path:  # fmt: skip
     """Save a tiny random model of ``arch`` with ``head`` as transformers does, with a tokenizer
-    of ``kind`` (by default the architecture's own, TOKENIZERS); return its dir."""
+    of ``kind`` (by default the architecture's own, TOKENIZERS); return its dir. ``extra``:
+    config keywords over the row's, saved under ``name`` (LONG's variants)."""
     cls, _ = HEADS[head]
-    torch.manual_seed(sorted(ARCHITECTURES).index(arch) * 10 + sorted(HEADS).index(head))
-    model = cls.from_config(_config(arch, head, kind)).eval()
-    path = where / f"{arch}-{head}"
+    torch.manual_seed(SEED_ORDER.index(arch) * 10 + sorted(HEADS).index(head))
+    model = cls.from_config(_config(arch, head, kind, extra)).eval()
+    path = where / f"{name or arch}-{head}"
     model.save_pretrained(path)
     # what save_pretrained writes beside a fast tokenizer: tokenizer.json + its config, no vocab.txt
     write_tokenizer(path, kind or TOKENIZERS[arch], trained=_tokenizer(arch, kind))
@@ -244,9 +257,85 @@ def test_embeddings_match_transformers(
     np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
+# rotary positions past BERT's 512 and the scaled ropes (ModernBERT's linear and yarn, as mmBERT's
+# long variants say them; jina-embeddings-v3's one rope_parameters takes them too): a variant →
+# (its row, config keywords over the row's, the input's length). Yarn's ramp is set at
+# original_max_position_embeddings, the input runs past it.
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+LONG: dict[str, tuple[str, dict[str, Any], int]] = {
+    "jina_embeddings_v3": ("jina_embeddings_v3", {}, 2048),
+    "jina_embeddings_v3-yarn": ("jina_embeddings_v3",
+                                {"rope_parameters": {**_YARN, "rope_theta": 20_000.0}}, 1024),
+    "modernbert-linear": ("modernbert", {"max_position_embeddings": 1024, "rope_parameters": {
+        kind: {"rope_type": "linear", "factor": 4.0, "rope_theta": theta}
+        for kind, theta in (("full_attention", 160_000.0), ("sliding_attention", 10_000.0))}},
+        1024),
+    "modernbert-yarn": ("modernbert", {"max_position_embeddings": 1024, "rope_parameters": {
+        kind: {**_YARN, "rope_theta": theta}
+        for kind, theta in (("full_attention", 160_000.0), ("sliding_attention", 10_000.0))}},
+        1024),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(LONG))
+def test_long_inputs_and_scaled_ropes_match_transformers(variant: str, tmp_path: Path) -> None:
+    """The last hidden states of a padded batch at the variant's length (rows of L and L/2 + 3
+    tokens) within 1e-4 of transformers; a scaled rope moves them (read as the default, they
+    would not match)."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from export.checkpoint import read_checkpoint
+    from export.config import Rope
+    from export.model import EncoderModule
+
+    arch, extra, length = LONG[variant]
+    path = save_checkpoint(arch, "embed", tmp_path, extra=extra, name=variant)
+    config = _config(arch, "embed", extra=extra)
+    rng = np.random.default_rng(5)
+    ids = rng.integers(5, config.vocab_size, size=(2, length)).astype(np.int32)
+    mask = np.ones_like(ids)
+    ids[1, length // 2 + 3 :], mask[1, length // 2 + 3 :] = config.pad_token_id, 0
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    expected = _torch(path, "embed", feeds)
+    ckpt = read_checkpoint(path)
+    real = mask.astype(bool)
+
+    def last_hidden(encoder_config: Any) -> np.ndarray:
+        module = EncoderModule(encoder_config, ckpt.weights, task="embed")
+        return module.layer_outputs(
+            *(tf.constant(feeds[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+        )[-1].numpy()
+
+    np.testing.assert_allclose(last_hidden(ckpt.config)[real], expected[real], atol=1e-4)
+    if ckpt.config.rope_full.rope_type != "default":
+        unscaled = dataclasses.replace(
+            ckpt.config,
+            rope_full=Rope(ckpt.config.rope_full.theta),
+            rope_sliding=Rope(ckpt.config.rope_sliding.theta),
+        )
+        assert np.abs(last_hidden(unscaled)[real] - expected[real]).max() > 1e-2
+
+
+def test_other_rope_types_are_refused_naming_the_type(tmp_path: Path) -> None:
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    config = {
+        **SIZE,
+        "model_type": "modernbert",
+        "rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2.0}},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match=r"rope_type 'dynamic'.*default, linear, yarn"):
+        read_checkpoint(tmp_path)
+
+
 def test_the_matrix_covers_every_registered_architecture() -> None:
     tested = {ARCHITECTURES[name]["model_type"] for name in ARCHITECTURES}
     assert tested == set(architectures())
+    assert sorted(SEED_ORDER) == sorted(ARCHITECTURES)
 
 
 def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
