@@ -93,6 +93,9 @@ ARCHS = (
          {"model_type": "modernbert", "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3,
           "cls_token_id": 2, "sep_token_id": 3, "global_attn_every_n_layers": 3,
           "local_attention": 128, "max_position_embeddings": 8192}),
+    Arch("jina_embeddings_v3", "jina-embeddings-v3 (XLM-R, rotary; base model)",
+         {"model_type": "jina_embeddings_v3", "pad_token_id": 1, "type_vocab_size": 1,
+          "max_position_embeddings": 8194}),
 )  # fmt: skip
 
 
