@@ -35,8 +35,10 @@ def read_config(data: Mapping[str, Any]) -> BertConfig:
     if data.get("head_dim") not in (None, values["hidden_size"] // values["num_heads"]):
         raise ValueError(f"head_dim {data['head_dim']} (only hidden_size / heads)")
     original = data.get("original_max_position_embeddings")
-    positions = rope(data.get("rope_parameters") or {"rope_theta": data.get("rope_theta")},
-                     default_theta=DEFAULT_THETA, max_position=values["max_position"],
+    # rope_parameters, or the older top-level rope_theta / rope_scaling transformers folds into it
+    params = {"rope_theta": data.get("rope_theta"), **(data.get("rope_scaling") or {}),
+              **(data.get("rope_parameters") or {})}  # fmt: skip
+    positions = rope(params, default_theta=DEFAULT_THETA, max_position=values["max_position"],
                      original_max_position=None if original is None else int(original))  # fmt: skip
     return BertConfig(**values, rope_full=positions)
 

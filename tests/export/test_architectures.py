@@ -318,6 +318,38 @@ def test_long_inputs_and_scaled_ropes_match_transformers(variant: str, tmp_path:
         assert np.abs(last_hidden(unscaled)[real] - expected[real]).max() > 1e-2
 
 
+@pytest.mark.parametrize(
+    "params",
+    [{"rope_type": "default"}, {"rope_type": "linear", "factor": 2.5},
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+     {"rope_type": "yarn", "factor": 8.0, "beta_fast": 16, "beta_slow": 2, "truncate": False},
+     {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5},
+     {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.25}],
+    ids=["default", "linear", "yarn", "yarn-untruncated", "yarn-mscale", "yarn-attention"],
+)  # fmt: skip
+def test_rope_tables_are_transformers_own(params: dict[str, Any]) -> None:
+    """The inverse frequencies and cos/sin scale every rotary architecture's tables come from
+    (export/layers.py's rope_frequencies) equal transformers' ROPE_INIT_FUNCTIONS'."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from export.architectures import config_from
+    from export.layers import rope_frequencies
+
+    values = {**SIZE, "hidden_size": 64, "max_position_embeddings": 2048,
+              "rope_parameters": {**params, "rope_theta": 20_000.0}}  # fmt: skip
+    config = transformers.JinaEmbeddingsV3Config(**values)
+    ours = config_from({**config.to_dict(), "model_type": "jina_embeddings_v3"}, "config.json")
+    inv_freq, scale = rope_frequencies(ours.rope_full, 16)
+    if params["rope_type"] == "default":
+        expected, expected_scale = config.rope_parameters["rope_theta"], 1.0
+        expected = 1.0 / expected ** (np.arange(0, 16, 2, dtype=np.float32) / 16)
+    else:
+        table, expected_scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](config)
+        expected = table.numpy()
+    np.testing.assert_allclose(inv_freq, expected, rtol=1e-6)
+    assert scale == pytest.approx(expected_scale, rel=1e-12)
+
+
 def test_other_rope_types_are_refused_naming_the_type(tmp_path: Path) -> None:
     from export.checkpoint import read_checkpoint
     from export.errors import ExportError
