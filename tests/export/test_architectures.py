@@ -68,7 +68,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "jina_embeddings_v3": {"model_type": "jina_embeddings_v3", "pad_token_id": 1,
                            "type_vocab_size": 1, "max_position_embeddings": 2048},
 }  # fmt: skip
-# each row's seed is its place here: the rows before issue 63 sorted, new rows after them, so a
+# each row's seed is its place here: the first eleven rows sorted, later rows after them, so a
 # new row changes no other row's weights (the gateway matrix and finetune save these too)
 SEED_ORDER = ("albert", "bert", "camembert", "deberta-v2", "deberta-v3", "distilbert", "electra",
               "modernbert", "mpnet", "roberta", "xlm-roberta", "jina_embeddings_v3")  # fmt: skip
