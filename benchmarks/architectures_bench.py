@@ -93,6 +93,11 @@ ARCHS = (
          {"model_type": "modernbert", "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3,
           "cls_token_id": 2, "sep_token_id": 3, "global_attn_every_n_layers": 3,
           "local_attention": 128, "max_position_embeddings": 8192}),
+    Arch("nomic_bert", "NomicBERT (SwiGLU, rotary)",
+         {"model_type": "nomic_bert", "max_position_embeddings": 8192}),
+    Arch("gte", "GTE (gated GELU, rotary)",
+         {"model_type": "gte", "pad_token_id": 0, "type_vocab_size": 0,
+          "max_position_embeddings": 8192}),
 )  # fmt: skip
 
 

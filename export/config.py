@@ -7,7 +7,24 @@ BERT config says nothing of them). ``model_type`` picks the architecture's entry
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A rotary embedding's frequency scaling: transformers' ``rope_parameters`` beyond
+    ``rope_theta`` (export/architectures/base.py ``rope_scaling`` reads them, export/layers.py
+    ``rope_frequencies`` applies them). ``default``: none; ``linear``: every frequency over
+    ``factor``; ``yarn``: interpolated below ``beta_slow`` rotations over the original length,
+    kept above ``beta_fast``, a ramp between, and cos/sin times ``attention_factor``."""
+
+    rope_type: str = "default"  # "default", "linear" or "yarn"
+    factor: float = 1.0
+    original_max_position: int = 0  # yarn: the pretraining length the ramp is measured against
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 1.0  # yarn: cos and sin are scaled by it
+    truncate: bool = True  # yarn: the ramp's bounds rounded outwards to whole dimensions
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,8 @@ class BertConfig:
     local_attention: int = 0  # the sliding window's total width (a token sees ± half of it)
     rope_theta_full: float = 160_000.0
     rope_theta_sliding: float = 10_000.0
+    # the scaling of the "full" rotary (NomicBERT's and GTE's every layer; ModernBERT's global)
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     bias: bool = True  # dense layers have biases (ModernBERT's have none)
     norm_bias: bool = True  # layer norms have a beta
     head_bias: bool = True  # the classification head's first dense has a bias

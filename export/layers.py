@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from export.config import BertConfig
+from export.config import BertConfig, RopeScaling
 
 # A large negative (not -inf) so a fully padded row still gives a finite softmax.
 MASK_NEG = -1e9
@@ -92,6 +92,8 @@ def activation(name: str, x: tf.Tensor) -> tf.Tensor:
         return tf.nn.relu(x)
     if name == "tanh":
         return tf.tanh(x)
+    if name in ("silu", "swish"):  # NomicBERT's SwiGLU gate
+        return tf.nn.silu(x)
     # "gelu" in HF/Google configs is the exact erf form; the *_tanh/_new names are the approximation
     return tf.nn.gelu(x, approximate=name != "gelu")
 
@@ -110,8 +112,9 @@ def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.
 Positions = Mapping[str, Any]
 
 # the projections only some architectures have: ModernBERT's fused QKV, DeBERTa's own position
-# projections (when it does not share the content ones)
-_EXTRA_PARTS = ("qkv", "pos_key", "pos_query")
+# projections (when it does not share the content ones), NomicBERT's separate gate of a gated
+# feed-forward
+_EXTRA_PARTS = ("qkv", "pos_key", "pos_query", "gate")
 
 
 class Layer(tf.Module):
@@ -148,7 +151,7 @@ class Layer(tf.Module):
         self.hidden_dropout = config.hidden_dropout
         self.attention_dropout = config.attention_dropout
         self.pre_norm = architecture is not None and architecture.norm == "pre"
-        self.glu = architecture is not None and architecture.feed_forward == "glu"
+        self.feed_forward = "mlp" if architecture is None else architecture.feed_forward
         self.variant = "standard" if architecture is None else architecture.attention
         self.sliding = bool(config.layer_types) and config.layer_types[index] == "sliding"
         self.att_types = config.pos_att_type
@@ -253,9 +256,14 @@ class Layer(tf.Module):
         return dropout(self.attention_out(context), self.hidden_dropout, dropout_seed, 2)
 
     def _feed_forward(self, x: tf.Tensor, dropout_seed: tf.Tensor | None) -> tf.Tensor:
-        if self.glu:  # GeGLU: act(first half) * second half
+        if self.feed_forward == "glu":  # ModernBERT's GeGLU: act(first half) * second half
             inner, gate = tf.split(self.intermediate(x), 2, axis=-1)
             hidden = activation(self.act, inner) * gate
+        elif self.feed_forward == "glu_up_first":  # GTE's up_gate_proj: up, then the gate
+            up, gate = tf.split(self.intermediate(x), 2, axis=-1)
+            hidden = activation(self.act, gate) * up
+        elif self.feed_forward == "gated":  # a gate of its own (NomicBERT): act(gate(x)) * up(x)
+            hidden = activation(self.act, self.parts["gate"](x)) * self.intermediate(x)
         else:
             hidden = activation(self.act, self.intermediate(x))
         return dropout(self.output(hidden), self.hidden_dropout, dropout_seed, 3)
@@ -337,13 +345,50 @@ def mpnet_bias(table: tf.Variable, seq: tf.Tensor, max_distance: int = 128) -> t
     return tf.transpose(values, [2, 0, 1])[tf.newaxis]
 
 
-def rotary(seq: tf.Tensor, theta: float, head_dim: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """Return the rotary (cos, sin) ``[S, head_dim]`` of positions 0..S-1 (float32)."""
-    steps = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inv_freq = tf.constant(np.float32(1.0) / (np.float32(theta) ** steps))
-    freqs = tf.cast(tf.range(seq), tf.float32)[:, tf.newaxis] * inv_freq[tf.newaxis]
+def rotary(seq: tf.Tensor, theta: float, head_dim: int, scaling: RopeScaling | None = None
+           ) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
+    """Return the rotary (cos, sin) ``[S, head_dim]`` of positions 0..S-1 (float32), the
+    frequencies scaled as ``scaling`` says (``rope_frequencies``)."""
+    inv_freq, attention_factor = rope_frequencies(theta, head_dim, scaling or RopeScaling())
+    freqs = tf.cast(tf.range(seq), tf.float32)[:, tf.newaxis] * tf.constant(inv_freq)[tf.newaxis]
     angles = tf.concat([freqs, freqs], axis=-1)
-    return tf.cos(angles), tf.sin(angles)
+    if attention_factor == 1.0:
+        return tf.cos(angles), tf.sin(angles)
+    return tf.cos(angles) * attention_factor, tf.sin(angles) * attention_factor
+
+
+def rope_frequencies(theta: float, head_dim: int, scaling: RopeScaling
+                     ) -> tuple[np.ndarray, float]:  # fmt: skip
+    """Return the rotary inverse frequencies ``[head_dim / 2]`` (float32) and the factor cos/sin
+    are scaled by, as transformers' ROPE_INIT_FUNCTIONS compute them (modeling_rope_utils.py:
+    the default, ``linear`` and ``yarn``), in float32 as torch does."""
+    steps = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    powers = np.float32(theta) ** steps
+    inv_freq = np.float32(1.0) / powers
+    if scaling.rope_type == "default":
+        return inv_freq, 1.0
+    factor = np.float32(scaling.factor)
+    if scaling.rope_type == "linear":
+        return (inv_freq / factor).astype(np.float32), 1.0
+    if scaling.rope_type != "yarn":
+        raise ValueError(f"rope_type {scaling.rope_type!r} (default, linear and yarn are served)")
+
+    def correction(rotations: float) -> float:  # the dimension that turns ``rotations`` times
+        turns = math.log(scaling.original_max_position / (rotations * 2 * math.pi))
+        return head_dim * turns / (2 * math.log(theta))
+
+    low, high = correction(scaling.beta_fast), correction(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - np.float32(low))
+                   / np.float32(high - low), 0, 1).astype(np.float32)  # fmt: skip
+    keep = np.float32(1.0) - ramp  # 1: the frequency as trained (extrapolated), 0: interpolated
+    interpolated = np.float32(1.0) / (factor * powers)
+    mixed = interpolated * (np.float32(1.0) - keep) + inv_freq * keep
+    return mixed.astype(np.float32), float(scaling.attention_factor)
 
 
 def window_bias(seq: tf.Tensor, half: int) -> tf.Tensor:

@@ -20,8 +20,10 @@ from export.architectures import (
     deberta_v2,
     distilbert,
     electra,
+    gte,
     modernbert,
     mpnet,
+    nomic_bert,
     roberta,
 )
 from export.architectures.base import SUPPORTED_ACTIVATIONS, Architecture
@@ -33,10 +35,10 @@ __all__ = ["SUPPORTED_ACTIVATIONS", "Architecture", "architecture", "architectur
            "config_from", "supported", "tensor_names"]  # fmt: skip
 
 # the table: BERT first, then the order docs/reference/supported-models.md lists them in
+_MODULES = (bert, roberta, distilbert, electra, albert, mpnet, deberta_v2, modernbert, nomic_bert,
+            gte)  # fmt: skip
 _TABLE: dict[str, Architecture] = {
-    arch.model_type: arch
-    for module in (bert, roberta, distilbert, electra, albert, mpnet, deberta_v2, modernbert)
-    for arch in module.ARCHITECTURES
+    arch.model_type: arch for module in _MODULES for arch in module.ARCHITECTURES
 }
 
 

@@ -4,14 +4,18 @@ table)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from export.config import BertConfig
+from export.config import BertConfig, RopeScaling
 from export.names import TensorName
 
-SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh")
+SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh", "silu", "swish")
+# the rotary scalings export computes (export/layers.py rope_frequencies); transformers' others
+# (dynamic, longrope, llama3, ...) are refused by name
+ROPE_TYPES = ("default", "linear", "yarn")
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,10 @@ class Architecture:
     # "standard", "relative_bias" (MPNet), "disentangled" (DeBERTa-v2), "rotary" (ModernBERT)
     attention: str = "standard"
     norm: str = "post"  # "post" (BERT) or "pre" (ModernBERT: norm before each block)
-    feed_forward: str = "mlp"  # "mlp" (dense, activation, dense) or "glu" (GeGLU)
+    # "mlp" (dense, activation, dense); gated: "glu" (one dense, the activation on its first half:
+    # ModernBERT), "glu_up_first" (one dense, the activation on its second half: GTE),
+    # "gated" (a ``gate`` dense of its own under the activation, times ``intermediate``: NomicBERT)
+    feed_forward: str = "mlp"
     head_norm: bool = False  # the classification head's dense is followed by a layer norm
     tag_head_dense: bool = False  # the token classifier reads the head's dense (+ norm) first
     mask_embeddings: bool = False  # padded positions' embeddings are zeroed (DeBERTa)
@@ -163,3 +170,49 @@ def absolute_positions_only(data: Mapping[str, Any]) -> None:
     kind = data.get("position_embedding_type", "absolute")
     if kind not in (None, "absolute"):
         raise ValueError(f"only absolute position embeddings are supported, not {kind!r}")
+
+
+def rope_parameters(data: Mapping[str, Any], default_theta: float) -> tuple[float, RopeScaling]:
+    """Return the rotary base and scaling of a config.json with one rotary for every layer
+    (``rope_parameters``, or the older ``rope_scaling`` + ``rope_theta``), as transformers'
+    standardize_rope_params reads them; ValueError naming a rope type export does not compute."""
+    params = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta") or data.get("rope_theta") or default_theta)
+    max_position = int(data.get("max_position_embeddings") or 0)
+    return theta, rope_scaling(params, max_position)
+
+
+def rope_scaling(params: Mapping[str, Any], max_position: int) -> RopeScaling:
+    """Return the ``RopeScaling`` of one rope_parameters entry (``rope_type`` default, linear or
+    yarn, transformers' defaults filled in); ValueError naming any other type, or a rotary over
+    part of each head."""
+    kind = str(params.get("rope_type") or params.get("type") or "default")
+    if kind not in ROPE_TYPES:
+        raise ValueError(
+            f"rope_type {kind!r} is not supported (export computes {', '.join(ROPE_TYPES)})"
+        )
+    partial = float(params.get("partial_rotary_factor") or 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor {partial} (only a rotary over the whole head)")
+    if kind == "default":
+        return RopeScaling()
+    if kind == "linear":
+        return RopeScaling("linear", factor=float(params["factor"]))
+    original = int(params.get("original_max_position_embeddings") or max_position)
+    factor = float(params.get("factor") or max_position / original)
+    attention = params.get("attention_factor")
+    if attention is None:  # yarn's mscale: 0.1 ln(factor) + 1, or a ratio of two of them
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention = _mscale(factor, float(mscale)) / _mscale(factor, float(mscale_all_dim))
+        else:
+            attention = _mscale(factor)
+    return RopeScaling("yarn", factor=factor, original_max_position=original,
+                       beta_fast=float(params.get("beta_fast") or 32),
+                       beta_slow=float(params.get("beta_slow") or 1),
+                       attention_factor=float(attention),
+                       truncate=bool(params.get("truncate", True)))  # fmt: skip
+
+
+def _mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0

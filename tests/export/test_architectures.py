@@ -36,7 +36,8 @@ SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
 TOKENIZERS = {"bert": "wordpiece", "distilbert": "wordpiece", "electra": "wordpiece",
               "mpnet": "wordpiece", "roberta": "bpe", "modernbert": "bpe",
               "camembert": "unigram", "xlm-roberta": "unigram", "albert": "unigram-cls",
-              "deberta-v3": "unigram-cls", "deberta-v2": "unigram-cls"}  # fmt: skip
+              "deberta-v3": "unigram-cls", "deberta-v2": "unigram-cls",
+              "nomic_bert": "wordpiece", "gte": "unigram"}  # fmt: skip
 
 # the parity matrix's architectures: a name → transformers config keywords (tiny, and set to
 # reach each architecture's differences: a short sliding window, log buckets inside the input)
@@ -63,6 +64,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
                    "eos_token_id": 2, "cls_token_id": 0, "sep_token_id": 2,
                    "local_attention": 4, "global_attn_every_n_layers": 2,
                    "num_hidden_layers": 3, "classifier_pooling": "mean"},
+    # nomic-embed-text: BERT's token types, SwiGLU; gte-multilingual-base: XLM-R's pad and one type
+    "nomic_bert": {"model_type": "nomic_bert"},
+    "gte": {"model_type": "gte", "pad_token_id": 1, "type_vocab_size": 1},
 }  # fmt: skip
 TAGS = ["O", "B-ORDER", "I-ORDER", "B-EMAIL", "I-EMAIL"]
 # a head → (transformers auto class, config keywords)
