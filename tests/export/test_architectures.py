@@ -134,15 +134,19 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str]
 
 def _inputs(arch: str) -> dict[str, np.ndarray]:
     """Return a padded batch of sentence pairs: ids avoid the specials and the pad id."""
-    config = _config(arch, "embed")
+    return _batch(_config(arch, "embed"), LENGTHS)
+
+
+def _batch(config: Any, lengths: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Return a padded batch of sentence pairs of ``lengths`` for a transformers ``config``."""
     pad = int(getattr(config, "pad_token_id", 0) or 0)
     rng = np.random.default_rng(11)
-    seq = max(LENGTHS)
-    ids = rng.integers(5, config.vocab_size, size=(len(LENGTHS), seq)).astype(np.int32)
+    seq = max(lengths)
+    ids = rng.integers(5, config.vocab_size, size=(len(lengths), seq)).astype(np.int32)
     mask = np.zeros_like(ids)
     types = np.zeros_like(ids)
     has_types = int(getattr(config, "type_vocab_size", 0) or 0) >= 2
-    for row, length in enumerate(LENGTHS):
+    for row, length in enumerate(lengths):
         mask[row, :length] = 1
         ids[row, length:] = pad
         if has_types:  # segment B: the second half of the real tokens
@@ -246,6 +250,64 @@ def test_embeddings_match_transformers(
     got = _ours_of(path, "embed", arch, pooling)["embedding"]
     assert _cosine(got, expected).min() >= 0.99999
     np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+# rotary scalings (transformers' rope_parameters) and lengths past the original 512, on base models
+# beside the matrix: a variant -> (architecture, tokenizer kind, config keywords, row lengths)
+ROPE_VARIANTS: dict[str, tuple[str, str, dict[str, Any], tuple[int, ...]]] = {
+    "nomic_bert-2048": ("nomic_bert", "wordpiece", {"max_position_embeddings": 2048},
+                        (2048, 300)),
+    "nomic_bert-linear": ("nomic_bert", "wordpiece",
+                          {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                               "rope_theta": 1000.0}}, LENGTHS),
+    # gte-base-en-v1.5's shape: WordPiece, no token types
+    "gte-en-yarn-2048": ("gte", "wordpiece",
+                         {"type_vocab_size": 0, "pad_token_id": 0,
+                          "max_position_embeddings": 2048,
+                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 512,
+                                              "rope_theta": 160_000.0}}, (2048, 9)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(ROPE_VARIANTS))
+def test_rotary_scalings_and_long_inputs_match_transformers(variant: str, tmp_path: Path) -> None:
+    from export.checkpoint import read_checkpoint
+
+    arch, kind, keywords, lengths = ROPE_VARIANTS[variant]
+    rows = _tokenizer(arch, kind).get_vocab_size(with_added_tokens=True)
+    values = {**SIZE, "vocab_size": rows, **ARCHITECTURES[arch], **keywords}
+    model_type = values.pop("model_type")
+    torch.manual_seed(list(ROPE_VARIANTS).index(variant))
+    config = transformers.AutoConfig.for_model(model_type, **values)
+    transformers.AutoModel.from_config(config).eval().save_pretrained(tmp_path)
+    write_tokenizer(tmp_path, kind, trained=_tokenizer(arch, kind))
+    rope = keywords.get("rope_parameters", {}).get("rope_type", "default")
+    assert read_checkpoint(tmp_path).config.rope_scaling.rope_type == rope
+    feeds = _batch(config, lengths)
+    expected = _mean(_torch(tmp_path, "embed", feeds), feeds["attention_mask"])
+    got = _ours(tmp_path, "embed", feeds)["embedding"]
+    assert _cosine(got, expected).min() >= 0.99999
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("arch", "rope"),
+    [("nomic_bert", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}),
+     # gte-base-en-v1.5's own config (remote code's NTK, which transformers has no type for)
+     ("gte", {"rope_scaling": {"type": "ntk", "factor": 2.0}, "rope_theta": 500_000.0})],
+)  # fmt: skip
+def test_a_rope_type_export_does_not_compute_is_refused_by_name(
+    arch: str, rope: dict[str, Any], tmp_path: Path
+) -> None:
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    kind = next(iter(rope.values()))
+    named = kind.get("rope_type") or kind.get("type")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": arch, **SIZE, **rope}))
+    with pytest.raises(ExportError, match=rf"rope_type '{named}' is not supported"):
+        read_checkpoint(tmp_path)
 
 
 def test_the_matrix_covers_every_registered_architecture() -> None:
