@@ -25,7 +25,42 @@ from export.names import TensorName
 DEFAULT_THETA = 1000.0  # NomicBertConfig.default_theta
 
 
+# nomic's own config.json (its remote code's, which nomic-embed-text's repos ship) names the numbers
+# GPT-2's way; transformers' NomicBertConfig ignores these keys and takes its defaults, which are
+# nomic-embed-text-v1.5's numbers, so reading them gives the same model on those checkpoints
+NOMIC_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+              "num_attention_heads": "n_head", "intermediate_size": "n_inner",
+              "max_position_embeddings": "n_positions", "layer_norm_eps": "layer_norm_epsilon",
+              "rope_theta": "rotary_emb_base"}  # fmt: skip
+# what nomic's remote code can do that this graph does not: refused by name
+NOMIC_REFUSED = {"prenorm": False, "qkv_proj_bias": False, "mlp_fc1_bias": False,
+                 "mlp_fc2_bias": False, "use_rms_norm": False, "rotary_emb_interleaved": False,
+                 "parallel_block": False, "rotary_emb_fraction": 1.0}  # fmt: skip
+
+
+def _transformers_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``data`` with nomic's own keys read as transformers' (theirs win where both are);
+    ValueError for what nomic's code does that export does not."""
+    out = dict(data)
+    for ours, theirs in NOMIC_KEYS.items():
+        if out.get(ours) is None and data.get(theirs) is not None:
+            out[ours] = data[theirs]
+    for key, served in NOMIC_REFUSED.items():
+        if data.get(key, served) not in (served, None):
+            raise ValueError(f"{key} {data[key]!r} (export serves nomic's {key} {served!r})")
+    act = data.get("activation_function")
+    if act is not None and "hidden_act" not in data:
+        if act != "swiglu":
+            raise ValueError(f"activation_function {act!r} (export serves swiglu)")
+        out["hidden_act"] = "silu"
+    if data.get("rotary_scaling_factor") is not None:  # the remote code's dynamic NTK scaling
+        out["rope_parameters"] = {"rope_type": "dynamic",
+                                  "factor": data["rotary_scaling_factor"]}  # fmt: skip
+    return out
+
+
 def read_config(data: Mapping[str, Any]) -> BertConfig:
+    data = _transformers_keys(data)
     theta, scaling = rope_parameters(data, DEFAULT_THETA)
     head_dim = data.get("head_dim")
     heads, hidden = int(data["num_attention_heads"]), int(data["hidden_size"])

@@ -310,6 +310,36 @@ def test_a_rope_type_export_does_not_compute_is_refused_by_name(
         read_checkpoint(tmp_path)
 
 
+def test_nomic_s_own_config_keys_read_as_the_transformers_ones(
+    checkpoints: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    """nomic-embed-text's config.json (n_embd, rotary_emb_base, activation_function "swiglu",
+    ...) reads as the same encoder; what nomic's code does beyond this graph is refused by name."""
+    import shutil
+
+    from export.architectures.nomic_bert import NOMIC_KEYS
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    saved = checkpoints("nomic_bert", "embed")
+    path = tmp_path / "nomic-own-keys"
+    shutil.copytree(saved, path)
+    data = json.loads((saved / "config.json").read_text())
+    data["rope_theta"] = data.pop("rope_parameters")["rope_theta"]
+    own = {NOMIC_KEYS.get(k, k): v for k, v in data.items() if k != "hidden_act"}
+    own.update(activation_function="swiglu", prenorm=False, qkv_proj_bias=False,
+               rotary_emb_fraction=1.0, rotary_scaling_factor=None)  # fmt: skip
+    assert "n_embd" in own and "hidden_size" not in own
+    (path / "config.json").write_text(json.dumps(own))
+    assert read_checkpoint(path).config == read_checkpoint(saved).config
+    for change, message in (({"rotary_scaling_factor": 2.0}, r"rope_type 'dynamic'"),
+                            ({"prenorm": True}, r"prenorm True"),
+                            ({"activation_function": "gelu"}, r"activation_function 'gelu'")):
+        (path / "config.json").write_text(json.dumps({**own, **change}))
+        with pytest.raises(ExportError, match=message):
+            read_checkpoint(path)
+
+
 def test_the_matrix_covers_every_registered_architecture() -> None:
     tested = {ARCHITECTURES[name]["model_type"] for name in ARCHITECTURES}
     assert tested == set(architectures())
