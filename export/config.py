@@ -18,7 +18,8 @@ class Rope:
     kind): ``rope_type`` default, linear (positions divided by ``factor``) or yarn (the
     frequencies blended between interpolated and extrapolated over a ramp set by
     ``beta_fast``/``beta_slow`` at ``original_max_position``, and cos/sin scaled by the attention
-    factor). export/layers.py's ``rope_frequencies`` turns them into the rotary tables."""
+    factor). export/architectures/base.py's ``rope`` reads them from config.json,
+    export/layers.py's ``rope_frequencies`` turns them into the rotary tables."""
 
     theta: float
     rope_type: str = "default"
@@ -67,7 +68,8 @@ class BertConfig:
     # ModernBERT: sliding-window attention on the "sliding" layers
     layer_types: tuple[str, ...] = ()  # "full" / "sliding", one per layer
     local_attention: int = 0  # the sliding window's total width (a token sees ± half of it)
-    # rotary positions (ModernBERT, jina-embeddings-v3): of the "full" layers and the "sliding"
+    # rotary positions (ModernBERT, NomicBERT, GTE, jina-embeddings-v3): of the "full" layers
+    # (every layer where none slides) and the "sliding" ones
     rope_full: Rope = Rope(160_000.0)
     rope_sliding: Rope = Rope(10_000.0)
     bias: bool = True  # dense layers have biases (ModernBERT's have none)

@@ -92,6 +92,8 @@ def activation(name: str, x: tf.Tensor) -> tf.Tensor:
         return tf.nn.relu(x)
     if name == "tanh":
         return tf.tanh(x)
+    if name in ("silu", "swish"):  # NomicBERT's SwiGLU gate
+        return tf.nn.silu(x)
     # "gelu" in HF/Google configs is the exact erf form; the *_tanh/_new names are the approximation
     return tf.nn.gelu(x, approximate=name != "gelu")
 
@@ -110,8 +112,9 @@ def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.
 Positions = Mapping[str, Any]
 
 # the projections only some architectures have: ModernBERT's fused QKV, DeBERTa's own position
-# projections (when it does not share the content ones)
-_EXTRA_PARTS = ("qkv", "pos_key", "pos_query")
+# projections (when it does not share the content ones), NomicBERT's separate gate of a gated
+# feed-forward
+_EXTRA_PARTS = ("qkv", "pos_key", "pos_query", "gate")
 
 
 class Layer(tf.Module):
@@ -148,7 +151,7 @@ class Layer(tf.Module):
         self.hidden_dropout = config.hidden_dropout
         self.attention_dropout = config.attention_dropout
         self.pre_norm = architecture is not None and architecture.norm == "pre"
-        self.glu = architecture is not None and architecture.feed_forward == "glu"
+        self.feed_forward = "mlp" if architecture is None else architecture.feed_forward
         self.variant = "standard" if architecture is None else architecture.attention
         self.sliding = bool(config.layer_types) and config.layer_types[index] == "sliding"
         self.att_types = config.pos_att_type
@@ -253,9 +256,14 @@ class Layer(tf.Module):
         return dropout(self.attention_out(context), self.hidden_dropout, dropout_seed, 2)
 
     def _feed_forward(self, x: tf.Tensor, dropout_seed: tf.Tensor | None) -> tf.Tensor:
-        if self.glu:  # GeGLU: act(first half) * second half
+        if self.feed_forward == "glu":  # ModernBERT's GeGLU: act(first half) * second half
             inner, gate = tf.split(self.intermediate(x), 2, axis=-1)
             hidden = activation(self.act, inner) * gate
+        elif self.feed_forward == "glu_up_first":  # GTE's up_gate_proj: up, then the gate
+            up, gate = tf.split(self.intermediate(x), 2, axis=-1)
+            hidden = activation(self.act, gate) * up
+        elif self.feed_forward == "gated":  # a gate of its own (NomicBERT): act(gate(x)) * up(x)
+            hidden = activation(self.act, self.parts["gate"](x)) * self.intermediate(x)
         else:
             hidden = activation(self.act, self.intermediate(x))
         return dropout(self.output(hidden), self.hidden_dropout, dropout_seed, 3)

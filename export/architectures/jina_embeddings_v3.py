@@ -34,12 +34,7 @@ def read_config(data: Mapping[str, Any]) -> BertConfig:
                     layer_norm_eps=float(data.get("layer_norm_eps", 1e-5)))  # fmt: skip
     if data.get("head_dim") not in (None, values["hidden_size"] // values["num_heads"]):
         raise ValueError(f"head_dim {data['head_dim']} (only hidden_size / heads)")
-    original = data.get("original_max_position_embeddings")
-    # rope_parameters, or the older top-level rope_theta / rope_scaling transformers folds into it
-    params = {"rope_theta": data.get("rope_theta"), **(data.get("rope_scaling") or {}),
-              **(data.get("rope_parameters") or {})}  # fmt: skip
-    positions = rope(params, default_theta=DEFAULT_THETA, max_position=values["max_position"],
-                     original_max_position=None if original is None else int(original))  # fmt: skip
+    positions = rope(data, default_theta=DEFAULT_THETA, max_position=values["max_position"])
     return BertConfig(**values, rope_full=positions)
 
 

@@ -36,15 +36,15 @@ def _layer_types(data: Mapping[str, Any], layers: int) -> tuple[str, ...]:
 
 
 def _rope(data: Mapping[str, Any], kind: str) -> Rope:
-    """Return the rotary parameters of ``kind``'s layers: ``rope_parameters[<kind>_attention]``
-    (a legacy ``rope_scaling`` applies to both kinds, as transformers' config reads it)."""
-    nested = data.get("rope_parameters") or {}
-    params = {**(nested.get(f"{kind}_attention") or {}), **(data.get("rope_scaling") or {})}
+    """Return the rotary parameters of ``kind``'s layers (base.rope's nested reading), the
+    legacy ``global_rope_theta`` / ``local_rope_theta`` before the default base."""
     legacy = data.get("global_rope_theta" if kind == "full" else "local_rope_theta")
-    # yarn's truncate is read from the outer dict (transformers' _compute_yarn_parameters)
-    return rope(params, default_theta=float(legacy or DEFAULT_THETA[kind]),
-                max_position=int(data.get("max_position_embeddings", 8192)),
-                truncate=bool(nested.get("truncate", True)))  # fmt: skip
+    return rope(
+        data,
+        default_theta=float(legacy or DEFAULT_THETA[kind]),
+        max_position=int(data.get("max_position_embeddings", 8192)),
+        kind=kind,
+    )
 
 
 def read_config(data: Mapping[str, Any]) -> BertConfig:

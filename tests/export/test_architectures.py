@@ -37,7 +37,8 @@ TOKENIZERS = {"bert": "wordpiece", "distilbert": "wordpiece", "electra": "wordpi
               "mpnet": "wordpiece", "roberta": "bpe", "modernbert": "bpe",
               "camembert": "unigram", "xlm-roberta": "unigram", "albert": "unigram-cls",
               "deberta-v3": "unigram-cls", "deberta-v2": "unigram-cls",
-              "jina_embeddings_v3": "unigram"}  # fmt: skip
+              "jina_embeddings_v3": "unigram", "nomic_bert": "wordpiece",
+              "gte": "unigram"}  # fmt: skip
 
 # the parity matrix's architectures: a name → transformers config keywords (tiny, and set to
 # reach each architecture's differences: a short sliding window, log buckets inside the input)
@@ -67,11 +68,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # XLM-R with rotary positions: no table, so the config's length is the rotary's (LONG's 2,048)
     "jina_embeddings_v3": {"model_type": "jina_embeddings_v3", "pad_token_id": 1,
                            "type_vocab_size": 1, "max_position_embeddings": 2048},
+    # nomic-embed-text: BERT's token types, SwiGLU; gte-multilingual-base: XLM-R's pad and one type
+    "nomic_bert": {"model_type": "nomic_bert"},
+    "gte": {"model_type": "gte", "pad_token_id": 1, "type_vocab_size": 1},
 }  # fmt: skip
 # each row's seed is its place here: the first eleven rows sorted, later rows after them, so a
 # new row changes no other row's weights (the gateway matrix and finetune save these too)
 SEED_ORDER = ("albert", "bert", "camembert", "deberta-v2", "deberta-v3", "distilbert", "electra",
-              "modernbert", "mpnet", "roberta", "xlm-roberta", "jina_embeddings_v3")  # fmt: skip
+              "modernbert", "mpnet", "roberta", "xlm-roberta", "jina_embeddings_v3", "nomic_bert",
+              "gte")  # fmt: skip
 TAGS = ["O", "B-ORDER", "I-ORDER", "B-EMAIL", "I-EMAIL"]
 # a head → (transformers auto class, config keywords)
 HEADS: dict[str, tuple[Any, dict[str, Any]]] = {
@@ -143,15 +148,19 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str]
 
 def _inputs(arch: str) -> dict[str, np.ndarray]:
     """Return a padded batch of sentence pairs: ids avoid the specials and the pad id."""
-    config = _config(arch, "embed")
+    return _batch(_config(arch, "embed"), LENGTHS)
+
+
+def _batch(config: Any, lengths: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Return a padded batch of sentence pairs of ``lengths`` for a transformers ``config``."""
     pad = int(getattr(config, "pad_token_id", 0) or 0)
     rng = np.random.default_rng(11)
-    seq = max(LENGTHS)
-    ids = rng.integers(5, config.vocab_size, size=(len(LENGTHS), seq)).astype(np.int32)
+    seq = max(lengths)
+    ids = rng.integers(5, config.vocab_size, size=(len(lengths), seq)).astype(np.int32)
     mask = np.zeros_like(ids)
     types = np.zeros_like(ids)
     has_types = int(getattr(config, "type_vocab_size", 0) or 0) >= 2
-    for row, length in enumerate(LENGTHS):
+    for row, length in enumerate(lengths):
         mask[row, :length] = 1
         ids[row, length:] = pad
         if has_types:  # segment B: the second half of the real tokens
@@ -258,30 +267,42 @@ def test_embeddings_match_transformers(
 
 
 # rotary positions past BERT's 512 and the scaled ropes (ModernBERT's linear and yarn, as mmBERT's
-# long variants say them; jina-embeddings-v3's one rope_parameters takes them too): a variant →
-# (its row, config keywords over the row's, the input's length). Yarn's ramp is set at
-# original_max_position_embeddings, the input runs past it.
+# long variants say them; the one rope_parameters of NomicBERT, GTE and jina-embeddings-v3 takes
+# them too): a variant → (its row, a tokenizer kind (None: the row's), config keywords over the
+# row's, the batch's row lengths). Yarn's ramp is set at original_max_position_embeddings, the
+# input runs past it.
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
-LONG: dict[str, tuple[str, dict[str, Any], int]] = {
-    "jina_embeddings_v3": ("jina_embeddings_v3", {}, 2048),
-    "jina_embeddings_v3-yarn": ("jina_embeddings_v3",
-                                {"rope_parameters": {**_YARN, "rope_theta": 20_000.0}}, 1024),
-    "modernbert-linear": ("modernbert", {"max_position_embeddings": 1024, "rope_parameters": {
+LONG: dict[str, tuple[str, str | None, dict[str, Any], tuple[int, ...]]] = {
+    "jina_embeddings_v3": ("jina_embeddings_v3", None, {}, (2048, 1027)),
+    "jina_embeddings_v3-yarn": ("jina_embeddings_v3", None,
+                                {"rope_parameters": {**_YARN, "rope_theta": 20_000.0}},
+                                (1024, 515)),
+    "modernbert-linear": ("modernbert", None, {"max_position_embeddings": 1024, "rope_parameters": {
         kind: {"rope_type": "linear", "factor": 4.0, "rope_theta": theta}
         for kind, theta in (("full_attention", 160_000.0), ("sliding_attention", 10_000.0))}},
-        1024),
-    "modernbert-yarn": ("modernbert", {"max_position_embeddings": 1024, "rope_parameters": {
+        (1024, 515)),
+    "modernbert-yarn": ("modernbert", None, {"max_position_embeddings": 1024, "rope_parameters": {
         kind: {**_YARN, "rope_theta": theta}
         for kind, theta in (("full_attention", 160_000.0), ("sliding_attention", 10_000.0))}},
-        1024),
+        (1024, 515)),
+    "nomic_bert": ("nomic_bert", None, {"max_position_embeddings": 2048}, (2048, 300)),
+    "nomic_bert-linear": ("nomic_bert", None,
+                          {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                               "rope_theta": 1000.0}}, LENGTHS),
+    # gte-base-en-v1.5's shape: WordPiece, no token types
+    "gte-en-yarn": ("gte", "wordpiece",
+                    {"type_vocab_size": 0, "pad_token_id": 0, "max_position_embeddings": 2048,
+                     "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                         "original_max_position_embeddings": 512,
+                                         "rope_theta": 160_000.0}}, (2048, 9)),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", list(LONG))
 def test_long_inputs_and_scaled_ropes_match_transformers(variant: str, tmp_path: Path) -> None:
-    """The last hidden states of a padded batch at the variant's length (rows of L and L/2 + 3
-    tokens) within 1e-4 of transformers; a scaled rope moves them (read as the default, they
-    would not match)."""
+    """The last hidden states of a padded batch of the variant's row lengths within 1e-4 of
+    transformers at every real token; a scaled rope moves them (read as the default, they would
+    not match)."""
     import dataclasses
 
     import tensorflow as tf
@@ -290,17 +311,12 @@ def test_long_inputs_and_scaled_ropes_match_transformers(variant: str, tmp_path:
     from export.config import Rope
     from export.model import EncoderModule
 
-    arch, extra, length = LONG[variant]
-    path = save_checkpoint(arch, "embed", tmp_path, extra=extra, name=variant)
-    config = _config(arch, "embed", extra=extra)
-    rng = np.random.default_rng(5)
-    ids = rng.integers(5, config.vocab_size, size=(2, length)).astype(np.int32)
-    mask = np.ones_like(ids)
-    ids[1, length // 2 + 3 :], mask[1, length // 2 + 3 :] = config.pad_token_id, 0
-    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    arch, kind, extra, lengths = LONG[variant]
+    path = save_checkpoint(arch, "embed", tmp_path, kind, extra=extra, name=variant)
+    feeds = _batch(_config(arch, "embed", kind, extra), lengths)
     expected = _torch(path, "embed", feeds)
     ckpt = read_checkpoint(path)
-    real = mask.astype(bool)
+    real = feeds["attention_mask"].astype(bool)
 
     def last_hidden(encoder_config: Any) -> np.ndarray:
         module = EncoderModule(encoder_config, ckpt.weights, task="embed")
@@ -318,6 +334,15 @@ def test_long_inputs_and_scaled_ropes_match_transformers(variant: str, tmp_path:
         assert np.abs(last_hidden(unscaled)[real] - expected[real]).max() > 1e-2
 
 
+# the rotary architectures → each layer kind's rope_parameters key (None: one for every layer)
+# and its base
+ROPE_KINDS: dict[str, dict[str | None, float]] = {
+    "modernbert": {"full_attention": 160_000.0, "sliding_attention": 10_000.0},
+    "nomic_bert": {None: 1000.0}, "gte": {None: 160_000.0}, "jina_embeddings_v3": {None: 20_000.0},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", list(ROPE_KINDS))
 @pytest.mark.parametrize(
     "params",
     [{"rope_type": "default"}, {"rope_type": "linear", "factor": 2.5},
@@ -327,41 +352,87 @@ def test_long_inputs_and_scaled_ropes_match_transformers(variant: str, tmp_path:
      {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.25}],
     ids=["default", "linear", "yarn", "yarn-untruncated", "yarn-mscale", "yarn-attention"],
 )  # fmt: skip
-def test_rope_tables_are_transformers_own(params: dict[str, Any]) -> None:
-    """The inverse frequencies and cos/sin scale every rotary architecture's tables come from
-    (export/layers.py's rope_frequencies) equal transformers' ROPE_INIT_FUNCTIONS'."""
+def test_rope_tables_are_transformers_own(params: dict[str, Any], arch: str) -> None:
+    """The inverse frequencies and cos/sin scale of every rotary architecture's every layer kind,
+    read from its config.json (export/architectures/base.py's rope) and computed by
+    export/layers.py's rope_frequencies, equal transformers' ROPE_INIT_FUNCTIONS'."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from export.architectures import config_from
     from export.layers import rope_frequencies
 
-    values = {**SIZE, "hidden_size": 64, "max_position_embeddings": 2048,
-              "rope_parameters": {**params, "rope_theta": 20_000.0}}  # fmt: skip
-    config = transformers.JinaEmbeddingsV3Config(**values)
-    ours = config_from({**config.to_dict(), "model_type": "jina_embeddings_v3"}, "config.json")
-    inv_freq, scale = rope_frequencies(ours.rope_full, 16)
-    if params["rope_type"] == "default":
-        expected, expected_scale = config.rope_parameters["rope_theta"], 1.0
-        expected = 1.0 / expected ** (np.arange(0, 16, 2, dtype=np.float32) / 16)
-    else:
-        table, expected_scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](config)
-        expected = table.numpy()
-    np.testing.assert_allclose(inv_freq, expected, rtol=1e-6)
-    assert scale == pytest.approx(expected_scale, rel=1e-12)
+    kinds = ROPE_KINDS[arch]
+    given = {kind: {**params, "rope_theta": theta} for kind, theta in kinds.items()}
+    values = {**SIZE, **ARCHITECTURES[arch], "hidden_size": 64, "max_position_embeddings": 2048,
+              "rope_parameters": given.get(None, given)}  # fmt: skip
+    model_type = values.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **values)
+    ours = config_from({**config.to_dict(), "model_type": model_type}, "config.json")
+    for kind, theta in kinds.items():
+        rope = ours.rope_sliding if kind == "sliding_attention" else ours.rope_full
+        inv_freq, scale = rope_frequencies(rope, 16)
+        if params["rope_type"] == "default":
+            expected = 1.0 / theta ** (np.arange(0, 16, 2, dtype=np.float32) / 16)
+            expected_scale = 1.0
+        else:
+            compute = ROPE_INIT_FUNCTIONS[params["rope_type"]]
+            table, expected_scale = compute(config, layer_type=kind)
+            expected = table.numpy()
+        np.testing.assert_allclose(inv_freq, expected, rtol=1e-6, err_msg=str(kind))
+        assert scale == pytest.approx(expected_scale, rel=1e-12)
 
 
-def test_other_rope_types_are_refused_naming_the_type(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("arch", "rope", "named"),
+    [("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "dynamic",
+                                                            "factor": 2.0}}}, "dynamic"),
+     ("nomic_bert", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "dynamic"),
+     # gte-base-en-v1.5's own config (remote code's NTK, which transformers has no type for)
+     ("gte", {"rope_scaling": {"type": "ntk", "factor": 2.0}, "rope_theta": 500_000.0}, "ntk"),
+     ("jina_embeddings_v3", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
+      "llama3")],
+)  # fmt: skip
+def test_other_rope_types_are_refused_naming_the_type(
+    arch: str, rope: dict[str, Any], named: str, tmp_path: Path
+) -> None:
     from export.checkpoint import read_checkpoint
     from export.errors import ExportError
 
-    config = {
-        **SIZE,
-        "model_type": "modernbert",
-        "rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2.0}},
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ExportError, match=r"rope_type 'dynamic'.*default, linear, yarn"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": arch, **SIZE, **rope}))
+    with pytest.raises(ExportError, match=rf"rope_type '{named}'.*default, linear, yarn"):
         read_checkpoint(tmp_path)
+
+
+def test_nomic_s_own_config_keys_read_as_the_transformers_ones(
+    checkpoints: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    """nomic-embed-text's config.json (n_embd, rotary_emb_base, activation_function "swiglu",
+    ...) reads as the same encoder; what nomic's code does beyond this graph is refused by name."""
+    import shutil
+
+    from export.architectures.nomic_bert import NOMIC_KEYS
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    saved = checkpoints("nomic_bert", "embed")
+    path = tmp_path / "nomic-own-keys"
+    shutil.copytree(saved, path)
+    data = json.loads((saved / "config.json").read_text())
+    data["rope_theta"] = data.pop("rope_parameters")["rope_theta"]
+    own = {NOMIC_KEYS.get(k, k): v for k, v in data.items() if k != "hidden_act"}
+    own.update(activation_function="swiglu", prenorm=False, qkv_proj_bias=False,
+               rotary_emb_fraction=1.0, rotary_scaling_factor=None)  # fmt: skip
+    assert "n_embd" in own and "hidden_size" not in own
+    (path / "config.json").write_text(json.dumps(own))
+    assert read_checkpoint(path).config == read_checkpoint(saved).config
+    for change, message in (
+        ({"rotary_scaling_factor": 2.0}, r"rope_type 'dynamic'"),
+        ({"prenorm": True}, r"prenorm True"),
+        ({"activation_function": "gelu"}, r"activation_function 'gelu'"),
+    ):
+        (path / "config.json").write_text(json.dumps({**own, **change}))
+        with pytest.raises(ExportError, match=message):
+            read_checkpoint(path)
 
 
 def test_the_matrix_covers_every_registered_architecture() -> None:
