@@ -93,6 +93,14 @@ ARCHS = (
          {"model_type": "modernbert", "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3,
           "cls_token_id": 2, "sep_token_id": 3, "global_attn_every_n_layers": 3,
           "local_attention": 128, "max_position_embeddings": 8192}),
+    Arch("nomic_bert", "NomicBERT (SwiGLU, rotary)",
+         {"model_type": "nomic_bert", "max_position_embeddings": 8192}),
+    Arch("gte", "GTE (gated GELU, rotary)",
+         {"model_type": "gte", "pad_token_id": 0, "type_vocab_size": 0,
+          "max_position_embeddings": 8192}),
+    Arch("jina_embeddings_v3", "jina-embeddings-v3 (XLM-R, rotary; base model)",
+         {"model_type": "jina_embeddings_v3", "pad_token_id": 1, "type_vocab_size": 1,
+          "max_position_embeddings": 8194}),
 )  # fmt: skip
 
 

@@ -9,6 +9,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ROPE_TYPES = ("default", "linear", "yarn")  # what export computes (transformers' rope_type)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary positions as transformers' ``rope_parameters`` say them (one set per attention
+    kind): ``rope_type`` default, linear (positions divided by ``factor``) or yarn (the
+    frequencies blended between interpolated and extrapolated over a ramp set by
+    ``beta_fast``/``beta_slow`` at ``original_max_position``, and cos/sin scaled by the attention
+    factor). export/architectures/base.py's ``rope`` reads them from config.json,
+    export/layers.py's ``rope_frequencies`` turns them into the rotary tables."""
+
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position: int = 0  # yarn: the pretraining length the ramp is computed at
+    attention_factor: float | None = None  # yarn: None = from factor (and mscale, mscale_all_dim)
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # yarn: the correction range rounded outward to whole dimensions
+
 
 @dataclass(frozen=True)
 class BertConfig:
@@ -42,11 +65,13 @@ class BertConfig:
     position_biased_input: bool = True
     norm_rel_ebd: bool = False
     relative_attention: bool = False  # c2p/p2c scores over relative embeddings
-    # ModernBERT: rotary embeddings per layer, sliding-window attention on the "sliding" layers
+    # ModernBERT: sliding-window attention on the "sliding" layers
     layer_types: tuple[str, ...] = ()  # "full" / "sliding", one per layer
     local_attention: int = 0  # the sliding window's total width (a token sees ± half of it)
-    rope_theta_full: float = 160_000.0
-    rope_theta_sliding: float = 10_000.0
+    # rotary positions (ModernBERT, NomicBERT, GTE, jina-embeddings-v3): of the "full" layers
+    # (every layer where none slides) and the "sliding" ones
+    rope_full: Rope = Rope(160_000.0)
+    rope_sliding: Rope = Rope(10_000.0)
     bias: bool = True  # dense layers have biases (ModernBERT's have none)
     norm_bias: bool = True  # layer norms have a beta
     head_bias: bool = True  # the classification head's first dense has a bias

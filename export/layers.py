@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from export.config import BertConfig
+from export.config import ROPE_TYPES, BertConfig, Rope
 
 # A large negative (not -inf) so a fully padded row still gives a finite softmax.
 MASK_NEG = -1e9
@@ -92,6 +92,8 @@ def activation(name: str, x: tf.Tensor) -> tf.Tensor:
         return tf.nn.relu(x)
     if name == "tanh":
         return tf.tanh(x)
+    if name in ("silu", "swish"):  # NomicBERT's SwiGLU gate
+        return tf.nn.silu(x)
     # "gelu" in HF/Google configs is the exact erf form; the *_tanh/_new names are the approximation
     return tf.nn.gelu(x, approximate=name != "gelu")
 
@@ -110,8 +112,9 @@ def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.
 Positions = Mapping[str, Any]
 
 # the projections only some architectures have: ModernBERT's fused QKV, DeBERTa's own position
-# projections (when it does not share the content ones)
-_EXTRA_PARTS = ("qkv", "pos_key", "pos_query")
+# projections (when it does not share the content ones), NomicBERT's separate gate of a gated
+# feed-forward
+_EXTRA_PARTS = ("qkv", "pos_key", "pos_query", "gate")
 
 
 class Layer(tf.Module):
@@ -148,7 +151,7 @@ class Layer(tf.Module):
         self.hidden_dropout = config.hidden_dropout
         self.attention_dropout = config.attention_dropout
         self.pre_norm = architecture is not None and architecture.norm == "pre"
-        self.glu = architecture is not None and architecture.feed_forward == "glu"
+        self.feed_forward = "mlp" if architecture is None else architecture.feed_forward
         self.variant = "standard" if architecture is None else architecture.attention
         self.sliding = bool(config.layer_types) and config.layer_types[index] == "sliding"
         self.att_types = config.pos_att_type
@@ -253,9 +256,14 @@ class Layer(tf.Module):
         return dropout(self.attention_out(context), self.hidden_dropout, dropout_seed, 2)
 
     def _feed_forward(self, x: tf.Tensor, dropout_seed: tf.Tensor | None) -> tf.Tensor:
-        if self.glu:  # GeGLU: act(first half) * second half
+        if self.feed_forward == "glu":  # ModernBERT's GeGLU: act(first half) * second half
             inner, gate = tf.split(self.intermediate(x), 2, axis=-1)
             hidden = activation(self.act, inner) * gate
+        elif self.feed_forward == "glu_up_first":  # GTE's up_gate_proj: up, then the gate
+            up, gate = tf.split(self.intermediate(x), 2, axis=-1)
+            hidden = activation(self.act, gate) * up
+        elif self.feed_forward == "gated":  # a gate of its own (NomicBERT): act(gate(x)) * up(x)
+            hidden = activation(self.act, self.parts["gate"](x)) * self.intermediate(x)
         else:
             hidden = activation(self.act, self.intermediate(x))
         return dropout(self.output(hidden), self.hidden_dropout, dropout_seed, 3)
@@ -337,13 +345,65 @@ def mpnet_bias(table: tf.Variable, seq: tf.Tensor, max_distance: int = 128) -> t
     return tf.transpose(values, [2, 0, 1])[tf.newaxis]
 
 
-def rotary(seq: tf.Tensor, theta: float, head_dim: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """Return the rotary (cos, sin) ``[S, head_dim]`` of positions 0..S-1 (float32)."""
+def rope_frequencies(rope: Rope, head_dim: int) -> tuple[np.ndarray, float]:
+    """Return a rotary embedding's inverse frequencies ``[head_dim / 2]`` (float32) and the scale
+    of its cos/sin, as transformers' modeling_rope_utils computes them for ``rope.rope_type``:
+    default ``1 / theta^(2i/d)``; linear those over ``factor``; yarn a ramp between the
+    interpolated (over ``factor``) and the extrapolated ones, and the attention factor.
+
+    Every rotary architecture computes its tables here, at export time: graph constants.
+    """
     steps = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inv_freq = tf.constant(np.float32(1.0) / (np.float32(theta) ** steps))
-    freqs = tf.cast(tf.range(seq), tf.float32)[:, tf.newaxis] * inv_freq[tf.newaxis]
+    powers = np.float32(rope.theta) ** steps  # float32, as torch computes it
+    inv_freq = np.float32(1.0) / powers
+    if rope.rope_type == "default":
+        return inv_freq, 1.0
+    if rope.rope_type == "linear":
+        return (inv_freq / np.float32(rope.factor)).astype(np.float32), 1.0
+    if rope.rope_type != "yarn":
+        raise ValueError(f"rope_type {rope.rope_type!r}: export computes {', '.join(ROPE_TYPES)}")
+    factor = rope.factor
+    interpolated = np.float32(1.0) / (np.float32(factor) * powers)
+
+    def dimension(rotations: float) -> float:  # the dimension turning ``rotations`` times
+        turns = rope.original_max_position / (rotations * 2 * math.pi)
+        return head_dim * math.log(turns) / (2 * math.log(rope.theta))
+
+    low, high = dimension(rope.beta_fast), dimension(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = (np.arange(head_dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low)
+    extrapolated = np.float32(1.0) - np.clip(ramp, 0.0, 1.0).astype(np.float32)
+    inv_freq = interpolated * (np.float32(1.0) - extrapolated) + inv_freq * extrapolated
+    return inv_freq.astype(np.float32), _yarn_attention_factor(rope)
+
+
+def _yarn_attention_factor(rope: Rope) -> float:
+    """Return yarn's cos/sin scale: the given one, else ``0.1 ln(factor) + 1`` (mscale's ratio
+    where both ``mscale`` and ``mscale_all_dim`` are given)."""
+    if rope.attention_factor is not None:
+        return float(rope.attention_factor)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if rope.mscale and rope.mscale_all_dim:
+        return mscale(rope.factor, rope.mscale) / mscale(rope.factor, rope.mscale_all_dim)
+    return mscale(rope.factor)
+
+
+def rotary(seq: tf.Tensor, rope: Rope, head_dim: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Return the rotary (cos, sin) ``[S, head_dim]`` of positions 0..S-1 (float32), scaled as
+    ``rope`` says (``rope_frequencies``)."""
+    inv_freq, scale = rope_frequencies(rope, head_dim)
+    freqs = tf.cast(tf.range(seq), tf.float32)[:, tf.newaxis] * tf.constant(inv_freq)[tf.newaxis]
     angles = tf.concat([freqs, freqs], axis=-1)
-    return tf.cos(angles), tf.sin(angles)
+    if scale == 1.0:
+        return tf.cos(angles), tf.sin(angles)
+    return tf.cos(angles) * scale, tf.sin(angles) * scale
 
 
 def window_bias(seq: tf.Tensor, half: int) -> tf.Tensor:

@@ -208,11 +208,11 @@ class EncoderModule(tf.Module):
             return {"relative_bias": mpnet_bias(self.relative_bias, seq)}
         if arch == "rotary":
             head_dim = config.hidden_size // config.num_heads
-            return {
-                "rotary_full": rotary(seq, config.rope_theta_full, head_dim),
-                "rotary_sliding": rotary(seq, config.rope_theta_sliding, head_dim),
-                "window": window_bias(seq, config.local_attention // 2),
-            }
+            out = {"rotary_full": rotary(seq, config.rope_full, head_dim)}
+            if "sliding" in config.layer_types:  # ModernBERT's windowed layers ([S, S]: only then)
+                out["rotary_sliding"] = rotary(seq, config.rope_sliding, head_dim)
+                out["window"] = window_bias(seq, config.local_attention // 2)
+            return out
         if arch == "disentangled" and self.relative is not None:
             rel = tf.cast(self.relative, tf.float32)
             rel = rel if self.relative_ln is None else self.relative_ln(rel)

@@ -3,9 +3,10 @@
 One encoder (export/model.py) runs every architecture; each module here says only what its
 architecture does differently: the weight names in its Hugging Face checkpoints, how it reads
 config.json, its position ids (learned absolute, counted from ``padding_idx + 1``, none), its
-attention variant (standard, relative bias, disentangled, rotary with sliding windows), its
-feed-forward (GELU MLP or GeGLU), where its norms sit, and its classification head. ``BERT`` is
-the first entry of the table, not the model. Nothing here imports TensorFlow or torch.
+attention variant (standard, relative bias, disentangled, rotary with or without sliding
+windows), its feed-forward (GELU MLP, GeGLU or another gated variant), where its norms sit, and
+its classification head. ``BERT`` is the first entry of the table, not the model. Nothing here
+imports TensorFlow or torch.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from export.architectures import (
     deberta_v2,
     distilbert,
     electra,
+    gte,
+    jina_embeddings_v3,
     modernbert,
     mpnet,
+    nomic_bert,
     roberta,
 )
 from export.architectures.base import SUPPORTED_ACTIVATIONS, Architecture
@@ -33,10 +37,10 @@ __all__ = ["SUPPORTED_ACTIVATIONS", "Architecture", "architecture", "architectur
            "config_from", "supported", "tensor_names"]  # fmt: skip
 
 # the table: BERT first, then the order docs/reference/supported-models.md lists them in
+_MODULES = (bert, roberta, distilbert, electra, albert, mpnet, deberta_v2, modernbert, nomic_bert,
+            gte, jina_embeddings_v3)  # fmt: skip
 _TABLE: dict[str, Architecture] = {
-    arch.model_type: arch
-    for module in (bert, roberta, distilbert, electra, albert, mpnet, deberta_v2, modernbert)
-    for arch in module.ARCHITECTURES
+    arch.model_type: arch for module in _MODULES for arch in module.ARCHITECTURES
 }
 
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from export.config import BertConfig
+from export.config import ROPE_TYPES, BertConfig, Rope
 from export.names import TensorName
 
-SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh")
+SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh", "silu", "swish")
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,14 @@ class Architecture:
     names: Callable[[BertConfig], list[TensorName]]  # HF names relative to ``prefix``
     # "absolute" (0..S-1), "padded" (from pad_token_id + 1 over non-pad tokens), "none"
     position_ids: str = "absolute"
-    # "standard", "relative_bias" (MPNet), "disentangled" (DeBERTa-v2), "rotary" (ModernBERT)
+    # "standard", "relative_bias" (MPNet), "disentangled" (DeBERTa-v2), "rotary" (ModernBERT,
+    # NomicBERT, GTE, jina-embeddings-v3)
     attention: str = "standard"
     norm: str = "post"  # "post" (BERT) or "pre" (ModernBERT: norm before each block)
-    feed_forward: str = "mlp"  # "mlp" (dense, activation, dense) or "glu" (GeGLU)
+    # "mlp" (dense, activation, dense); gated: "glu" (one dense, the activation on its first half:
+    # ModernBERT), "glu_up_first" (one dense, the activation on its second half: GTE),
+    # "gated" (a ``gate`` dense of its own under the activation, times ``intermediate``: NomicBERT)
+    feed_forward: str = "mlp"
     head_norm: bool = False  # the classification head's dense is followed by a layer norm
     tag_head_dense: bool = False  # the token classifier reads the head's dense (+ norm) first
     mask_embeddings: bool = False  # padded positions' embeddings are zeroed (DeBERTa)
@@ -163,3 +167,51 @@ def absolute_positions_only(data: Mapping[str, Any]) -> None:
     kind = data.get("position_embedding_type", "absolute")
     if kind not in (None, "absolute"):
         raise ValueError(f"only absolute position embeddings are supported, not {kind!r}")
+
+
+def rope(data: Mapping[str, Any], *, default_theta: float, max_position: int,
+         kind: str | None = None) -> Rope:  # fmt: skip
+    """Return the rotary parameters of a config.json as transformers reads them. ``kind`` None:
+    the one rotary of every layer (jina-embeddings-v3, NomicBERT, GTE): ``rope_parameters``, or
+    the older ``rope_scaling`` in its place, ``rope_theta`` in it else top-level, and a top-level
+    ``original_max_position_embeddings`` over the entry's (standardize_rope_params' order).
+    ``kind`` "full" / "sliding": ModernBERT's ``rope_parameters["<kind>_attention"]``, a legacy
+    ``rope_scaling`` over both kinds, yarn's ``truncate`` read from the outer dict.
+
+    Transformers' defaults: ``rope_theta`` else ``default_theta``; yarn's
+    ``original_max_position_embeddings`` else ``max_position``, its ``factor`` else their ratio.
+    ValueError naming any other ``rope_type`` (dynamic, longrope, llama3, gte's remote-code ntk:
+    their tables change with the input's length or are not an encoder's) or a partial rotary."""
+    legacy = data.get("rope_scaling") or {}
+    if kind is None:
+        params = {"rope_theta": data.get("rope_theta"),
+                  **(legacy or data.get("rope_parameters") or {})}  # fmt: skip
+        original = data.get("original_max_position_embeddings")
+        truncate = params.get("truncate", True)
+    else:
+        nested = data.get("rope_parameters") or {}
+        params = {**(nested.get(f"{kind}_attention") or {}), **legacy}
+        original, truncate = None, nested.get("truncate", True)
+    rope_type = str(params.get("rope_type") or params.get("type") or "default")
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r}: export computes {', '.join(ROPE_TYPES)} only")
+    if float(params.get("partial_rotary_factor") or 1.0) != 1.0:
+        raise ValueError("partial_rotary_factor: export turns the whole head (1.0) only")
+    theta = float(params.get("rope_theta") or default_theta)
+    if rope_type == "default":
+        return Rope(theta)
+    if rope_type == "linear":
+        return Rope(theta, rope_type, factor=float(params["factor"]))
+    original = int(original or params.get("original_max_position_embeddings") or max_position)
+    factor = params.get("factor")
+    given = params.get("attention_factor")
+    return Rope(
+        theta, rope_type, factor=float(factor) if factor is not None else max_position / original,
+        original_max_position=original,
+        attention_factor=None if given is None else float(given),
+        mscale=float(params.get("mscale") or 0.0),
+        mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        truncate=bool(truncate),
+    )  # fmt: skip

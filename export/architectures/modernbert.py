@@ -15,9 +15,10 @@ from export.architectures.base import (
     linear,
     mlm_head,
     norm,
+    rope,
     table,
 )
-from export.config import BertConfig
+from export.config import BertConfig, Rope
 from export.names import TensorName
 
 DEFAULT_THETA = {"full": 160_000.0, "sliding": 10_000.0}  # ModernBertConfig.default_theta
@@ -34,12 +35,16 @@ def _layer_types(data: Mapping[str, Any], layers: int) -> tuple[str, ...]:
     return tuple(kinds[k] for k in given)
 
 
-def _theta(data: Mapping[str, Any], kind: str) -> float:
-    params = (data.get("rope_parameters") or {}).get(f"{kind}_attention") or {}
-    if params.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_type {params['rope_type']!r} (only the default rotary)")
+def _rope(data: Mapping[str, Any], kind: str) -> Rope:
+    """Return the rotary parameters of ``kind``'s layers (base.rope's nested reading), the
+    legacy ``global_rope_theta`` / ``local_rope_theta`` before the default base."""
     legacy = data.get("global_rope_theta" if kind == "full" else "local_rope_theta")
-    return float(params.get("rope_theta") or legacy or DEFAULT_THETA[kind])
+    return rope(
+        data,
+        default_theta=float(legacy or DEFAULT_THETA[kind]),
+        max_position=int(data.get("max_position_embeddings", 8192)),
+        kind=kind,
+    )
 
 
 def read_config(data: Mapping[str, Any]) -> BertConfig:
@@ -62,7 +67,7 @@ def read_config(data: Mapping[str, Any]) -> BertConfig:
         pooler_act=str(data.get("classifier_activation", "gelu")),
         classifier_pooling=pooling, layer_types=_layer_types(data, layers),
         local_attention=int(data.get("local_attention", 128)),
-        rope_theta_full=_theta(data, "full"), rope_theta_sliding=_theta(data, "sliding"),
+        rope_full=_rope(data, "full"), rope_sliding=_rope(data, "sliding"),
         bias=False, norm_bias=bool(data.get("norm_bias", False)),
         head_bias=bool(data.get("classifier_bias", False)),
     )  # fmt: skip

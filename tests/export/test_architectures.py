@@ -36,7 +36,9 @@ SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48,
 TOKENIZERS = {"bert": "wordpiece", "distilbert": "wordpiece", "electra": "wordpiece",
               "mpnet": "wordpiece", "roberta": "bpe", "modernbert": "bpe",
               "camembert": "unigram", "xlm-roberta": "unigram", "albert": "unigram-cls",
-              "deberta-v3": "unigram-cls", "deberta-v2": "unigram-cls"}  # fmt: skip
+              "deberta-v3": "unigram-cls", "deberta-v2": "unigram-cls",
+              "jina_embeddings_v3": "unigram", "nomic_bert": "wordpiece",
+              "gte": "unigram"}  # fmt: skip
 
 # the parity matrix's architectures: a name → transformers config keywords (tiny, and set to
 # reach each architecture's differences: a short sliding window, log buckets inside the input)
@@ -63,7 +65,18 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
                    "eos_token_id": 2, "cls_token_id": 0, "sep_token_id": 2,
                    "local_attention": 4, "global_attn_every_n_layers": 2,
                    "num_hidden_layers": 3, "classifier_pooling": "mean"},
+    # XLM-R with rotary positions: no table, so the config's length is the rotary's (LONG's 2,048)
+    "jina_embeddings_v3": {"model_type": "jina_embeddings_v3", "pad_token_id": 1,
+                           "type_vocab_size": 1, "max_position_embeddings": 2048},
+    # nomic-embed-text: BERT's token types, SwiGLU; gte-multilingual-base: XLM-R's pad and one type
+    "nomic_bert": {"model_type": "nomic_bert"},
+    "gte": {"model_type": "gte", "pad_token_id": 1, "type_vocab_size": 1},
 }  # fmt: skip
+# each row's seed is its place here: the first eleven rows sorted, later rows after them, so a
+# new row changes no other row's weights (the gateway matrix and finetune save these too)
+SEED_ORDER = ("albert", "bert", "camembert", "deberta-v2", "deberta-v3", "distilbert", "electra",
+              "modernbert", "mpnet", "roberta", "xlm-roberta", "jina_embeddings_v3", "nomic_bert",
+              "gte")  # fmt: skip
 TAGS = ["O", "B-ORDER", "I-ORDER", "B-EMAIL", "I-EMAIL"]
 # a head → (transformers auto class, config keywords)
 HEADS: dict[str, tuple[Any, dict[str, Any]]] = {
@@ -94,20 +107,25 @@ def _tokenizer(arch: str, kind: str | None = None) -> Any:
     return _TRAINED[kind]
 
 
-def _config(arch: str, head: str, kind: str | None = None) -> Any:
+def _config(arch: str, head: str, kind: str | None = None,
+            extra: dict[str, Any] | None = None) -> Any:  # fmt: skip
     rows = _tokenizer(arch, kind).get_vocab_size(with_added_tokens=True)
-    values = {**SIZE, "vocab_size": rows, **ARCHITECTURES[arch], **HEADS[head][1]}
+    values = {**SIZE, "vocab_size": rows, **ARCHITECTURES[arch], **(extra or {}),
+              **HEADS[head][1]}  # fmt: skip
     model_type = values.pop("model_type")
     return transformers.AutoConfig.for_model(model_type, **values)
 
 
-def save_checkpoint(arch: str, head: str, where: Path, kind: str | None = None) -> Path:
+def save_checkpoint(arch: str, head: str, where: Path, kind: str | None = None,
+                    extra: dict[str, Any] | None = None, name: str | None = None
+                    ) -> Path:  # fmt: skip
     """Save a tiny random model of ``arch`` with ``head`` as transformers does, with a tokenizer
-    of ``kind`` (by default the architecture's own, TOKENIZERS); return its dir."""
+    of ``kind`` (by default the architecture's own, TOKENIZERS); return its dir. ``extra``:
+    config keywords over the row's, saved under ``name`` (LONG's variants)."""
     cls, _ = HEADS[head]
-    torch.manual_seed(sorted(ARCHITECTURES).index(arch) * 10 + sorted(HEADS).index(head))
-    model = cls.from_config(_config(arch, head, kind)).eval()
-    path = where / f"{arch}-{head}"
+    torch.manual_seed(SEED_ORDER.index(arch) * 10 + sorted(HEADS).index(head))
+    model = cls.from_config(_config(arch, head, kind, extra)).eval()
+    path = where / f"{name or arch}-{head}"
     model.save_pretrained(path)
     # what save_pretrained writes beside a fast tokenizer: tokenizer.json + its config, no vocab.txt
     write_tokenizer(path, kind or TOKENIZERS[arch], trained=_tokenizer(arch, kind))
@@ -130,15 +148,19 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str]
 
 def _inputs(arch: str) -> dict[str, np.ndarray]:
     """Return a padded batch of sentence pairs: ids avoid the specials and the pad id."""
-    config = _config(arch, "embed")
+    return _batch(_config(arch, "embed"), LENGTHS)
+
+
+def _batch(config: Any, lengths: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Return a padded batch of sentence pairs of ``lengths`` for a transformers ``config``."""
     pad = int(getattr(config, "pad_token_id", 0) or 0)
     rng = np.random.default_rng(11)
-    seq = max(LENGTHS)
-    ids = rng.integers(5, config.vocab_size, size=(len(LENGTHS), seq)).astype(np.int32)
+    seq = max(lengths)
+    ids = rng.integers(5, config.vocab_size, size=(len(lengths), seq)).astype(np.int32)
     mask = np.zeros_like(ids)
     types = np.zeros_like(ids)
     has_types = int(getattr(config, "type_vocab_size", 0) or 0) >= 2
-    for row, length in enumerate(LENGTHS):
+    for row, length in enumerate(lengths):
         mask[row, :length] = 1
         ids[row, length:] = pad
         if has_types:  # segment B: the second half of the real tokens
@@ -244,9 +266,179 @@ def test_embeddings_match_transformers(
     np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
+# rotary positions past BERT's 512 and the scaled ropes (ModernBERT's linear and yarn, as mmBERT's
+# long variants say them; the one rope_parameters of NomicBERT, GTE and jina-embeddings-v3 takes
+# them too): a variant → (its row, a tokenizer kind (None: the row's), config keywords over the
+# row's, the batch's row lengths). Yarn's ramp is set at original_max_position_embeddings, the
+# input runs past it.
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+LONG: dict[str, tuple[str, str | None, dict[str, Any], tuple[int, ...]]] = {
+    "jina_embeddings_v3": ("jina_embeddings_v3", None, {}, (2048, 1027)),
+    "jina_embeddings_v3-yarn": ("jina_embeddings_v3", None,
+                                {"rope_parameters": {**_YARN, "rope_theta": 20_000.0}},
+                                (1024, 515)),
+    "modernbert-linear": ("modernbert", None, {"max_position_embeddings": 1024, "rope_parameters": {
+        kind: {"rope_type": "linear", "factor": 4.0, "rope_theta": theta}
+        for kind, theta in (("full_attention", 160_000.0), ("sliding_attention", 10_000.0))}},
+        (1024, 515)),
+    "modernbert-yarn": ("modernbert", None, {"max_position_embeddings": 1024, "rope_parameters": {
+        kind: {**_YARN, "rope_theta": theta}
+        for kind, theta in (("full_attention", 160_000.0), ("sliding_attention", 10_000.0))}},
+        (1024, 515)),
+    "nomic_bert": ("nomic_bert", None, {"max_position_embeddings": 2048}, (2048, 300)),
+    "nomic_bert-linear": ("nomic_bert", None,
+                          {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                               "rope_theta": 1000.0}}, LENGTHS),
+    # gte-base-en-v1.5's shape: WordPiece, no token types
+    "gte-en-yarn": ("gte", "wordpiece",
+                    {"type_vocab_size": 0, "pad_token_id": 0, "max_position_embeddings": 2048,
+                     "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                         "original_max_position_embeddings": 512,
+                                         "rope_theta": 160_000.0}}, (2048, 9)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(LONG))
+def test_long_inputs_and_scaled_ropes_match_transformers(variant: str, tmp_path: Path) -> None:
+    """The last hidden states of a padded batch of the variant's row lengths within 1e-4 of
+    transformers at every real token; a scaled rope moves them (read as the default, they would
+    not match)."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from export.checkpoint import read_checkpoint
+    from export.config import Rope
+    from export.model import EncoderModule
+
+    arch, kind, extra, lengths = LONG[variant]
+    path = save_checkpoint(arch, "embed", tmp_path, kind, extra=extra, name=variant)
+    feeds = _batch(_config(arch, "embed", kind, extra), lengths)
+    expected = _torch(path, "embed", feeds)
+    ckpt = read_checkpoint(path)
+    real = feeds["attention_mask"].astype(bool)
+
+    def last_hidden(encoder_config: Any) -> np.ndarray:
+        module = EncoderModule(encoder_config, ckpt.weights, task="embed")
+        return module.layer_outputs(
+            *(tf.constant(feeds[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+        )[-1].numpy()
+
+    np.testing.assert_allclose(last_hidden(ckpt.config)[real], expected[real], atol=1e-4)
+    if ckpt.config.rope_full.rope_type != "default":
+        unscaled = dataclasses.replace(
+            ckpt.config,
+            rope_full=Rope(ckpt.config.rope_full.theta),
+            rope_sliding=Rope(ckpt.config.rope_sliding.theta),
+        )
+        assert np.abs(last_hidden(unscaled)[real] - expected[real]).max() > 1e-2
+
+
+# the rotary architectures → each layer kind's rope_parameters key (None: one for every layer)
+# and its base
+ROPE_KINDS: dict[str, dict[str | None, float]] = {
+    "modernbert": {"full_attention": 160_000.0, "sliding_attention": 10_000.0},
+    "nomic_bert": {None: 1000.0}, "gte": {None: 160_000.0}, "jina_embeddings_v3": {None: 20_000.0},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", list(ROPE_KINDS))
+@pytest.mark.parametrize(
+    "params",
+    [{"rope_type": "default"}, {"rope_type": "linear", "factor": 2.5},
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+     {"rope_type": "yarn", "factor": 8.0, "beta_fast": 16, "beta_slow": 2, "truncate": False},
+     {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5},
+     {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.25}],
+    ids=["default", "linear", "yarn", "yarn-untruncated", "yarn-mscale", "yarn-attention"],
+)  # fmt: skip
+def test_rope_tables_are_transformers_own(params: dict[str, Any], arch: str) -> None:
+    """The inverse frequencies and cos/sin scale of every rotary architecture's every layer kind,
+    read from its config.json (export/architectures/base.py's rope) and computed by
+    export/layers.py's rope_frequencies, equal transformers' ROPE_INIT_FUNCTIONS'."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from export.architectures import config_from
+    from export.layers import rope_frequencies
+
+    kinds = ROPE_KINDS[arch]
+    given = {kind: {**params, "rope_theta": theta} for kind, theta in kinds.items()}
+    values = {**SIZE, **ARCHITECTURES[arch], "hidden_size": 64, "max_position_embeddings": 2048,
+              "rope_parameters": given.get(None, given)}  # fmt: skip
+    model_type = values.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **values)
+    ours = config_from({**config.to_dict(), "model_type": model_type}, "config.json")
+    for kind, theta in kinds.items():
+        rope = ours.rope_sliding if kind == "sliding_attention" else ours.rope_full
+        inv_freq, scale = rope_frequencies(rope, 16)
+        if params["rope_type"] == "default":
+            expected = 1.0 / theta ** (np.arange(0, 16, 2, dtype=np.float32) / 16)
+            expected_scale = 1.0
+        else:
+            compute = ROPE_INIT_FUNCTIONS[params["rope_type"]]
+            table, expected_scale = compute(config, layer_type=kind)
+            expected = table.numpy()
+        np.testing.assert_allclose(inv_freq, expected, rtol=1e-6, err_msg=str(kind))
+        assert scale == pytest.approx(expected_scale, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("arch", "rope", "named"),
+    [("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "dynamic",
+                                                            "factor": 2.0}}}, "dynamic"),
+     ("nomic_bert", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "dynamic"),
+     # gte-base-en-v1.5's own config (remote code's NTK, which transformers has no type for)
+     ("gte", {"rope_scaling": {"type": "ntk", "factor": 2.0}, "rope_theta": 500_000.0}, "ntk"),
+     ("jina_embeddings_v3", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
+      "llama3")],
+)  # fmt: skip
+def test_other_rope_types_are_refused_naming_the_type(
+    arch: str, rope: dict[str, Any], named: str, tmp_path: Path
+) -> None:
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": arch, **SIZE, **rope}))
+    with pytest.raises(ExportError, match=rf"rope_type '{named}'.*default, linear, yarn"):
+        read_checkpoint(tmp_path)
+
+
+def test_nomic_s_own_config_keys_read_as_the_transformers_ones(
+    checkpoints: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    """nomic-embed-text's config.json (n_embd, rotary_emb_base, activation_function "swiglu",
+    ...) reads as the same encoder; what nomic's code does beyond this graph is refused by name."""
+    import shutil
+
+    from export.architectures.nomic_bert import NOMIC_KEYS
+    from export.checkpoint import read_checkpoint
+    from export.errors import ExportError
+
+    saved = checkpoints("nomic_bert", "embed")
+    path = tmp_path / "nomic-own-keys"
+    shutil.copytree(saved, path)
+    data = json.loads((saved / "config.json").read_text())
+    data["rope_theta"] = data.pop("rope_parameters")["rope_theta"]
+    own = {NOMIC_KEYS.get(k, k): v for k, v in data.items() if k != "hidden_act"}
+    own.update(activation_function="swiglu", prenorm=False, qkv_proj_bias=False,
+               rotary_emb_fraction=1.0, rotary_scaling_factor=None)  # fmt: skip
+    assert "n_embd" in own and "hidden_size" not in own
+    (path / "config.json").write_text(json.dumps(own))
+    assert read_checkpoint(path).config == read_checkpoint(saved).config
+    for change, message in (
+        ({"rotary_scaling_factor": 2.0}, r"rope_type 'dynamic'"),
+        ({"prenorm": True}, r"prenorm True"),
+        ({"activation_function": "gelu"}, r"activation_function 'gelu'"),
+    ):
+        (path / "config.json").write_text(json.dumps({**own, **change}))
+        with pytest.raises(ExportError, match=message):
+            read_checkpoint(path)
+
+
 def test_the_matrix_covers_every_registered_architecture() -> None:
     tested = {ARCHITECTURES[name]["model_type"] for name in ARCHITECTURES}
     assert tested == set(architectures())
+    assert sorted(SEED_ORDER) == sorted(ARCHITECTURES)
 
 
 def test_a_roberta_classifier_exports_and_serves_through_the_model_server(
