@@ -3,8 +3,9 @@
 Directories in 5.x's and 6.x's layouts (export/tiny_sentence.py), against sentence-transformers'
 modules written out in torch over transformers' BertModel: Pooling's cls / mean / max / lasttoken
 (and their concatenation: in 5.x's fixed order, in 6.x's listed order), Dense's linear layer and
-activation, Normalize's F.normalize. And a model built and saved by the sentence-transformers
-installed (requirements-refs.txt), against its own ``encode``.
+activation, Normalize's F.normalize. And a model built and saved by sentence-transformers itself,
+5.x (requirements-refs.txt) and 6.x (requirements-st6.txt), against its own ``encode``
+(tests/export/st6.py: each in a child process).
 """
 
 from __future__ import annotations
@@ -110,42 +111,29 @@ def test_export_answers_like_sentence_transformers_encode(
     assert result.model_info["embedding_dim"] == want.shape[1]
 
 
+@pytest.mark.parametrize("st6", [False, True], ids=["st5", "st6"])
 @pytest.mark.parametrize(
     ("pooling", "activation"), [(("mean",), "tanh"), (("mean", "cls"), "identity")]
 )
-def test_export_answers_like_the_installed_sentence_transformers(
-    tmp_path: Path, pooling: tuple[str, ...], activation: str
+def test_export_answers_like_sentence_transformers_itself(
+    tmp_path: Path, pooling: tuple[str, ...], activation: str, st6: bool
 ) -> None:
-    import sentence_transformers
-    from sentence_transformers import SentenceTransformer, models
-
     from export.tiny import write_hf_checkpoint
+    from tests.export.st6 import answers
 
     base = write_hf_checkpoint(tmp_path / "base", task="embed", seed=5, hidden=32)
-    if int(sentence_transformers.__version__.split(".")[0]) >= 6:  # the modes, in their order
-        modes: dict[str, object] = {"pooling_mode": list(pooling)}
-    else:  # 5.x: one flag per mode
-        modes = {"pooling_mode_mean_tokens": "mean" in pooling,
-                 "pooling_mode_cls_token": "cls" in pooling}  # fmt: skip
-    torch.manual_seed(5)
-    act = torch.nn.Tanh() if activation == "tanh" else torch.nn.Identity()
-    model = SentenceTransformer(modules=[
-        models.Transformer(str(base), max_seq_length=32), models.Pooling(32, **modes),
-        models.Dense(32 * len(pooling), 12, activation_function=act), models.Normalize(),
-    ], device="cpu")  # fmt: skip
-    model.save(str(tmp_path / "st"))
-    want = model.encode(TEXTS, convert_to_numpy=True)
-    encoded = model.tokenizer(TEXTS, padding=True, truncation=True, max_length=32,
-                              return_tensors="np")  # fmt: skip
-    feeds = {k: v.astype(np.int32) for k, v in encoded.items()}
+    theirs = answers("dense", st6=st6, base=str(base), dest=str(tmp_path / "st"),
+                     pooling=list(pooling), activation=activation, texts=TEXTS)  # fmt: skip
+    feeds = {k[len("feed_") :]: v.astype(np.int32) for k, v in theirs.items()
+             if k.startswith("feed_")}  # fmt: skip
 
     result = build(tmp_path / "st", "st", tmp_path / "models", task="embed", max_seq_len=32,
                    warmup=False)  # fmt: skip
     got = PersistentPredictor(result.path).predict(feeds)["embedding"]
 
-    print(f"sentence-transformers {sentence_transformers.__version__}: "
-          f"{np.abs(got - want).max():.2e}")  # fmt: skip
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    print(f"sentence-transformers {theirs['version']}: {np.abs(got - theirs['want']).max():.2e}")
+    assert str(theirs["version"]).startswith("6." if st6 else "5.")
+    np.testing.assert_allclose(got, theirs["want"], atol=1e-5)
     assert result.model_info["sentence_transformers"]["normalize"] is True
 
 

@@ -15,7 +15,8 @@ output-subset signature answering its base's outputs), against:
   own ``tokenize`` gives (prefix, [MASK] expansion); rows as model.json says (a query with
   expansion keeps all of them, a document its attended tokens outside ``skiplist_ids``), and
   model.json's markers equal to PyLate's own (prefix ids, expansion id, skiplist ids, lengths);
-- sentence-transformers 6's ``MultiVectorEncoder`` (PyLate absorbed), saved by itself: the same
+- sentence-transformers 6's ``MultiVectorEncoder`` (PyLate absorbed; requirements-st6.txt, run in
+  a child process beside the pinned 5.x: tests/export/st6.py), saved by itself: the same
   vectors on the ids its own ``preprocess`` gives, those ids the gateway's (``mark`` on model.json's
   markers), model.json's markers its own; and a PyLate directory written over in 6.x's layout
   (``as_multivector_layout``) reads as the same model wherever 5.x is installed.
@@ -37,7 +38,6 @@ from export.tiny_retrieval import (
     ARCHITECTURES,
     as_multivector_layout,
     save_m3_checkpoint,
-    save_multivector_checkpoint,
     save_pylate_checkpoint,
     save_stanford_checkpoint,
 )
@@ -49,6 +49,14 @@ SEQ = 32
 COLBERT_DIM = 16
 
 
+def _save_multivector(dest: Path, arch: str) -> Path:
+    """Save a MultiVectorEncoder with sentence-transformers 6 itself (tests/export/st6.py)."""
+    from tests.export.st6 import answers
+
+    answers("save_multivector", st6=True, dest=str(dest), arch=arch)
+    return dest
+
+
 @pytest.fixture(scope="session")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
     """Return a function saving (once per session) a layout's tiny checkpoint of ``arch``."""
@@ -56,7 +64,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path
     made: dict[tuple[str, str], Path] = {}
     savers = {"bge-m3": save_m3_checkpoint, "pylate": save_pylate_checkpoint,
               "colbert-v2": save_stanford_checkpoint,
-              "multi-vector-encoder": save_multivector_checkpoint}  # fmt: skip
+              "multi-vector-encoder": _save_multivector}  # fmt: skip
 
     def get(layout: str, arch: str) -> Path:
         if (layout, arch) not in made:
@@ -179,39 +187,27 @@ def colbert_figures(path: Path, serve: Callable[..., dict], layout: Any) -> dict
     return figures
 
 
-def multivector_encoder() -> Any:
-    """Return sentence-transformers 6's ``MultiVectorEncoder`` class (skip: 5.x is installed,
-    requirements-refs.txt's pin, which has none)."""
-    import sentence_transformers
-
-    if not hasattr(sentence_transformers, "MultiVectorEncoder"):
-        pytest.skip(f"sentence-transformers {sentence_transformers.__version__} has no "
-                    "MultiVectorEncoder (6.x's)")  # fmt: skip
-    return sentence_transformers.MultiVectorEncoder
-
-
 def multivector_figures(path: Path, serve: Callable[..., dict], layout: Any) -> dict[str, float]:
     """Return the worst differences of ``serve``'s outputs to sentence-transformers 6's
-    ``MultiVectorEncoder`` (queries, documents), after checking model.json's markers against its
-    own and the gateway's ids (``mark`` on those markers) against its ``preprocess``."""
+    ``MultiVectorEncoder`` (queries, documents: tests/export/st6.py), after checking model.json's
+    markers against its own and the gateway's ids (``mark`` on those markers) against its
+    ``preprocess``."""
     from tokenizers import Tokenizer
 
     from backend.outputs import multivector
     from backend.tokenization import TextTokenizer
+    from tests.export.st6 import answers
 
-    model = multivector_encoder()(str(path), device="cpu", local_files_only=True)
-    transformer, tok = model[0], model.tokenizer
-    mask = next(m for m in model if type(m).__name__ == "MultiVectorMask")
+    theirs = answers("multivector", st6=True, path=str(path), queries=QUERIES, documents=TEXTS)
     multi = layout.outputs.multivector
-    skip = mask._skiplist_ids  # as it resolved its skiplist words with the tokenizer
-    assert set(multi.skiplist_ids) == set([] if skip is None else skip.tolist())
-    assert multi.query.prefix_id == tok.convert_tokens_to_ids(model.prompts["query"])
-    assert multi.document.prefix_id == tok.convert_tokens_to_ids(model.prompts["document"])
-    assert multi.query.expansion_id == tok.mask_token_id
-    assert multi.query.length == transformer.query_expansion["length"]
-    assert multi.query.attend_to_expansion == transformer.query_expansion["attend"]
-    assert multi.document.length == transformer.document_length
-    assert (multi.rows, multi.score) == ("attention", "sum")
+    assert set(multi.skiplist_ids) == set(theirs["skiplist_ids"].tolist())
+    assert multi.query.prefix_id == int(theirs["query_prefix_id"])
+    assert multi.document.prefix_id == int(theirs["document_prefix_id"])
+    assert multi.query.expansion_id == int(theirs["mask_id"])
+    assert multi.query.length == int(theirs["query_length"])
+    assert multi.query.attend_to_expansion == bool(theirs["attend"])
+    assert multi.document.length == int(theirs["document_length"])
+    assert str(theirs["score"]) == "maxsim" and (multi.rows, multi.score) == ("attention", "sum")
     gateway = TextTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")), max_seq_len=64)
     figures = {}
     for side, texts in (("query", QUERIES), ("document", TEXTS)):
@@ -220,29 +216,22 @@ def multivector_figures(path: Path, serve: Callable[..., dict], layout: Any) -> 
         assert marker is not None
         ours = multivector.mark(gateway.encode(texts, max_len=multivector.max_tokens(marker, 64)),
                                 marker, is_query)  # fmt: skip
-        for text, mine in zip(texts, ours, strict=True):
-            theirs = transformer.preprocess([text], prompt=model.prompts[side], task=side)
-            assert mine.ids.tolist() == theirs["input_ids"][0].tolist(), (text, side)
+        for i, mine in enumerate(ours):
+            assert mine.ids.tolist() == theirs[f"{side}_ids_{i}"].tolist(), (texts[i], side)
             attention = np.ones_like(mine.ids) if mine.attention is None else mine.attention
-            assert attention.tolist() == theirs["attention_mask"][0].tolist(), (text, side)
-        enc = {k: v.numpy() for k, v in transformer.preprocess(texts, prompt=model.prompts[side],
-                                                               task=side).items()
-               if k in ("input_ids", "attention_mask", "token_type_ids")}  # fmt: skip
-        encode = model.encode_query if is_query else model.encode_document
-        want = encode(texts, convert_to_numpy=True)
-        got = serve(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids"))
+            assert attention.tolist() == theirs[f"{side}_attention_{i}"].tolist(), (texts[i], side)
+        ids, mask = theirs[f"{side}_input_ids"], theirs[f"{side}_attention_mask"]
+        got = serve(ids, mask, theirs.get(f"{side}_token_type_ids"))
         worst, cos = 0.0, 1.0
         for row in range(len(texts)):
             if is_query:  # expansion: every position, [MASK]s included
-                keep = np.ones(enc["input_ids"].shape[1], bool)
+                keep = np.ones(ids.shape[1], bool)
             else:
-                keep = enc["attention_mask"][row].astype(bool) & ~np.isin(
-                    enc["input_ids"][row], multi.skiplist_ids
-                )
-            rows = got["token_vectors"][row][keep]
-            assert rows.shape == want[row].shape
-            worst = max(worst, float(np.abs(rows - want[row]).max()))
-            cos = min(cos, float(_cosine(rows, want[row]).min()))
+                keep = mask[row].astype(bool) & ~np.isin(ids[row], multi.skiplist_ids)
+            rows, want = got["token_vectors"][row][keep], theirs[f"{side}_want_{row}"]
+            assert rows.shape == want.shape
+            worst = max(worst, float(np.abs(rows - want).max()))
+            cos = min(cos, float(_cosine(rows, want).min()))
         figures[f"{side}_diff"], figures[f"{side}_cos"] = worst, cos
     return figures
 
@@ -286,7 +275,6 @@ def test_stanford_layout_matches_pylate(saved: Callable[[str, str], Path]) -> No
 def test_multivector_encoder_layout_matches_sentence_transformers(
     saved: Callable[[str, str], Path], arch: str
 ) -> None:
-    multivector_encoder()
     path = saved("multi-vector-encoder", arch)
     layout, serve = in_process(path)
     assert layout.layout == "multi-vector-encoder"
@@ -314,9 +302,8 @@ def test_a_pylate_directory_in_the_6x_layout_reads_as_the_same_model(
     mask = (ids > 0).astype(np.int64)
     np.testing.assert_array_equal(serve(ids, mask)["token_vectors"],
                                   serve_pylate(ids, mask)["token_vectors"])  # fmt: skip
-    if hasattr(__import__("sentence_transformers"), "MultiVectorEncoder"):  # as 6.x reads it
-        figures = multivector_figures(path, serve, layout)
-        assert max(figures["query_diff"], figures["document_diff"]) <= 1e-4
+    figures = multivector_figures(path, serve, layout)  # and as sentence-transformers 6 reads it
+    assert max(figures["query_diff"], figures["document_diff"]) <= 1e-4
 
 
 def test_multivector_encoder_settings_that_are_not_served_are_refused(
