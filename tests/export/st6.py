@@ -118,7 +118,27 @@ def _dense(base: str, dest: str, pooling: list[str], activation: str,
             **{f"feed_{k}": v for k, v in encoded.items()}}  # fmt: skip
 
 
-KINDS = {"save_multivector": _save_multivector, "multivector": _multivector, "dense": _dense}
+def _splade(dest: str, texts: list[str], k: int, **saving: Any) -> dict[str, Any]:
+    """Save a tiny SPLADE SparseEncoder at ``dest`` (export/tiny_splade.py's ``saving``
+    keywords) and return its tokenizer's ids of ``texts`` and ``encode_document``'s top ``k``
+    (dense ``[texts, vocab]``)."""
+    import torch
+    from sentence_transformers import SparseEncoder
+
+    from export.tiny_splade import save_tiny_splade
+
+    model = SparseEncoder(str(save_tiny_splade(dest, **saving)), device="cpu",
+                          local_files_only=True)  # fmt: skip
+    features = model.tokenize(texts)
+    with torch.no_grad():
+        dense = model.encode_document(texts, max_active_dims=k, convert_to_sparse_tensor=False,
+                                      convert_to_tensor=True).numpy()  # fmt: skip
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in features]
+    return {"want": dense, **{f"feed_{name}": features[name].numpy() for name in names}}
+
+
+KINDS = {"save_multivector": _save_multivector, "multivector": _multivector, "dense": _dense,
+         "splade": _splade}  # fmt: skip
 
 if __name__ == "__main__":
     kind, arguments, where = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
