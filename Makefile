@@ -41,10 +41,12 @@ $(RUN_STAMP): requirements.txt requirements-gateway.txt pyproject.toml
 	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	touch $(RUN_STAMP)
 
-$(STAMP): $(RUN_STAMP) requirements-dev.txt requirements-refs.txt
+$(STAMP): $(RUN_STAMP) requirements-dev.txt requirements-refs.txt requirements-st6.txt
 	$(PIP_INSTALL) -r requirements-dev.txt
 	# the parity references without their own pins (requirements-refs.txt says why)
 	$(PIP_INSTALL) --no-deps -r requirements-refs.txt
+	# sentence-transformers 6 beside the pinned 5.x, in its own directory (requirements-st6.txt says why)
+	$(PIP_INSTALL) --no-deps --upgrade --target $(VENV)/st6-site -r requirements-st6.txt
 	touch $(STAMP)
 
 # The gateway's TF-Serving messages, compiled from our own wire-compatible .proto subset (no TensorFlow).

@@ -18,6 +18,11 @@ forward pass (one signature: ``serving_default`` and every ``seq_<L>`` bucket):
   positions have attention 0 yet keep their vectors), no dense vector; model.json says the
   markers (prefix ids, lengths, expansion id) the gateway tokenizes with, the skiplist, and that
   MaxSim sums.
+- ``multi-vector-encoder`` (sentence-transformers 6's ``MultiVectorEncoder``, PyLate absorbed:
+  export/sentence_modules.py reads it): the same outputs as ``pylate``, its markers the
+  ``query``/``document`` prompts (each one token of the tokenizer, as PyLate's prefixes), its
+  lengths and expansion the Transformer's, its skiplist the MultiVectorMask's (words that are not
+  a token dropped, as it resolves them), MaxSim summed (``maxsim``) or averaged (``meanmaxsim``).
 
 The layout is found from the checkpoint's own files (as modules.json decides an embedding's
 pooling); ``--outputs`` narrows the kinds served, and names what a checkpoint must give (an
@@ -38,7 +43,13 @@ import numpy as np
 
 from export.checkpoint import Checkpoint
 from export.errors import ExportError
-from export.sentence_modules import DenseLayer, is_pylate, read_pylate_modules
+from export.sentence_modules import (
+    DenseLayer,
+    is_multivector_encoder,
+    is_pylate,
+    read_multivector_modules,
+    read_pylate_modules,
+)
 from modelformat.outputs import (
     KINDS,
     DenseOutput,
@@ -64,7 +75,7 @@ STANFORD_DEFAULTS: dict[str, Any] = {
 class RetrievalLayout:
     """A retrieval checkpoint's heads and model.json's ``outputs`` entry."""
 
-    layout: str  # bge-m3, pylate, colbert-v2
+    layout: str  # bge-m3, pylate, multi-vector-encoder, colbert-v2
     outputs: Outputs
     sparse: DenseLayer | None = None  # bge-m3: hidden -> 1, relu
     projection: list[DenseLayer] = field(default_factory=list)  # hidden -> d (ColBERT's linear)
@@ -110,6 +121,8 @@ def read_retrieval(
         found = _read_m3(path, ckpt)
     elif is_pylate(path):
         found = _read_pylate(path, ckpt, max_seq_len)
+    elif is_multivector_encoder(path):
+        found = _read_multivector(path, ckpt, max_seq_len)
     elif "HF_ColBERT" in (ckpt.head_config.get("architectures") or []):
         found = _read_stanford(path, ckpt, max_seq_len)
     else:
@@ -207,7 +220,8 @@ def _token_id(tokenizer: Any, token: str | None, where: Path, what: str) -> int 
 
 def _skiplist(tokenizer: Any, words: Sequence[str], unk: int | None) -> tuple[int, ...]:
     """Return the skiplist's ids as PyLate computes them (``convert_tokens_to_ids``: a word that
-    is not a token maps to the unknown token's id)."""
+    is not a token maps to the unknown token's id; ``unk`` None: it is dropped, as
+    sentence-transformers 6's MultiVectorMask drops it)."""
     ids = {found if (found := tokenizer.token_to_id(w)) is not None else unk for w in words}
     return tuple(sorted(int(i) for i in ids if i is not None))
 
@@ -215,14 +229,18 @@ def _skiplist(tokenizer: Any, words: Sequence[str], unk: int | None) -> tuple[in
 def _colbert_outputs(ckpt: Checkpoint, tokenizer: Any, where: Path, dim: int, *,
                      query_prefix: str | None, document_prefix: str | None, query_length: int,
                      document_length: int, expansion: bool, attend: bool,
-                     skiplist: Sequence[str], max_seq_len: int) -> Outputs:  # fmt: skip
+                     skiplist: Sequence[str], max_seq_len: int,
+                     expansion_token: str | None = None, score: str = "sum",
+                     unknown_skipped: bool = True) -> Outputs:  # fmt: skip
     if query_length > max_seq_len:
         raise ExportError(
             f"{where}: query length {query_length} exceeds max_seq_len {max_seq_len}: export "
             f"with --max-seq-len {query_length} or more"
         )
     mask = _special_id(ckpt, tokenizer, "mask_token")
-    if mask is None:  # PyLate pads queries with EOS when there is no mask token
+    if expansion_token is not None:
+        mask = _token_id(tokenizer, expansion_token, where, "query expansion token")
+    elif mask is None:  # PyLate pads queries with EOS when there is no mask token
         mask = _special_id(ckpt, tokenizer, "eos_token")
     if expansion and mask is None:
         raise ExportError(f"{where}: query expansion needs a mask (or EOS) token in the tokenizer")
@@ -236,8 +254,9 @@ def _colbert_outputs(ckpt: Checkpoint, tokenizer: Any, where: Path, dim: int, *,
         length=min(document_length, max_seq_len),
     )  # fmt: skip
     return Outputs(multivector=MultiVectorOutput(
-        dim=dim, normalized=True, rows="attention", score="sum",
-        skiplist_ids=_skiplist(tokenizer, skiplist, unk), query=query, document=document,
+        dim=dim, normalized=True, rows="attention", score=score,
+        skiplist_ids=_skiplist(tokenizer, skiplist, unk if unknown_skipped else None),
+        query=query, document=document,
     ))  # fmt: skip
 
 
@@ -254,6 +273,23 @@ def _read_pylate(path: Path, ckpt: Checkpoint, max_seq_len: int) -> RetrievalLay
     )  # fmt: skip
     return RetrievalLayout("pylate", outputs, projection=modules.dense,
                            files=["modules.json", "config_sentence_transformers.json"])  # fmt: skip
+
+
+def _read_multivector(path: Path, ckpt: Checkpoint, max_seq_len: int) -> RetrievalLayout:
+    modules = read_multivector_modules(path, ckpt.config.hidden_size)
+    s = modules.settings
+    outputs = _colbert_outputs(
+        ckpt, _tokenizer(ckpt), path / "config_sentence_transformers.json",
+        int(modules.dense[-1].kernel.shape[1]), query_prefix=s["query_prefix"],
+        document_prefix=s["document_prefix"], query_length=s["query_length"] or max_seq_len,
+        document_length=s["document_length"] or max_seq_len,
+        expansion=bool(s["do_query_expansion"]), attend=bool(s["attend_to_expansion_tokens"]),
+        skiplist=s["skiplist_words"], max_seq_len=max_seq_len,
+        expansion_token=s["expansion_token"], score=s["score"], unknown_skipped=False,
+    )  # fmt: skip
+    files = ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]
+    return RetrievalLayout("multi-vector-encoder", outputs, projection=modules.dense,
+                           files=files)  # fmt: skip
 
 
 def _read_stanford(path: Path, ckpt: Checkpoint, max_seq_len: int) -> RetrievalLayout:

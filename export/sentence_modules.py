@@ -15,6 +15,17 @@ PyLate's ``pylate.models.Dense.Dense`` modules (the same config.json and ``linea
 sentence-transformers' Dense, plus ``use_residual``) and no Pooling: every token keeps its vector.
 ``read_pylate_modules`` reads it (its ColBERT settings in ``config_sentence_transformers.json``:
 prefixes, lengths, expansion, skiplist); export/retrieval.py serves it.
+
+sentence-transformers 6 saves the same modules under new class paths
+(``sentence_transformers.base.modules.transformer.Transformer``,
+``...sentence_transformer.modules.pooling.Pooling``, ``...base.modules.dense.Dense`` with
+``module_input_name``, ``...base.modules.normalize.Normalize``): modules are read by their class
+name, whatever the path. Its Pooling writes ``pooling_mode`` (a name, or a list of them
+concatenated in the order listed) where 5.x wrote one ``pooling_mode_*`` flag per mode. Its
+``MultiVectorEncoder`` (PyLate's ColBERT, absorbed) is the Transformer (``query_length``,
+``document_length``, ``query_expansion`` in ``sentence_bert_config.json``), a token-level Dense,
+a ``MultiVectorMask`` (the skiplist) and Normalize, its markers the ``query``/``document`` prompts;
+``read_multivector_modules`` reads it into the same ``PylateModules``.
 """
 
 from __future__ import annotations
@@ -38,6 +49,9 @@ POOLING_KEYS = (
     ("lasttoken", "pooling_mode_lasttoken"),
 )
 SERVED_POOLINGS = ("cls", "max", "mean", "mean_sqrt_len", "lasttoken")
+# Pooling's pooling_mode names (sentence-transformers 6 writes these) -> the graph's
+POOLING_NAMES = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max",
+                 "mean_sqrt_len_tokens": "mean_sqrt_len"}  # fmt: skip
 # Dense's activation_function (a torch class path) -> the graph's
 ACTIVATIONS = {
     "torch.nn.modules.linear.Identity": "identity",
@@ -109,10 +123,15 @@ def _pooling(path: Path) -> tuple[list[str], bool]:
     config = _json(path / "config.json")
     if not isinstance(config, dict):
         raise ExportError(f"{path / 'config.json'}: expected a JSON object")
-    modes = [name for name, key in POOLING_KEYS if config.get(key)]
-    mode = config.get("pooling_mode")  # newer sentence-transformers may write the name itself
-    if not modes and isinstance(mode, str):
-        modes = [{"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}.get(mode, mode)]
+    mode = config.get("pooling_mode")
+    if mode is not None:  # sentence-transformers 6: names, concatenated in the order listed
+        names = [mode] if isinstance(mode, str) else mode
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ExportError(f"{path / 'config.json'}: pooling_mode must be a name or a list of "
+                              f"names, got {mode!r}")  # fmt: skip
+        modes = [POOLING_NAMES.get(str(n), str(n)) for n in names]
+    else:  # 5.x: one flag per mode, concatenated in POOLING_KEYS' order
+        modes = [name for name, key in POOLING_KEYS if config.get(key)]
     unknown = [m for m in modes if m not in SERVED_POOLINGS]
     if unknown or not modes:
         raise ExportError(
@@ -122,8 +141,17 @@ def _pooling(path: Path) -> tuple[list[str], bool]:
     return modes, bool(config.get("include_prompt", True))
 
 
-def _dense(path: Path, width: int) -> DenseLayer:
+def _dense(path: Path, width: int, reads: str | None = None) -> DenseLayer:
+    """Return the Dense module at ``path``; ``reads`` is the feature it must apply to
+    (sentence-transformers 6's ``module_input_name``: ``sentence_embedding`` after a Pooling,
+    ``token_embeddings`` in a multi-vector model; 5.x's configs name none)."""
     config = _json(path / "config.json")
+    if not isinstance(config, dict):
+        raise ExportError(f"{path / 'config.json'}: expected a JSON object")
+    names = {str(config[k]) for k in ("module_input_name", "module_output_name") if config.get(k)}
+    if reads is not None and names - {reads}:
+        raise ExportError(f"{path / 'config.json'}: a Dense on {sorted(names)} is not served "
+                          f"here (served: {reads})")  # fmt: skip
     if config.get("use_residual"):  # PyLate's Dense may add its input back: not served
         raise ExportError(f"{path / 'config.json'}: use_residual true is not served")
     activation = ACTIVATIONS.get(str(config.get("activation_function")))
@@ -181,7 +209,10 @@ def read_sentence_modules(path: str | Path, hidden_size: int) -> SentenceModules
             found.poolings, found.include_prompt = _pooling(where)
             width = hidden_size * len(found.poolings)
         elif kind == "Dense":
-            layer = _dense(where, width)
+            if not found.poolings:  # the graph applies Dense to the pooled vector
+                raise ExportError(f"{path / 'modules.json'}: a Dense before the Pooling (on "
+                                  "token embeddings) is not served")  # fmt: skip
+            layer = _dense(where, width, "sentence_embedding")
             found.dense.append(layer)
             width = int(layer.kernel.shape[1])
         elif kind == "Normalize":
@@ -256,6 +287,125 @@ def read_pylate_modules(path: str | Path, hidden_size: int) -> PylateModules:
     for key in ("query_length", "document_length"):
         if not isinstance(settings[key], int) or settings[key] < 2:
             raise ExportError(f"{st_path}: {key} must be an integer of at least 2")
+    return PylateModules(dense=dense, settings=settings)
+
+
+MULTIVECTOR_ENCODER = "MultiVectorEncoder"
+MULTIVECTOR_MASK = "MultiVectorMask"
+
+
+def is_multivector_encoder(path: str | Path) -> bool:
+    """Return whether ``path`` is a sentence-transformers 6 ``MultiVectorEncoder`` directory (a
+    modules.json with a MultiVectorMask, or config_sentence_transformers.json's model_type)."""
+    path = Path(path)
+    if not (path / "modules.json").is_file():
+        return False
+    modules = _json(path / "modules.json")
+    if isinstance(modules, list) and any(
+        str(m.get("type", "")).rsplit(".", 1)[-1] == MULTIVECTOR_MASK
+        for m in modules
+        if isinstance(m, dict)
+    ):
+        return True
+    st_config = path / "config_sentence_transformers.json"
+    return st_config.is_file() and _json(st_config).get("model_type") == MULTIVECTOR_ENCODER
+
+
+def _expansion(path: Path, value: Any) -> dict[str, Any] | None:
+    """Return the Transformer's ``query_expansion`` (None: off) as the graph serves it: the
+    ``fixed`` strategy (every query padded or cut to ``length``); ``min`` is not served."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("strategy") != "fixed":
+        raise ExportError(f"{path}: query_expansion {value!r} is not served (served: strategy "
+                          "fixed, or none)")  # fmt: skip
+    length, token = value.get("length"), value.get("token")
+    if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+        raise ExportError(f"{path}: query_expansion length must be an integer of at least 2")
+    if token is not None and not isinstance(token, str):
+        raise ExportError(f"{path}: query_expansion token must be a string")
+    return {"attend": bool(value.get("attend", False)), "token": token, "length": length}
+
+
+def _mask_words(path: Path) -> list[str]:
+    """Return a MultiVectorMask's skiplist words (documents only, as the gateway skips them)."""
+    config = _json(path / "config.json")
+    if not isinstance(config, dict):
+        raise ExportError(f"{path / 'config.json'}: expected a JSON object")
+    tasks = config.get("skiplist_tasks", ["document"])
+    tasks = [tasks] if isinstance(tasks, str) else list(tasks or [])
+    if set(tasks) - {"document"}:
+        raise ExportError(f"{path / 'config.json'}: skiplist_tasks {tasks} is not served (served: "
+                          "document: a query keeps every token)")  # fmt: skip
+    if config.get("keep_only_token_ids"):
+        raise ExportError(f"{path / 'config.json'}: keep_only_token_ids is not served")
+    words = (config.get("skiplist_words") or []) if tasks else []
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise ExportError(f"{path / 'config.json'}: skiplist_words must be a list of strings")
+    return words
+
+
+def read_multivector_modules(path: str | Path, hidden_size: int) -> PylateModules:
+    """Return the token-level Dense projections and ColBERT settings of the sentence-transformers 6
+    ``MultiVectorEncoder`` directory ``path``: Transformer (at the root), Dense..., MultiVectorMask,
+    Normalize. ``settings`` holds PYLATE_DEFAULTS' keys as this layout states them (prefixes are
+    the ``query`` / ``document`` prompts), ``skiplist_words``, ``expansion_token`` (None: the
+    tokenizer's mask token) and ``score`` (``sum``: maxsim, ``mean``: meanmaxsim)."""
+    path = Path(path)
+    modules = _json(path / "modules.json")
+    if not isinstance(modules, list):
+        raise ExportError(f"{path / 'modules.json'}: expected a list of modules")
+    served = "Transformer (the root), Dense, MultiVectorMask, Normalize"
+    kinds: list[str] = []
+    dense: list[DenseLayer] = []
+    words: list[str] | None = None
+    width = hidden_size
+    for module in sorted(modules, key=lambda m: int(m.get("idx", 0))):
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        where = path / str(module.get("path", ""))
+        if kind == "Transformer" and not kinds and where == path:
+            pass
+        elif kind == "Dense" and kinds[-1:] in (["Transformer"], ["Dense"]):
+            layer = _dense(where, width, "token_embeddings")
+            dense.append(layer)
+            width = int(layer.kernel.shape[1])
+        elif kind == MULTIVECTOR_MASK and "Dense" in kinds and MULTIVECTOR_MASK not in kinds:
+            words = _mask_words(where)
+        elif kind == "Normalize" and kinds[-1:] in (["Dense"], [MULTIVECTOR_MASK]):
+            pass
+        else:
+            raise ExportError(f"{path / 'modules.json'}: module {module.get('type')!r} after "
+                              f"{kinds or 'nothing'} is not served in a MultiVectorEncoder "
+                              f"(served, in order: {served})")  # fmt: skip
+        kinds.append(kind)
+    if words is None or "Normalize" not in kinds:
+        raise ExportError(f"{path / 'modules.json'}: a MultiVectorEncoder without its Dense, "
+                          f"MultiVectorMask and Normalize is not served (served, in order: "
+                          f"{served})")  # fmt: skip
+    bert_path = path / "sentence_bert_config.json"
+    bert = _json(bert_path) if bert_path.is_file() else {}
+    expansion = _expansion(bert_path, bert.get("query_expansion"))
+    st_path = path / "config_sentence_transformers.json"
+    st_config = _json(st_path) if st_path.is_file() else {}
+    prompts = st_config.get("prompts") or {}
+    document = next((prompts[k] for k in ("document", "passage", "corpus") if k in prompts), None)
+    similarity = st_config.get("similarity_fn_name") or "maxsim"
+    if similarity not in ("maxsim", "meanmaxsim"):
+        raise ExportError(f"{st_path}: similarity_fn_name {similarity!r} is not served (served: "
+                          "maxsim, meanmaxsim)")  # fmt: skip
+    settings: dict[str, Any] = {
+        "query_prefix": prompts.get("query") or None, "document_prefix": document or None,
+        "query_length": expansion["length"] if expansion else bert.get("query_length"),
+        "document_length": bert.get("document_length"),
+        "do_query_expansion": expansion is not None,
+        "attend_to_expansion_tokens": bool(expansion and expansion["attend"]),
+        "expansion_token": expansion["token"] if expansion else None,
+        "skiplist_words": words, "score": "mean" if similarity == "meanmaxsim" else "sum",
+    }  # fmt: skip
+    for key in ("query_length", "document_length"):
+        value = settings[key]
+        if value is not None and (not isinstance(value, int) or value < 2):
+            raise ExportError(f"{bert_path}: {key} must be an integer of at least 2")
     return PylateModules(dense=dense, settings=settings)
 
 

@@ -2,8 +2,10 @@
 
 Two layouts, as sentence-transformers saves them:
 
-- **SPLADE**: ``modules.json`` lists ``MLMTransformer`` at the root (``path ""``: config.json,
-  model.safetensors and the tokenizer of a ``...ForMaskedLM`` checkpoint) and ``SpladePooling``
+- **SPLADE**: ``modules.json`` lists ``MLMTransformer`` (sentence-transformers 6: a
+  ``Transformer`` whose ``sentence_bert_config.json`` says ``transformer_task: fill-mask``) at
+  the root (``path ""``: config.json, model.safetensors and the tokenizer of a
+  ``...ForMaskedLM`` checkpoint) and ``SpladePooling``
   (``1_SpladePooling/config.json``: ``pooling_strategy`` max|sum, ``activation_function``
   relu|log1p_relu); ``config_sentence_transformers.json`` says ``model_type: SparseEncoder``.
 - **Inference-free** (OpenSearch's doc-only models): one ``Router`` module whose
@@ -118,9 +120,22 @@ def _pooling(path: Path) -> tuple[str, str]:
     return str(pooling), str(activation)
 
 
+def _masked_lm(kind: str, folder: Path) -> str:
+    """Return ``MLM`` for sentence-transformers 6's ``Transformer`` with ``transformer_task``
+    fill-mask (6.x's spelling of MLMTransformer) at ``folder``, else ``kind``."""
+    config = folder / "sentence_bert_config.json"
+    if (
+        kind == "Transformer"
+        and config.is_file()
+        and ((_json(config) or {}).get("transformer_task") == "fill-mask")
+    ):
+        return MLM
+    return kind
+
+
 def _splade_side(root: Path, modules: list[tuple[str, Path]], where: Path) -> SpladeCheckpoint:
     """Return the SPLADE side of ``modules`` ((class, directory) in order): MLM then pooling."""
-    kinds = [k for k, _ in modules]
+    kinds = [_masked_lm(k, folder) for k, folder in modules]
     if kinds != [MLM, POOLING]:
         raise ExportError(
             f"{where}: SPLADE is MLMTransformer then SpladePooling, got {kinds or 'nothing'} "

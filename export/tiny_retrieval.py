@@ -10,6 +10,10 @@ thing and the gateway's end-to-end tests can build the same files:
 - ``save_pylate_checkpoint``: a PyLate ``ColBERT`` built on such an encoder and saved by PyLate
   itself (``ColBERT(...).save``: modules.json, ``1_Dense``, config_sentence_transformers.json,
   the tokenizer with its ``[Q] ``/``[D] `` prefixes added).
+- ``save_multivector_checkpoint``: sentence-transformers 6's ``MultiVectorEncoder`` (PyLate's
+  ColBERT, absorbed) on such an encoder, saved by sentence-transformers itself (needs 6.x);
+  ``as_multivector_layout`` writes a PyLate directory over again the way 6.x saves that model
+  (no sentence-transformers needed: the 6.x layout read where 5.x is installed).
 - ``save_stanford_checkpoint``: Stanford ColBERTv2's ``HF_ColBERT`` layout: config.json's
   ``architectures: ["HF_ColBERT"]``, the encoder under ``bert.`` and ``linear.weight`` in one
   model.safetensors, ``artifact.metadata``, a WordPiece tokenizer with ``[unused0]``/``[unused1]``.
@@ -162,6 +166,90 @@ def save_pylate_checkpoint(dest: str | Path, arch: str = "bert", *, embedding_si
         device="cpu",
     )  # fmt: skip
     model.save(str(dest))
+    return dest
+
+
+MARKERS = ("[Q] ", "[D] ")  # PyLate's prefixes, added to the tokenizer as PyLate adds them
+
+
+def save_multivector_checkpoint(dest: str | Path, arch: str = "bert", *,
+                                embedding_size: int = 16, seed: int = 0, query_length: int = 16,
+                                document_length: int = 32, attend: bool = False,
+                                similarity: str = "maxsim") -> Path:  # fmt: skip
+    """Save a sentence-transformers 6 ``MultiVectorEncoder`` on a tiny ``arch`` encoder into
+    ``dest`` by sentence-transformers itself and return it: the Transformer (queries expanded to
+    ``query_length``, documents cut to ``document_length``), a Dense ``hidden ->
+    embedding_size``, a MultiVectorMask skipping string.punctuation in documents, Normalize, and
+    ``[Q] ``/``[D] `` prompts that are tokens of its tokenizer (PyLate's markers)."""
+    import string
+
+    import torch
+    from sentence_transformers import MultiVectorEncoder  # type: ignore[attr-defined]  # 6.x
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    dest = Path(dest)
+    base = save_encoder(dest.with_name(dest.name + "-base"), arch, seed=seed, extra_tokens=MARKERS)
+    transformer = Transformer(
+        str(base), document_length=document_length,
+        query_expansion={"strategy": "fixed", "attend": attend, "length": query_length},
+    )  # fmt: skip
+    torch.manual_seed(seed + 1)
+    dense = Dense(HIDDEN, embedding_size, bias=False, activation_function=torch.nn.Identity(),
+                  module_input_name="token_embeddings")  # fmt: skip
+    model = MultiVectorEncoder(
+        modules=[transformer, dense, MultiVectorMask(skiplist_words=list(string.punctuation)),
+                 Normalize(module_input_name="token_embeddings")],
+        prompts=dict(zip(("query", "document"), MARKERS, strict=True)), device="cpu",
+        similarity_fn_name=similarity,
+    )  # fmt: skip
+    model.save(str(dest))
+    return dest
+
+
+def as_multivector_layout(source: str | Path, dest: str | Path) -> Path:
+    """Write the PyLate ColBERT directory ``source`` into ``dest`` as sentence-transformers 6
+    saves that model (modules.json's class paths, the Dense's ``module_input_name``, the
+    MultiVectorMask and Normalize modules, the Transformer's lengths and expansion in
+    sentence_bert_config.json, the prefixes as prompts) and return ``dest``."""
+    import shutil
+
+    source, dest = Path(source), Path(dest)
+    shutil.copytree(source, dest)
+    st = json.loads((source / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    dense = json.loads((source / "1_Dense" / "config.json").read_text(encoding="utf-8"))
+    dense.pop("use_residual", None)
+    dense.update(module_input_name="token_embeddings", module_output_name="token_embeddings")
+    folders = {"2_MultiVectorMask": {"skiplist_words": st["skiplist_words"],
+                                     "skiplist_tasks": ["document"], "keep_only_token_ids": None},
+               "3_Normalize": {"module_input_name": "token_embeddings",
+                               "module_output_name": "token_embeddings"},
+               "1_Dense": dense}  # fmt: skip
+    for folder, config in folders.items():
+        (dest / folder).mkdir(exist_ok=True)
+        (dest / folder / "config.json").write_text(json.dumps(config, indent=4), "utf-8")
+    mask = "multi_vector_encoder.modules.multi_vector_mask"
+    paths = {"Transformer": ("", "base.modules.transformer"),
+             "Dense": ("1_Dense", "base.modules.dense"),
+             "MultiVectorMask": ("2_MultiVectorMask", mask),
+             "Normalize": ("3_Normalize", "base.modules.normalize")}  # fmt: skip
+    modules = [{"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.{m}.{kind}"}
+               for i, (kind, (path, m)) in enumerate(paths.items())]  # fmt: skip
+    (dest / "modules.json").write_text(json.dumps(modules, indent=2), "utf-8")
+    expansion = {"strategy": "fixed", "attend": st["attend_to_expansion_tokens"], "token": None,
+                 "length": st["query_length"]} if st["do_query_expansion"] else None  # fmt: skip
+    bert = {"transformer_task": "feature-extraction",
+            "modality_config": {"text": {"method": "forward",
+                                         "method_output_name": "last_hidden_state"}},
+            "module_output_name": "token_embeddings", "document_length": st["document_length"],
+            "query_expansion": expansion}  # fmt: skip
+    (dest / "sentence_bert_config.json").write_text(json.dumps(bert, indent=4), "utf-8")
+    config = {"__version__": {"sentence_transformers": "6.2.0"}, "default_prompt_name": None,
+              "model_type": "MultiVectorEncoder", "similarity_fn_name": None,
+              "prompts": {"query": st["query_prefix"],
+                          "document": st["document_prefix"]}}  # fmt: skip
+    (dest / "config_sentence_transformers.json").write_text(json.dumps(config, indent=2), "utf-8")
     return dest
 
 

@@ -47,10 +47,16 @@ def _masked_lm(where: Path, config: Mapping[str, Any], tokenizer_kind: str, seed
     return where
 
 
-def _splade_modules(source: Path, pooling: str, activation: str, max_len: int) -> list[Any]:
+def _splade_modules(source: Path, pooling: str, activation: str, max_len: int,
+                    mlm_module: str = "MLMTransformer") -> list[Any]:  # fmt: skip
     from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
 
-    mlm = MLMTransformer(str(source), max_seq_length=max_len)
+    if mlm_module == "Transformer":  # sentence-transformers 6's: MLMTransformer is deprecated
+        from sentence_transformers.base.modules import Transformer  # type: ignore[import-not-found]
+
+        mlm = Transformer(str(source), max_seq_length=max_len, transformer_task="fill-mask")
+    else:
+        mlm = MLMTransformer(str(source), max_seq_length=max_len)
     return [mlm, SpladePooling(pooling_strategy=pooling, activation_function=activation)]  # type: ignore[arg-type]
 
 
@@ -63,19 +69,22 @@ def save_tiny_splade(
     activation: str = "relu",
     seed: int = 0,
     max_len: int = 64,
+    mlm_module: str = "MLMTransformer",
 ) -> Path:
     """Save a tiny SPLADE ``SparseEncoder`` at ``dest`` and return it.
 
     ``config`` is transformers config keywords (``model_type`` first of all; BERT by default),
-    ``pooling`` max or sum, ``activation`` relu or log1p_relu (``SpladePooling``'s).
+    ``pooling`` max or sum, ``activation`` relu or log1p_relu (``SpladePooling``'s);
+    ``mlm_module`` ``Transformer`` builds the masked-LM model as sentence-transformers 6 does (a
+    ``Transformer`` with ``transformer_task="fill-mask"``; 6.x only).
     """
     from sentence_transformers import SparseEncoder
 
     dest = Path(dest)
     with tempfile.TemporaryDirectory() as tmp:
         source = _masked_lm(Path(tmp) / "mlm", config or {}, tokenizer_kind, seed)
-        model = SparseEncoder(modules=_splade_modules(source, pooling, activation, max_len))
-        model.save(str(dest))
+        modules = _splade_modules(source, pooling, activation, max_len, mlm_module)
+        SparseEncoder(modules=modules).save(str(dest))
     return dest
 
 

@@ -7,7 +7,9 @@ by export and built in-process, against ``SparseEncoder.encode(..., max_active_d
 same token ids: the same top-k indices and values within 1e-4 (fp32). Every pooling ×
 activation is covered (cycled over the architectures); one bf16 and the inference-free model are
 exported end to end (gate, model.json, the IDF asset), and the inference-free model's queries
-come from the asset by modelformat/sparse_idf.py's rule.
+come from the asset by modelformat/sparse_idf.py's rule. The pinned sentence-transformers 5.x
+saves and answers these; one more is saved and answered by 6.x (its modules' new class paths) in a
+child process (tests/export/st6.py).
 """
 
 from __future__ import annotations
@@ -152,6 +154,28 @@ def _saved_model(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, dict[str
     bucket_signature = loaded.signatures[info["bucket_signatures"][str(bucket)]]
     return {"serving_default": run(loaded.signatures["serving_default"], feeds),
             "bucket": run(bucket_signature, padded)}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", ["MLMTransformer", "Transformer"])
+def test_a_sentence_transformers_6_sparse_encoder_matches_its_encode(
+    tmp_path: Path, module: str
+) -> None:
+    from tests.export.st6 import answers
+
+    k = 24
+    theirs = answers("splade", st6=True, dest=str(tmp_path / "st6"), texts=TEXTS, k=k,
+                     config=CONFIGS["bert"], tokenizer_kind=TOKENIZER_KINDS["bert"],
+                     pooling="max", activation="relu", mlm_module=module)  # fmt: skip
+    types = [m["type"] for m in json.loads((tmp_path / "st6" / "modules.json").read_text())]
+    paths = {"MLMTransformer": "sentence_transformers.sparse_encoder.modules.mlm_transformer",
+             "Transformer": "sentence_transformers.base.modules.transformer"}  # 6.x's  # fmt: skip
+    assert types[0] == f"{paths[module]}.{module}"
+    feeds = {name[len("feed_") :]: value.astype(np.int32) for name, value in theirs.items()
+             if name.startswith("feed_")}  # fmt: skip
+    feeds.setdefault("token_type_ids", np.zeros_like(feeds["input_ids"]))
+    want = [dict(sorted(((int(i), float(row[i])) for i in np.flatnonzero(row)),
+                        key=lambda kv: -kv[1])[:k]) for row in theirs["want"]]  # fmt: skip
+    _same(_as_dicts(_ours(tmp_path / "st6", feeds, k)), want, 1e-4)
 
 
 def test_inference_free_export_serves_documents_and_its_idf_answers_queries(

@@ -14,7 +14,12 @@ output-subset signature answering its base's outputs), against:
 - PyLate's ``ColBERT`` (PyPI ``pylate``), queries and documents: the same vectors, on the ids its
   own ``tokenize`` gives (prefix, [MASK] expansion); rows as model.json says (a query with
   expansion keeps all of them, a document its attended tokens outside ``skiplist_ids``), and
-  model.json's markers equal to PyLate's own (prefix ids, expansion id, skiplist ids, lengths).
+  model.json's markers equal to PyLate's own (prefix ids, expansion id, skiplist ids, lengths);
+- sentence-transformers 6's ``MultiVectorEncoder`` (PyLate absorbed; requirements-st6.txt, run in
+  a child process beside the pinned 5.x: tests/export/st6.py), saved by itself: the same
+  vectors on the ids its own ``preprocess`` gives, those ids the gateway's (``mark`` on model.json's
+  markers), model.json's markers its own; and a PyLate directory written over in 6.x's layout
+  (``as_multivector_layout``) reads as the same model wherever 5.x is installed.
 
 bf16 and fp16 rows are held to the dense gate's tolerance (cosine 0.999), not to 1e-4.
 """
@@ -31,6 +36,7 @@ import pytest
 from export.errors import ExportError
 from export.tiny_retrieval import (
     ARCHITECTURES,
+    as_multivector_layout,
     save_m3_checkpoint,
     save_pylate_checkpoint,
     save_stanford_checkpoint,
@@ -43,13 +49,22 @@ SEQ = 32
 COLBERT_DIM = 16
 
 
+def _save_multivector(dest: Path, arch: str) -> Path:
+    """Save a MultiVectorEncoder with sentence-transformers 6 itself (tests/export/st6.py)."""
+    from tests.export.st6 import answers
+
+    answers("save_multivector", st6=True, dest=str(dest), arch=arch)
+    return dest
+
+
 @pytest.fixture(scope="session")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
     """Return a function saving (once per session) a layout's tiny checkpoint of ``arch``."""
     where = tmp_path_factory.mktemp("retrieval")
     made: dict[tuple[str, str], Path] = {}
     savers = {"bge-m3": save_m3_checkpoint, "pylate": save_pylate_checkpoint,
-              "colbert-v2": save_stanford_checkpoint}  # fmt: skip
+              "colbert-v2": save_stanford_checkpoint,
+              "multi-vector-encoder": _save_multivector}  # fmt: skip
 
     def get(layout: str, arch: str) -> Path:
         if (layout, arch) not in made:
@@ -172,7 +187,59 @@ def colbert_figures(path: Path, serve: Callable[..., dict], layout: Any) -> dict
     return figures
 
 
+def multivector_figures(path: Path, serve: Callable[..., dict], layout: Any) -> dict[str, float]:
+    """Return the worst differences of ``serve``'s outputs to sentence-transformers 6's
+    ``MultiVectorEncoder`` (queries, documents: tests/export/st6.py), after checking model.json's
+    markers against its own and the gateway's ids (``mark`` on those markers) against its
+    ``preprocess``."""
+    from tokenizers import Tokenizer
+
+    from backend.outputs import multivector
+    from backend.tokenization import TextTokenizer
+    from tests.export.st6 import answers
+
+    theirs = answers("multivector", st6=True, path=str(path), queries=QUERIES, documents=TEXTS)
+    multi = layout.outputs.multivector
+    assert set(multi.skiplist_ids) == set(theirs["skiplist_ids"].tolist())
+    assert multi.query.prefix_id == int(theirs["query_prefix_id"])
+    assert multi.document.prefix_id == int(theirs["document_prefix_id"])
+    assert multi.query.expansion_id == int(theirs["mask_id"])
+    assert multi.query.length == int(theirs["query_length"])
+    assert multi.query.attend_to_expansion == bool(theirs["attend"])
+    assert multi.document.length == int(theirs["document_length"])
+    assert str(theirs["score"]) == "maxsim" and (multi.rows, multi.score) == ("attention", "sum")
+    gateway = TextTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")), max_seq_len=64)
+    figures = {}
+    for side, texts in (("query", QUERIES), ("document", TEXTS)):
+        is_query = side == "query"
+        marker = multivector.side_of(multi, is_query)
+        assert marker is not None
+        ours = multivector.mark(gateway.encode(texts, max_len=multivector.max_tokens(marker, 64)),
+                                marker, is_query)  # fmt: skip
+        for i, mine in enumerate(ours):
+            assert mine.ids.tolist() == theirs[f"{side}_ids_{i}"].tolist(), (texts[i], side)
+            attention = np.ones_like(mine.ids) if mine.attention is None else mine.attention
+            assert attention.tolist() == theirs[f"{side}_attention_{i}"].tolist(), (texts[i], side)
+        ids, mask = theirs[f"{side}_input_ids"], theirs[f"{side}_attention_mask"]
+        got = serve(ids, mask, theirs.get(f"{side}_token_type_ids"))
+        worst, cos = 0.0, 1.0
+        for row in range(len(texts)):
+            if is_query:  # expansion: every position, [MASK]s included
+                keep = np.ones(ids.shape[1], bool)
+            else:
+                keep = mask[row].astype(bool) & ~np.isin(ids[row], multi.skiplist_ids)
+            rows, want = got["token_vectors"][row][keep], theirs[f"{side}_want_{row}"]
+            assert rows.shape == want.shape
+            worst = max(worst, float(np.abs(rows - want).max()))
+            cos = min(cos, float(_cosine(rows, want).min()))
+        figures[f"{side}_diff"], figures[f"{side}_cos"] = worst, cos
+    return figures
+
+
 M3_ARCHITECTURES = sorted(ARCHITECTURES)
+# the multi-vector encoder's matrix: one WordPiece, one BPE and one Unigram tokenizer (the prompt
+# is text before the query, so each tokenizer kind must split it off as PyLate inserts its id)
+MULTIVECTOR_ARCHITECTURES = ["bert", "modernbert", "xlm-roberta"]
 
 
 @pytest.mark.parametrize("arch", M3_ARCHITECTURES)
@@ -202,6 +269,79 @@ def test_stanford_layout_matches_pylate(saved: Callable[[str, str], Path]) -> No
     figures = colbert_figures(path, serve, layout)
     print(f"parity colbert-v2 bert fp32 {figures}")
     assert max(figures["query_diff"], figures["document_diff"]) <= 1e-4
+
+
+@pytest.mark.parametrize("arch", MULTIVECTOR_ARCHITECTURES)
+def test_multivector_encoder_layout_matches_sentence_transformers(
+    saved: Callable[[str, str], Path], arch: str
+) -> None:
+    path = saved("multi-vector-encoder", arch)
+    layout, serve = in_process(path)
+    assert layout.layout == "multi-vector-encoder"
+    figures = multivector_figures(path, serve, layout)
+    print(f"parity multi-vector-encoder {arch} fp32 {figures}")
+    assert max(figures["query_diff"], figures["document_diff"]) <= 1e-4
+
+
+def test_a_pylate_directory_in_the_6x_layout_reads_as_the_same_model(
+    saved: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    source = saved("pylate", "bert")
+    path = as_multivector_layout(source, tmp_path / "st6")
+    pylate, serve_pylate = in_process(source)
+    layout, serve = in_process(path)
+    assert (pylate.layout, layout.layout) == ("pylate", "multi-vector-encoder")
+    a, b = pylate.outputs.multivector, layout.outputs.multivector
+    assert (a.query, a.document, a.dim, a.score) == (b.query, b.document, b.dim, b.score)
+    # PyLate maps a skiplist word that is no token to [UNK]; sentence-transformers 6 drops it
+    from tokenizers import Tokenizer
+
+    unk = Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id("[UNK]")
+    assert set(b.skiplist_ids) == set(a.skiplist_ids) - {unk} and unk in a.skiplist_ids
+    ids = np.array([[2, 40, 50, 60, 3], [2, 41, 3, 0, 0]])
+    mask = (ids > 0).astype(np.int64)
+    np.testing.assert_array_equal(serve(ids, mask)["token_vectors"],
+                                  serve_pylate(ids, mask)["token_vectors"])  # fmt: skip
+    figures = multivector_figures(path, serve, layout)  # and as sentence-transformers 6 reads it
+    assert max(figures["query_diff"], figures["document_diff"]) <= 1e-4
+
+
+def test_multivector_encoder_settings_that_are_not_served_are_refused(
+    saved: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from export.build import build
+
+    source = as_multivector_layout(saved("pylate", "bert"), tmp_path / "st6")
+
+    def edit(name: str, file: str, change: Callable[[Any], Any]) -> Path:
+        dest = tmp_path / name
+        shutil.copytree(source, dest)
+        (dest / file).write_text(json.dumps(change(json.loads((dest / file).read_text()))))
+        return dest
+
+    cases = [
+        (edit("min", "sentence_bert_config.json",
+              lambda c: {**c, "query_expansion": {**c["query_expansion"], "strategy": "min"}}),
+         r"query_expansion .* is not served \(served: strategy fixed"),
+        (edit("no-normalize", "modules.json", lambda m: m[:3]),
+         r"without its Dense, MultiVectorMask and Normalize is not served"),
+        (edit("pooled", "modules.json",
+              lambda m: [*m[:3], {**m[3], "type": "sentence_transformers.sentence_transformer."
+                                              "modules.pooling.Pooling"}]),
+         r"Pooling' after .* is not served in a MultiVectorEncoder"),
+        (edit("query-skip", "2_MultiVectorMask/config.json",
+              lambda c: {**c, "skiplist_tasks": ["query", "document"]}),
+         r"skiplist_tasks \['query', 'document'\] is not served"),
+        (edit("text-prompt", "config_sentence_transformers.json",
+              lambda c: {**c, "prompts": {"query": "search_query: ", "document": "[D] "}}),
+         r"query prefix 'search_query: ' is not a token"),
+    ]  # fmt: skip
+    for path, message in cases:
+        with pytest.raises(ExportError, match=message):
+            build(path, "m", tmp_path / "models", task="embed", max_seq_len=SEQ)
 
 
 def exported(path: Path, base: Path, precision: str) -> tuple[dict, Callable[..., dict]]:
