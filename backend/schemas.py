@@ -857,11 +857,10 @@ def parse_request(kind: type[ModelT], raw: bytes, settings: Settings) -> ModelT:
     for field, (check, required) in LISTS[kind].items():
         if field in body:
             check(body[field], field, limits)
-        elif not whole:  # it may be past the cut
-            raise PayloadTooLarge(inputs.values_message(settings))
-        elif required:
+        elif whole and required:  # a cut body's may be past the cut: the lists read are
+            # checked first, so its 4xx names the first bad item or the list over its limit
             raise BadRequest(f"field '{field}' is required: {_NOUNS[field]}")
-    if not whole:  # every list was within its limits: the values are in the others
+    if not whole:  # every list read was within its limits: the values are in the others
         raise PayloadTooLarge(inputs.values_message(settings))
     try:
         request = kind.model_validate(body)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from typing import Any
 
 import grpc
@@ -28,6 +29,7 @@ _INT_RANGES = {
     types_pb2.DT_UINT64: (0, 2**64 - 1),
 }
 _FLOATS = {types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE}
+MAX_RANK = 64  # numpy's most dimensions (numpy 2); no model's input comes near it
 
 _RAPIDJSON_MESSAGES = {
     "Expecting value": "Invalid value.",
@@ -49,6 +51,11 @@ def parse_body(body: bytes) -> Any:
     try:
         # raw_decode stops after the first complete value: trailing garbage is ignored.
         value, _ = json.JSONDecoder().raw_decode(stripped)
+    except RecursionError:  # rapidjson parses iteratively; no tensor nests ~1,000 deep
+        raise invalid(
+            "JSON Parse error: the document nests deeper than this server reads "
+            f"(a tensor has at most {MAX_RANK} dimensions)"
+        ) from None
     except json.JSONDecodeError as exc:
         message = _RAPIDJSON_MESSAGES.get(exc.msg)
         if message is None and exc.msg.startswith("Expecting ','"):
@@ -82,10 +89,48 @@ def _innermost_open(text: str) -> str:
     return depth[-1] if depth else ""
 
 
+DEBUG_BYTES = 256  # kMaxJsonDebugStringBytes
+_END = object()
+
+
 def debug_string(value: Any) -> str:
-    """Return a compact dump of a JSON value for error messages (cut at 256 bytes)."""
-    text = json.dumps(value, separators=(",", ":"))
-    return text[:256]
+    """Return a compact dump of a JSON value for error messages, cut at 256 bytes: written
+    only up to them (a 1 MiB value costs what its first 256 bytes do) and without recursion
+    (a value nested 900 deep is 256 bytes of brackets)."""
+    out: list[str] = []
+    size = 0
+    stack: list[tuple[str, Any, bool]] = []  # (closer, the items' iterator, whether an object)
+    pending: list[Any] = [value]
+    while size < DEBUG_BYTES:
+        if pending:
+            current = pending.pop()
+            if isinstance(current, list):
+                text = "["
+                stack.append(("]", iter(current), False))
+            elif isinstance(current, dict):
+                text = "{"
+                stack.append(("}", iter(current.items()), True))
+            elif isinstance(current, str):
+                text = json.dumps(current[:DEBUG_BYTES])
+            else:
+                text = json.dumps(current)
+        elif stack:
+            closer, items, is_object = stack[-1]
+            item: Any = next(items, _END)
+            if item is _END:
+                text = closer
+                stack.pop()
+            else:
+                text = "" if out[-1] in ("[", "{") else ","
+                if is_object:
+                    text += json.dumps(item[0][:DEBUG_BYTES]) + ":"
+                    item = item[1]
+                pending.append(item)
+        else:
+            break
+        out.append(text)
+        size += len(text)
+    return "".join(out)[:DEBUG_BYTES]
 
 
 def json_type(value: Any) -> str:
@@ -117,7 +162,10 @@ def convert_leaf(value: Any, dtype: int) -> Any:
     if dtype in _FLOATS:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _type_error(value, dtype)
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past a double's range: rapidjson reads it as inf
+            return math.inf if value > 0 else -math.inf
     if dtype in _INT_RANGES:
         low, high = _INT_RANGES[dtype]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -159,58 +207,106 @@ def _shape_of(value: Any) -> list[int]:
 
 
 def to_array(value: Any, dtype: int) -> np.ndarray:
-    """Return a JSON value (scalar, nested list, b64 object) as a numpy array of ``dtype``."""
+    """Return a JSON value (scalar, nested list, b64 object) as a numpy array of ``dtype``, as
+    json_tensor.cc fills a TensorProto: the shape from the first path, each list's size and each
+    leaf's level and type checked in order (the first bad one is the error), then built with
+    the signature's dtype. numpy never infers a dtype from the client's JSON (a list of N
+    numbers and one long string was an N x 4·len unicode array), and the walk is iterative."""
     np_dtype = numpy_dtype(dtype)
-    if isinstance(value, list) and np_dtype is not None and np_dtype is not np.object_:
-        fast = _fast_numeric(value, dtype, np_dtype)
-        if fast is not None:
-            return fast
     shape = _shape_of(value)
-    flat: list[Any] = []
-    _flatten(value, 0, shape, dtype, flat)
+    if len(shape) > MAX_RANK:  # TF Serving's TensorShape would refuse it past 254
+        raise invalid(f"Too many dimensions in tensor: {len(shape)}, over {MAX_RANK}")
+    leaves, kinds = _flatten(value, shape, dtype)
     if np_dtype is None:
         raise invalid(f"Unsupported dtype: {dtype_name(dtype)}")
-    return np.array(flat, dtype=np_dtype).reshape(shape)
+    return _typed(leaves, dtype, np_dtype, kinds).reshape(shape)
 
 
-def _fast_numeric(value: list[Any], dtype: int, np_dtype: Any) -> np.ndarray | None:
-    """Convert well-formed numeric lists in one numpy call; None sends them the checked way."""
-    try:
-        array = np.array(value)
-    except ValueError:  # ragged
-        return None
-    if dtype in _FLOATS and array.dtype.kind in "if":
-        return array.astype(np_dtype)
-    if dtype in _INT_RANGES and array.dtype.kind == "i" and array.size:
-        low, high = _INT_RANGES[dtype]
-        if array.min() >= low and array.max() <= high:
-            return array.astype(np_dtype)
-    if dtype == types_pb2.DT_BOOL and array.dtype.kind == "b":
+def _typed(
+    leaves: list[Any], dtype: int, np_dtype: Any, kinds: set[type] | None = None
+) -> np.ndarray:
+    """Return ``leaves`` as an array of ``np_dtype``: at C speed when their types (``kinds``,
+    read first, never inferred) are what ``dtype`` takes, else leaf by leaf, the first bad one
+    raising TF Serving's type error."""
+    if kinds is None:
+        kinds = set(map(type, leaves))
+    if dtype in _FLOATS and kinds <= {int, float}:
+        try:
+            return np.array(leaves, dtype=np_dtype)
+        except OverflowError:  # an integer past a double's range: leaf by leaf (an inf)
+            pass
+    elif dtype in _INT_RANGES and kinds <= {int}:
+        try:
+            wide = np.array(leaves, dtype=np.int64)
+        except OverflowError:  # past int64 (a uint64's top half, or out of range): leaf by leaf
+            pass
+        else:
+            low, high = _INT_RANGES[dtype]
+            if not wide.size or (low <= wide.min() and wide.max() <= high):
+                return wide.astype(np_dtype, copy=False)
+    elif dtype == types_pb2.DT_BOOL and kinds <= {bool}:
+        return np.array(leaves, dtype=np_dtype)
+    converted = [convert_leaf(leaf, dtype) for leaf in leaves]
+    if np_dtype is np.object_:
+        array = np.empty(len(converted), dtype=object)  # bytes stay bytes, never a bytes_ dtype
+        array[:] = converted
         return array
-    return None
+    return np.array(converted, dtype=np_dtype)
 
 
-def _flatten(value: Any, level: int, shape: list[int], dtype: int, out: list[Any]) -> None:
-    if level == len(shape):
-        if isinstance(value, list):
+def _check_types(leaves: list[Any], dtype: int) -> None:
+    """Raise TF Serving's error for the first of ``leaves`` that ``dtype`` does not take."""
+    _typed(leaves, dtype, np.object_)
+
+
+def _flatten(value: Any, shape: list[int], dtype: int) -> tuple[list[Any], set[type]]:
+    """Return the leaves of ``value`` in order and their types, checking each list's size
+    against ``shape`` and each leaf's level (an explicit stack: nesting depth costs no
+    recursion). A structural error is raised after the leaves before it are type-checked, so
+    the first error is the one TF Serving's in-order walk meets."""
+    rank = len(shape)
+    out: list[Any] = []
+    kinds: set[type] = set()
+    if rank == 0:
+        return [value], {type(value)}
+    stack: list[list[Any]] = [[value, 0]]  # a list being read, the index of its next item
+    while stack:
+        top = stack[-1]
+        items, index = top
+        level = len(stack)  # the level of the items of ``items``
+        if level == rank:  # leaves: the whole list at once
+            types = set(map(type, items))
+            if list in types:
+                first = next(i for i, item in enumerate(items) if isinstance(item, list))
+                out.extend(items[:first])
+                _check_types(out, dtype)
+                raise invalid(
+                    f"JSON Value: {debug_string(items[first])} found at incorrect level: "
+                    f"{level + 1} in the JSON DOM. Expected at level: {level}"
+                )
+            out.extend(items)
+            kinds |= types
+            stack.pop()
+            continue
+        if index == len(items):
+            stack.pop()
+            continue
+        top[1] = index + 1
+        item = items[index]
+        if not isinstance(item, list):
+            _check_types(out, dtype)
             raise invalid(
-                f"JSON Value: {debug_string(value)} found at incorrect level: {level + 1} in the "
-                f"JSON DOM. Expected at level: {level}"
+                f"JSON Value: {debug_string(item)} found at incorrect level: {level} in the "
+                f"JSON DOM. Expected at level: {rank}"
             )
-        out.append(convert_leaf(value, dtype))
-        return
-    if not isinstance(value, list):
-        raise invalid(
-            f"JSON Value: {debug_string(value)} found at incorrect level: {level} in the JSON "
-            f"DOM. Expected at level: {len(shape)}"
-        )
-    if len(value) != shape[level]:
-        raise invalid(
-            f"Encountered list at unexpected size: {len(value)} at level: {level} expected "
-            f"size: {shape[level]}"
-        )
-    for item in value:
-        _flatten(item, level + 1, shape, dtype, out)
+        if len(item) != shape[level]:
+            _check_types(out, dtype)
+            raise invalid(
+                f"Encountered list at unexpected size: {len(item)} at level: {level} expected "
+                f"size: {shape[level]}"
+            )
+        stack.append([item, 0])
+    return out, kinds
 
 
 def decode_predict(doc: Any, sig: Any, sig_label: str) -> tuple[dict[str, np.ndarray], bool]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +36,12 @@ from backend.settings import Settings
 from backend.tokenization import BertTokenizer
 from export.tiny import tiny_vocab
 from ops.drills.costly import PeakRss
+from tests.backend.retrieval_models import COLBERT, M3, SPLADE, write_versions
 from tests.backend.stack import Gateway, ModelServer, gateway_env, model_config
+from tests.once import built_once
 
 EMBED, CROSS, TAGGER = "budget-embed", "budget-cross", "budget-tagger"
+RETRIEVAL = (M3, COLBERT, SPLADE)
 MAX_SEQ_LEN, TAG_SEQ_LEN = 64, 32
 MAX_REQUEST_TOKENS, MAX_REQUEST_ROWS = 4000, 100
 CPU_BOUND_S = 0.5  # the worker's CPU per request: these took 1 to 14 s before issue 41 (0.01 to
@@ -51,7 +55,7 @@ MIB = 1 << 20
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, ModelServer]]:
     """Return a one-worker gateway with the production limits (1 MiB bodies, 256 texts of
     20,000 characters) and a small request budget, and the model server of an embedder, a
-    cross-encoder and a tagger behind it."""
+    cross-encoder, a tagger and the retrieval tables (BGE-M3, ColBERT, SPLADE) behind it."""
     from export.tiny import export_tiny_model
 
     root = tmp_path_factory.mktemp("budget")
@@ -62,18 +66,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, M
                       labels=("LABEL_0",), text_pair=True)  # fmt: skip
     export_tiny_model(base, TAGGER, task="tag", version=1, seed=3, max_seq_len=TAG_SEQ_LEN,
                       warmup=False)  # fmt: skip
+    # the retrieval tables (tests/backend/retrieval_models.py): a SPLADE for /embed_sparse (the
+    # default model), a ColBERT and a BGE-M3 for MaxSim rerank; built once per run, served by
+    # the same model server
+    retrieval = built_once(tmp_path_factory, "budget-retrieval", write_versions)
+    for name in RETRIEVAL:
+        shutil.move(retrieval / name, base / name)
     config = root / "models.config"
-    config.write_text(model_config(base, {}, [EMBED, CROSS, TAGGER]), encoding="utf-8")
+    served = [EMBED, CROSS, TAGGER, *RETRIEVAL]
+    config.write_text(model_config(base, {}, served), encoding="utf-8")
     logs = root / "logs"
     logs.mkdir()
     server = ModelServer(config, logs)
     running: Gateway | None = None
     try:
-        for name in (EMBED, CROSS, TAGGER):
+        for name in served:
             server.wait_available(name, 1)
         env = gateway_env(server, "grpc", base, config)
         env.update({
-            "GATEWAY_DEFAULT_MODEL": EMBED, "GATEWAY_MAX_BODY_BYTES": str(MIB),
+            "GATEWAY_DEFAULT_MODEL": SPLADE, "GATEWAY_MAX_BODY_BYTES": str(MIB),
             "GATEWAY_MAX_TEXTS": "256", "GATEWAY_MAX_TEXT_CHARS": "20000",
             "GATEWAY_MAX_REQUEST_TOKENS": str(MAX_REQUEST_TOKENS),
             "GATEWAY_MAX_REQUEST_ROWS": str(MAX_REQUEST_ROWS),
@@ -135,7 +146,7 @@ def measured(gateway: Gateway, path: str, body: dict[str, Any]) -> tuple[request
 def _message(reply: requests.Response) -> str:
     body = reply.json()
     error = body.get("error", body)
-    return str(error["message"])
+    return error if isinstance(error, str) else str(error["message"])  # TEI's: a string
 
 
 # -- 1. validation is linear in the body and cheap --------------------------------------------
@@ -405,9 +416,16 @@ LIST_FIELDS: list[tuple[str, dict[str, Any], str]] = [
     ("/v2/embed", {"model": EMBED}, "texts"),
     ("/v2/embed", {"model": EMBED, "texts": ["a"]}, "embedding_types"),
     ("/v1/rerank", {"model": EMBED, "query": "q"}, "documents"),
+    (f"/v1/models/{EMBED}:embed", {"texts": ["a"]}, "outputs"),
+    ("/embed_sparse", {}, "inputs"),  # TEI's, on the default model (SPLADE)
+    (f"/v1/models/{COLBERT}:rerank", {"query": "q"}, "documents"),  # MaxSim (sum)
+    ("/v2/rerank", {"model": M3, "query": "q"}, "documents"),  # MaxSim (mean)
+    (f"/v1/models/{M3}:rerank", {"query": "q", "documents": ["a"]}, "weights"),
 ]
 # An item of every JSON type, nested ones included.
 ITEMS: list[Any] = ["a", "", " ", 7, 0.5, -1, True, None, {}, {"text": "x"}, [], ["b"], [7]]
+# and TF Serving's binary value (/tfs's inputs): no other route takes one
+ROUTE_ITEMS: list[Any] = [*ITEMS, {"b64": "eA=="}]
 CPU_SHAPE_BOUND_S = 0.05  # the worker's CPU per generated body
 RSS_SHAPE_BOUND_MIB = 20.0  # and its peak above its RSS before
 
@@ -442,6 +460,10 @@ def _valid_item(field: str, items: list[Any], index: int) -> bool:
         return type(value) in (int, float) and 0 <= value <= 1
     if field == "embedding_types":
         return value in ("float", "int8", "uint8", "binary", "ubinary")
+    if field == "outputs":
+        return value in ("dense", "sparse", "multivector")
+    if field == "weights":
+        return type(value) in (int, float)
     return _text(value)
 
 
@@ -455,8 +477,8 @@ def _shapes() -> Iterator[tuple[str, str, bytes, str, list[Any]]]:
     for f, (path, rest, field) in enumerate(LIST_FIELDS):
         head = orjson.dumps({**rest, field: None})[: -len(b"null}")]
         room = MIB - len(head) - 64
-        for n, filler in enumerate(ITEMS):
-            first = ITEMS[(f + n) % len(ITEMS)]
+        for n, filler in enumerate(ROUTE_ITEMS):
+            first = ROUTE_ITEMS[(f + n) % len(ROUTE_ITEMS)]
             one = orjson.dumps(filler)
             count = (room - len(orjson.dumps(first))) // (len(one) + 1)
             fillers = b",".join([one] * count)

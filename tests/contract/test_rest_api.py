@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.contract.conftest import Server
+from ops.drills.costly import PeakRss
+from tests.contract.conftest import Server, cpu_seconds
 
 PREDICT = "/v1/models/half_plus_two:predict"
 
@@ -237,6 +238,48 @@ def test_predict_errors_match_tf_serving(
     assert set(response.json()) == {"error"}
     if message is not None:
         assert response.json()["error"] == message
+
+
+# Numbers then one long string, where one tensor's value is a list: TF Serving checks each leaf's
+# type as it fills the tensor of the signature's dtype. numpy once inferred the dtype from them:
+# 2,000 numbers and a 50,000-character string were a 2,001 x 200,000-byte unicode array (400 MB).
+LONG = '"' + "x" * 50_000 + '"'
+NUMBERS = "7, " * 2_000
+TINY = "/v1/models/tiny:predict"
+WRAPPED = "Failed to process element: 0{} of 'instances' list. Error: INVALID_ARGUMENT: "
+LONG_STRING_BODIES = {
+    "a float column": (PREDICT, f'{{"inputs": [{NUMBERS}{LONG}]}}', "", "float"),
+    "a float row": (PREDICT, f'{{"instances": [[{NUMBERS}{LONG}]]}}', WRAPPED.format(""),
+                    "float"),
+    "an int32 row's input": (
+        TINY, f'{{"instances": [{{"attention_mask": [1], "token_type_ids": [0], "input_ids": '
+        f'[{NUMBERS}{LONG}]}}]}}', WRAPPED.format(" key: input_ids"), "int32"),
+    "an int32 column": (
+        TINY, f'{{"inputs": {{"attention_mask": [[1]], "token_type_ids": [[0]], "input_ids": '
+        f'[[{NUMBERS}{LONG}]]}}}}', "", "int32"),
+}  # fmt: skip
+RSS_BOUND_MIB = 20.0  # the gateway's bound for a generated body (tests/backend)
+
+
+@pytest.mark.parametrize("case", list(LONG_STRING_BODIES))
+def test_numbers_then_a_long_string_are_a_400_without_the_server_growing(
+    main_server: Server, case: str
+) -> None:
+    """A 56 KB body: TF Serving's type error for the string, and the server's peak memory
+    within 20 MiB of its RSS before (it grew ~400 MiB when numpy inferred a unicode dtype)."""
+    path, body, prefix, dtype = LONG_STRING_BODIES[case]
+    main_server.http.get(f"{main_server.url}/v1/models/half_plus_two", timeout=30)
+    with PeakRss(main_server.proc.pid) as peak:
+        cpu = cpu_seconds(main_server)
+        response = post(main_server, path, body)
+        cpu = cpu_seconds(main_server) - cpu
+    print(f"{case}: {len(body)} bytes, {response.status_code}, CPU {cpu * 1000:.0f} ms, "
+          f"RSS +{peak.grown_mib:.1f} MiB")  # fmt: skip
+    assert response.status_code == 400, response.text[:300]
+    message = response.json()["error"]
+    assert message.startswith(f'{prefix}JSON Value: "xxxx'), message[:300]
+    assert message.endswith(f"Type: String is not of expected type: {dtype}"), message[-300:]
+    assert peak.grown_mib <= RSS_BOUND_MIB, f"{case}: the server grew {peak.grown_mib:.0f} MiB"
 
 
 @pytest.mark.parametrize(

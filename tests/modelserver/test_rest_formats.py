@@ -87,6 +87,8 @@ def test_row_format_stacks_instances_with_signature_dtypes() -> None:
         ({"instances": [2**40]}, "is not of expected type: int32"),
         ({"instances": [[1, [2]]]}, "found at incorrect level"),
         ({"inputs": [[1, 2], [3]]}, "Encountered list at unexpected size: 1 at level: 1"),
+        ({"inputs": [1, True]}, "Type: True is not of expected type: int32"),  # not promoted
+        ({"inputs": [[1, 2], [3, "4"]]}, 'JSON Value: "4" Type: String is not of'),
     ],
 )
 def test_int_inputs_reject_floats_bools_overflow_and_ragged_lists(doc: dict, fragment: str) -> None:
@@ -94,6 +96,53 @@ def test_int_inputs_reject_floats_bools_overflow_and_ragged_lists(doc: dict, fra
         decode_predict(doc, signature(ids=3), "x")
 
     assert fragment in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "message"),
+    [
+        ([0.5, False], 1, "JSON Value: false Type: False is not of expected type: float"),
+        ([[True, 1.0]], 2, "JSON Value: true Type: True is not of expected type: double"),
+        ([1, "x", [2]], 3, 'JSON Value: "x" Type: String is not of expected type: int32'),
+        ([[1, "x"], 2], 3, 'JSON Value: "x" Type: String is not of expected type: int32'),
+        (
+            [[1], 2, "x"],
+            3,
+            "JSON Value: 2 found at incorrect level: 1 in the JSON DOM. Expected at level: 2",
+        ),
+    ],
+)
+def test_the_first_bad_leaf_in_order_is_the_error_and_bools_are_no_numbers(
+    value: list, dtype: int, message: str
+) -> None:
+    """As json_tensor.cc fills a tensor: leaf by leaf in order, the first leaf whose type the
+    signature's dtype does not take (or the first at a wrong level) is the error; numpy used to
+    promote a bool among numbers to 0 or 1."""
+    with pytest.raises(ServingError) as info:
+        decode_predict({"inputs": value}, signature(x=dtype), "x")
+
+    assert info.value.message == message
+
+
+def test_a_float_input_takes_integers_past_a_double_as_infinity() -> None:
+    """rapidjson reads a 400-digit integer as a double (inf); it was an OverflowError (a 500)."""
+    inputs, _ = decode_predict({"inputs": [10**400, -(10**400), 1]}, signature(x=1), "x")
+
+    assert inputs["x"].dtype == np.float32
+    assert inputs["x"].tolist() == [float("inf"), float("-inf"), 1.0]
+
+
+def test_debug_strings_are_written_only_up_to_their_256_bytes() -> None:
+    """The error's dump of a value is cut at 256 bytes, and a value nested past Python's
+    recursion limit is dumped too (json.dumps raised RecursionError: a 500)."""
+    from modelserver.rest_json import debug_string
+
+    value = {"a": [1, 2.5, None, True, 'x"y'], "b": {"c": ["z" * 300]}}
+    assert debug_string(value) == json.dumps(value, separators=(",", ":"))[:256]
+    deep: list = []
+    for _ in range(5_000):
+        deep = [deep]
+    assert debug_string(deep) == "[" * 256
 
 
 def test_half_inputs_are_unimplemented() -> None:

@@ -105,3 +105,25 @@ def test_rest_api_num_threads_bounds_requests_worked_on_at_once(narrow_server: S
     assert statuses[0] == 200 and 503 in statuses, statuses
     refused = next(r for r in replies if r.status_code == 503)
     assert "busy" in json.loads(refused.text)["error"]
+
+
+@pytest.mark.parametrize(
+    ("depth", "message"),
+    [
+        (500, "Error: INVALID_ARGUMENT: Too many dimensions in tensor: 499, over 64"),  # a row
+        (100_000, "JSON Parse error: the document nests deeper than this server reads"),
+    ],
+)
+def test_deep_nesting_is_a_400_and_the_server_serves_on(
+    narrow_server: Server, depth: int, message: str
+) -> None:
+    """TF Serving parses iteratively (kParseIterativeFlag): nesting is no crash there; here
+    Python's parser and numpy stop short of it, and either is a 400 (they were 500s: a
+    RecursionError, numpy's 64 dimensions), not an internal error."""
+    url = f"{narrow_server.url}/v1/models/half_plus_two:predict"
+    body = b'{"instances": ' + b"[" * depth + b"1.0" + b"]" * depth + b"}"
+    response = requests.post(url, data=body, timeout=30)
+    assert response.status_code == 400, response.text[:300]
+    assert message in json.loads(response.text)["error"], response.text[:300]
+    served = requests.post(url, json={"instances": [1.0]}, timeout=30)
+    assert served.status_code == 200, served.text[:300]
