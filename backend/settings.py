@@ -57,12 +57,12 @@ class Settings:
     # strings, lists and objects one /tfs body may hold, counted in its bytes before it is
     # parsed: each costs the parser tens of bytes and the checks a step (a 1 MiB body of `[],`
     # is 350,000 lists, ~30 MiB and ~0.4 s); numbers, the tensors' usual leaves, are not counted
-    tfs_max_values: int = 8_192
+    tfs_max_values: int = 4_096
     # bytes of one /tfs body (within GATEWAY_MAX_BODY_BYTES): TF Serving's JSON is parsed whole
-    # (its parse errors anywhere come first), each number a Python object, and checked in one
-    # pass of C: ~60-120 ns a number on a loaded 2-core AVX2 machine, so 1 MiB of numbers
-    # (524,000 of them) cost a worker 50-80 ms of CPU; half that is within 50 ms
-    tfs_max_body_bytes: int = 524_288
+    # (its parse errors anywhere come first), each number a Python object, and checked in C:
+    # on a loaded 2-core AVX2 machine 1 MiB of numbers (524,000) cost a worker 50-80 ms of CPU,
+    # 512 KiB 40-60 ms, 256 KiB at most 30 ms (tests/backend/test_request_budget.py)
+    tfs_max_body_bytes: int = 262_144
     # bytes of the answer one embedding request (:embed, /v1/embeddings, /v2/embed) may build
     # (multi-vectors are rows x dims numbers, sparse answers indices and weights), and of the
     # model server's reply to it (the outputs the route reads, padded rows): estimated from the

@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
@@ -462,12 +462,17 @@ def to_array(value: Any, dtype: int, ranged: frozenset[int] | None = None) -> np
         array = np.empty(len(leaves), dtype=object)
         array[:] = [v.encode("utf-8") if isinstance(v, str) else _b64(v) for v in leaves]
         return array.reshape(shape)
+    size = math.prod(shape)
+
+    def built(kind: Any) -> np.ndarray:  # the checked leaves, row-major, as ``kind``
+        return np.fromiter(itertools.chain.from_iterable(rows), dtype=kind, count=size)
+
     if dtype in _FLOATS:  # rapidjson's GetFloat is the double cast to float
-        return np.array(value, dtype=np.float64).astype(np_dtype)
+        return built(np.float64).astype(np_dtype).reshape(shape)
     if dtype not in _INT_RANGES:  # bool
-        return np.array(value, dtype=np_dtype)
+        return built(np_dtype).reshape(shape)
     try:  # every leaf is an int: built wide, then held to the dtype's range
-        wide = np.array(value, dtype=np.uint64 if dtype == DT.DT_UINT64 else np.int64)
+        wide = built(np.uint64 if dtype == DT.DT_UINT64 else np.int64)
     except OverflowError:  # past the wide type's range, so past the dtype's
         wide = None
     low, high = _INT_RANGES[dtype]
@@ -475,8 +480,7 @@ def to_array(value: Any, dtype: int, ranged: frozenset[int] | None = None) -> np
         _check_range(rows, dtype)
         raise AssertionError("no int was found past the range its array is past")
     if wide.size and (int(wide.min()) < low or int(wide.max()) > high):
-        flat = wide.reshape(-1)
-        at = int(np.flatnonzero((flat < low) | (flat > high))[0])
+        at = int(np.flatnonzero((wide < low) | (wide > high))[0])
         width = len(rows[0])  # every row has as many (a scalar: one row of itself)
         raise _type_error(rows[at // width][at % width], dtype)
     # an int32 stored in an int8/int16/uint8 tensor is cast, as TF does
@@ -543,6 +547,13 @@ def _check_rows(
     ``_checked_rows`` would one at a time, and add them to ``rows``: the first that is not a
     list of that many leaves, every row before it checked first, is the error."""
     size = shape[level]
+    if len(items) <= 64:  # a few rows: one at a time (a fault in a row's head is found there)
+        for row in items:
+            if not isinstance(row, list) or len(row) != size:
+                _bad_row(row, level, shape, dtype, rows, ranged)
+            _check_leaves(row, dtype, level + 1, rows, ranged)
+            rows.append(row)
+        return
     kinds = list(map(type, items))
     stop = len(items) if kinds.count(list) == len(kinds) else _first_not(kinds, _LIST)
     if stop:
@@ -550,11 +561,6 @@ def _check_rows(
         if sizes.count(size) != stop:
             stop = _first_not_equal(sizes, size)
     good = items[:stop]
-    if stop <= 64:  # few rows: one at a time (a fault in a row's first leaves is found there)
-        for row in good:
-            _check_leaves(row, dtype, level + 1, rows, ranged)
-            rows.append(row)
-        good = []
     leaves = list(itertools.chain.from_iterable(good))
     allowed = _LEAF_TYPES[dtype]
     types = list(map(type, leaves))
@@ -564,17 +570,25 @@ def _check_rows(
         _check_leaves(good[at], dtype, level + 1, rows, ranged)
         raise AssertionError("a row's fault was not found again")
     rows.extend(good)
-    if stop == len(items):
-        return
+    if stop < len(items):
+        _bad_row(items[stop], level, shape, dtype, rows, ranged)
+
+
+def _bad_row(
+    item: Any, level: int, shape: list[int], dtype: int, rows: list[list[Any]],
+    ranged: frozenset[int],
+) -> NoReturn:  # fmt: skip
+    """Raise the error for ``item``, at ``level`` where a row of ``shape[level]`` leaves is
+    expected, after the range of ``rows``' ints (checked before it)."""
     _check_range(rows, dtype, ranged)
-    item = items[stop]
     if not isinstance(item, list):
         raise TfsError(
             f"JSON Value: {debug_string(item)} found at incorrect level: {level} in the "
             f"JSON DOM. Expected at level: {len(shape)}"
         )
     raise TfsError(
-        f"Encountered list at unexpected size: {len(item)} at level: {level} expected size: {size}"
+        f"Encountered list at unexpected size: {len(item)} at level: {level} expected size: "
+        f"{shape[level]}"
     )
 
 
