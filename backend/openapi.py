@@ -176,8 +176,9 @@ _TFS_ERRORS = {
     "401": "No API key, or an unknown one (API keys on).",
     "403": "The API key may not use this model, version or label.",
     "404": "TF Serving's own 404: no such model or version.",
-    "413": "Body over GATEWAY_MAX_BODY_BYTES, rows over GATEWAY_MAX_REQUEST_ROWS or tensor "
-    "elements over GATEWAY_TFS_MAX_ELEMENTS.",
+    "413": "Body over GATEWAY_MAX_BODY_BYTES or GATEWAY_TFS_MAX_BODY_BYTES, rows over "
+    "GATEWAY_MAX_REQUEST_ROWS, tensor elements over GATEWAY_TFS_MAX_ELEMENTS or strings, "
+    "lists and objects over GATEWAY_TFS_MAX_VALUES.",
     "429": "The API key is over its rate (Retry-After), or TF Serving's RESOURCE_EXHAUSTED.",
     "500": "TF Serving's own 500 (an error inside the model's graph), passed on.",
     "501": "TF Serving's own 501 (a dtype its JSON can't carry), passed on.",

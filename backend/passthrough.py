@@ -169,11 +169,14 @@ class Passthrough:
 
     # -- POST: predict, classify, regress ----------------------------------------------------
 
-    def infer(self, verb: str, target: Target, body: bytes, doc: Any) -> Answer:
+    def infer(
+        self, verb: str, target: Target, body: bytes, doc: Any, size: tuple[int, int] | None = None
+    ) -> Answer:
         """Return TF Serving's answer to ``:verb`` with ``body`` (``doc``: its JSON as TF Serving
         reads it, ``tfs_json.parse_body``: a body the gateway can't read and count is refused
-        before this, over either upstream)."""
-        rows = self.check_size(doc)
+        before this, over either upstream; ``size``: its (rows, elements) if counted already,
+        ``tfs_json.read_body``)."""
+        rows = self.check_size(doc, size)
         deadline = self._deadline()  # one for the whole request: metadata, then the call
         transport = self.gateway.client.transport
         version = self.known_version(target)
@@ -184,7 +187,7 @@ class Passthrough:
             if transport == "rest":
                 answer = self._forward("POST", target, f":{verb}", body, deadline)
             elif verb == "predict":
-                answer = self._grpc_predict(target, doc, deadline)
+                answer = self._grpc_predict(target, doc, deadline, body)
             else:
                 answer = self._grpc_examples(verb, target, doc, deadline)
         if answer.version is None:
@@ -194,10 +197,10 @@ class Passthrough:
             clock.inferred = True  # an inference's answer: it carries the timing headers
         return answer
 
-    def check_size(self, doc: Any) -> int:
+    def check_size(self, doc: Any, size: tuple[int, int] | None = None) -> int:
         """Return a body's rows; 413 when it holds more rows or elements than the gateway's
-        limits allow."""
-        rows, elements = request_size(doc)
+        limits allow (``size``: its (rows, elements), counted here if not given)."""
+        rows, elements = request_size(doc) if size is None else size
         settings = self.settings
         if rows > settings.max_request_rows:
             raise PayloadTooLarge(
@@ -211,7 +214,9 @@ class Passthrough:
             )
         return rows
 
-    def _grpc_predict(self, target: Target, doc: Any, deadline: float) -> Answer:
+    def _grpc_predict(
+        self, target: Target, doc: Any, deadline: float, text: bytes | None = None
+    ) -> Answer:
         if not isinstance(doc, dict):
             raise TfsError(f"JSON Value: {debug_string(doc)} Is not object")
         name = doc.get("signature_name", "")
@@ -226,7 +231,7 @@ class Passthrough:
             raise TfsError(f'Serving signature name: "{signature}" not found in signature def')
         with timing.stage("plan"):  # JSON → tensors
             sig = sigs.signature_def[signature]
-            inputs, row_format = decode_predict(doc, sig, name or "DEFAULT")
+            inputs, row_format = decode_predict(doc, sig, name or "DEFAULT", text)
             request = serving_pb2.PredictRequest()
             target.spec(request.model_spec, signature)
             for alias, array in inputs.items():

@@ -54,6 +54,15 @@ class Settings:
     # tensor elements (numbers, strings) one /tfs body may hold, counted before the call: a
     # :predict body can ask the model server for a tensor far over what its bytes suggest
     tfs_max_elements: int = 1_000_000
+    # strings, lists and objects one /tfs body may hold, counted in its bytes before it is
+    # parsed: each costs the parser tens of bytes and the checks a step (a 1 MiB body of `[],`
+    # is 350,000 lists, ~30 MiB and ~0.4 s); numbers, the tensors' usual leaves, are not counted
+    tfs_max_values: int = 4_096
+    # bytes of one /tfs body (within GATEWAY_MAX_BODY_BYTES): TF Serving's JSON is parsed whole
+    # (its parse errors anywhere come first), each number a Python object, and checked in C:
+    # on a loaded 2-core AVX2 machine 1 MiB of numbers (524,000) cost a worker 50-80 ms of CPU,
+    # 512 KiB 40-60 ms, 256 KiB at most 30 ms (tests/backend/test_request_budget.py)
+    tfs_max_body_bytes: int = 262_144
     # bytes of the answer one embedding request (:embed, /v1/embeddings, /v2/embed) may build
     # (multi-vectors are rows x dims numbers, sparse answers indices and weights), and of the
     # model server's reply to it (the outputs the route reads, padded rows): estimated from the
@@ -136,7 +145,7 @@ class Settings:
             raise SettingsError("shadow_queue_size and group_in_flight must be at least 0")
         limits = ("max_texts_per_request", "max_text_chars", "max_token_ids",
                   "max_request_tokens", "max_request_rows", "tfs_max_elements",
-                  "max_answer_bytes")  # fmt: skip
+                  "tfs_max_values", "tfs_max_body_bytes", "max_answer_bytes")  # fmt: skip
         if min(getattr(self, name) for name in limits) < 1:
             raise SettingsError(f"{', '.join(limits)} must be at least 1")
         if min(self.request_timeout_s, self.status_deadline_s, self.shadow_timeout_s) <= 0:
@@ -235,6 +244,8 @@ ENV_NAMES: dict[str, str] = {
     "GATEWAY_MAX_REQUEST_TOKENS": "max_request_tokens",
     "GATEWAY_MAX_REQUEST_ROWS": "max_request_rows",
     "GATEWAY_TFS_MAX_ELEMENTS": "tfs_max_elements",
+    "GATEWAY_TFS_MAX_VALUES": "tfs_max_values",
+    "GATEWAY_TFS_MAX_BODY_BYTES": "tfs_max_body_bytes",
     "GATEWAY_MAX_ANSWER_BYTES": "max_answer_bytes",
     "GATEWAY_BUCKETING": "bucketing",
     "GATEWAY_GRPC_RETRIES": "grpc_retries",

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
 import math
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
@@ -92,31 +93,75 @@ MAX_DEPTH = 260
 # -Infinity itself); strings are matched whole so that a token inside one is left alone.
 _TOKENS = re.compile(r'("(?:[^"\\]|\\.)*")|-?Inf(?:inity)?|-NaN')
 _TOKEN_TEXT = {"Inf": "Infinity", "-Inf": "-Infinity", "-NaN": "NaN"}
-_KEY = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?')
-_COLON_ESCAPE = re.compile(rb"\\u003[aA]")
 _LONG_DIGITS = re.compile(r"[0-9]{20}")
 _BIG_EXPONENT = re.compile(r"[0-9][eE]\+?0*[1-9][0-9]{2}|[0-9]{309}")
 
 
-def parse_body(body: bytes) -> Any:
+def parse_body(body: bytes, most_values: int | None = None) -> Any:
     """Return a request body's JSON as TF Serving's rapidjson reads it (NaN, Inf, -Inf and
     Infinity tokens, integers past 64 bits as doubles, trailing bytes ignored); a 400 for what
     it would refuse, for nesting deeper than MAX_DEPTH and for a key given twice in one object
     (TF Serving reads its first copy, a parse here keeps the last: the body counted must be the
-    body served). Parsing and every walk are iterative: no depth reaches Python's stack."""
+    body served). Parsing and every walk are iterative: no depth reaches Python's stack.
+
+    ``most_values``: the strings, lists and objects the body may hold (GATEWAY_TFS_MAX_VALUES),
+    counted in its bytes before it is parsed: a 413 past it (each costs the parser tens of bytes
+    and every walk a step; numbers cost it a few bytes and are counted as elements)."""
+    return read_body(body, most_values)[0]
+
+
+def read_body(body: bytes, most_values: int | None = None) -> tuple[Any, tuple[int, int]]:
+    """Return (``parse_body``'s JSON, its (rows, elements) as ``request_size`` counts them),
+    both from one walk of the parsed body: each leaf's type is looked at once, in C."""
+    if most_values is not None:
+        _check_values(body, most_values)
     try:
         doc = orjson.loads(body)  # the common case, ~5x faster than the json module
         region = body
     except orjson.JSONDecodeError:
         # NaN/Inf, trailing bytes, a number past double's range, or an error to word as rapidjson
         doc, region = _parse_slowly(body)
-    keys = _check_walk(doc)
-    if keys and _raw_keys(region, doc, keys) != keys:
+    keys, elements = _walk(doc, region.count(b"[") + region.count(b"{"))
+    if keys and _raw_keys(region, keys) != keys:
         raise TfsError(
             "JSON Parse error: the body repeats a member name in one object (TF Serving reads its "
             "first copy): give each name once"
         )
-    return doc
+    return doc, _size(doc, lambda key: elements.get(key, 1))  # 1: count_elements(None)
+
+
+def _check_values(body: bytes, most: int) -> None:
+    """Raise a 413 when ``body`` holds more than ``most`` strings, lists and objects (a 400 when
+    it nests deeper than MAX_DEPTH): three ``bytes.count`` calls when it holds fewer quotes and
+    brackets than that, else counted outside its strings (numpy, a few ms a MiB)."""
+    quick = body.count(b'"') // 2 + body.count(b"[") + body.count(b"{")
+    if quick <= most:
+        return
+    chars, quotes, inside = _strings(body)
+    opens = ((chars == ord("[")) | (chars == ord("{"))) & ~inside
+    closes = ((chars == ord("]")) | (chars == ord("}"))) & ~inside
+    values = int(np.count_nonzero(quotes & inside)) + int(np.count_nonzero(opens))
+    if values <= most:
+        return
+    steps = opens.view(np.int8) - closes.view(np.int8)
+    if int(np.cumsum(steps, dtype=np.int32).max()) > MAX_DEPTH:
+        raise TfsError(_too_deep())
+    raise TfsError(
+        f"the body has {values} strings, lists and objects, over the limit of {most} "
+        "(GATEWAY_TFS_MAX_VALUES)",
+        413,
+    )
+
+
+def _strings(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (``text``'s bytes, where its quotes are, what is inside its strings: their
+    opening quotes too), escapes taken into account."""
+    if b"\\" in text:  # an escaped backslash or quote: two bytes that are neither
+        text = text.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    chars = np.frombuffer(text, dtype=np.uint8)
+    quotes = chars == ord('"')
+    inside = np.bitwise_xor.accumulate(quotes.view(np.uint8)).view(bool)
+    return chars, quotes, inside
 
 
 def _parse_slowly(body: bytes) -> tuple[Any, bytes]:
@@ -169,56 +214,96 @@ def _too_deep() -> str:
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
-def _check_walk(doc: Any) -> int:
-    """Return how many object members ``doc`` holds, walking it a level at a time (no
-    recursion, no record per container); a 400 past MAX_DEPTH."""
+def _containers(values: Any, most: int) -> list[Any]:
+    """Return the lists and objects among ``values`` (a list, or an object's values) in their
+    order, ``most`` of them at most (no more are left in the body); the leaves' types are
+    looked at in C (a list of 500,000 numbers and one list costs a pass of ``map(type)`` and
+    one or two of ``list.index``, no Python step per number)."""
+    items = values if type(values) is list else list(values)
+    types = list(map(type, items))
+    found: list[int] = []
+    for kind in (list, dict):
+        if len(types) <= 64:  # no exception for a short list's last search
+            at = -1
+            for _ in range(types.count(kind) if kind in types else 0):
+                at = types.index(kind, at + 1)
+                found.append(at)
+            continue
+        at = -1
+        try:
+            while len(found) < most:
+                at = types.index(kind, at + 1)
+                found.append(at)
+        except ValueError:
+            pass
+    if not found:
+        return found
+    found.sort()
+    return [items[at] for at in found]
+
+
+def _walk(doc: Any, brackets: int) -> tuple[int, dict[str, int]]:
+    """Return (how many object members ``doc`` holds, the elements of each of its top-level
+    members as ``count_elements`` counts them), walking it a level at a time (no recursion; a
+    step per list and object, the leaves' types looked at in C); a 400 past MAX_DEPTH.
+
+    ``brackets``: the '[' and '{' of its text, so at least its lists and objects: once that
+    many are found, the lists left hold none, and their leaves are not looked at."""
     members = 0
-    level = [doc]
-    for _ in range(MAX_DEPTH):
-        below: list[Any] = []
-        for value in level:
+    elements: dict[str, int] = {}
+    level: list[tuple[Any, str | None]] = [(doc, None)]  # a value, the member it counts for
+    found = 1 if type(doc) in (list, dict) else 0
+    for depth in range(MAX_DEPTH):
+        if found >= brackets and depth > 0:  # every list and object is in this level or above
+            for value, member in level:
+                size = len(value)
+                if type(value) is dict:
+                    members += size
+                    if size == 1 and "b64" in value:
+                        size = 1  # one leaf (what it holds is not counted)
+                if member is not None:
+                    elements[member] += size
+            return members, elements
+        below: list[tuple[Any, str | None]] = []
+        groups: dict[str | None, list[Any]] = {}  # each member's lists and objects' values
+        for value, member in level:
             if type(value) is dict:
                 members += len(value)
+                if depth == 0:  # the body's own members, each counted on its own
+                    for key, item in value.items():
+                        elements[key] = 0 if type(item) in (list, dict) else 1
+                    below.extend((item, key) for key, item in value.items() if elements[key] == 0)
+                    continue
+                if member is not None and len(value) == 1 and "b64" in value:
+                    elements[member] += 1  # one leaf: what it holds is not counted
+                    member = None
                 value = value.values()
-            if value and not set(map(type, value)) <= _SCALARS:
-                below.extend(item for item in value if type(item) in (list, dict))
+            groups.setdefault(member, []).append(value)
+        for member, parts in groups.items():  # the level's items of a member: one list, in C
+            items = parts[0] if len(parts) == 1 and type(parts[0]) is list else (
+                list(itertools.chain.from_iterable(parts))
+            )  # fmt: skip
+            left = brackets - found - len(below)  # lists and objects not found yet, at most
+            inner = _containers(items, left) if left > 0 and items else []
+            if member is not None:
+                elements[member] += len(items) - len(inner)
+            below.extend([(item, member) for item in inner])
+        found += len(below)
         if not below:
-            return members
+            return members, elements
         level = below
     raise TfsError(_too_deep())
 
 
-def _raw_keys(region: bytes, doc: Any, parsed: int) -> int:
+def _raw_keys(region: bytes, parsed: int) -> int:
     """Return how many member names the JSON text ``region`` spells (``parsed``: those its
     parse kept): every ':' outside a string follows one, so no more ':' than that is the
-    common case."""
+    common case, and the others are counted outside its strings (numpy)."""
     colons = region.count(b":")
     if colons == parsed:
         return parsed
-    if _COLON_ESCAPE.search(region) is None:
-        return colons - _colons_in_strings(doc)
-    found = _KEY.findall(region)
-    return len(found) - found.count(b"")
-
-
-def _colons_in_strings(doc: Any) -> int:
-    """Return the ':' characters in ``doc``'s strings, member names included."""
-    count = 0
-    stack = [doc]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            count += "".join(value).count(":")
-            items: Any = value.values()
-        elif isinstance(value, list):
-            items = value
-        else:
-            count += value.count(":") if isinstance(value, str) else 0
-            continue
-        texts = [item for item in items if type(item) is str]
-        count += "".join(texts).count(":")
-        stack.extend(item for item in items if type(item) in (list, dict))
-    return count
+    chars, _, inside = _strings(region)
+    return int(np.count_nonzero((chars == ord(":")) & ~inside))
 
 
 def _innermost_open(text: str) -> str:
@@ -276,16 +361,9 @@ def count_elements(value: Any) -> int:
             elif kind is not list:
                 count += 1
                 continue
-            if not value:
-                continue
-            if set(map(type, value)) <= _SCALARS:
-                count += len(value)
-                continue
-            for item in value:
-                if type(item) in (list, dict):
-                    below.append(item)
-                else:
-                    count += 1
+            inner = _containers(value, len(value)) if value else []
+            count += len(value) - len(inner)
+            below.extend(inner)
         level = below
     return count
 
@@ -293,16 +371,21 @@ def count_elements(value: Any) -> int:
 def request_size(doc: Any) -> tuple[int, int]:
     """Return (rows, elements) of a predict/classify/regress body: rows are ``instances`` or
     ``examples`` entries (columnar ``inputs``: the first input's first dimension)."""
+    return _size(doc, lambda key: count_elements(doc.get(key)))
+
+
+def _size(doc: Any, elements_of: Any) -> tuple[int, int]:
+    """``request_size``, ``elements_of(key)`` counting the elements of the member ``key``."""
     if not isinstance(doc, dict):
         return 0, 0
     for key in ("instances", "examples"):
         if isinstance(doc.get(key), list):
-            context = count_elements(doc["context"]) if "context" in doc else 0
-            return len(doc[key]), count_elements(doc[key]) + context
+            context = elements_of("context") if "context" in doc else 0
+            return len(doc[key]), elements_of(key) + context
     inputs = doc.get("inputs")
     first = next(iter(inputs.values()), None) if isinstance(inputs, dict) else inputs
     rows = len(first) if isinstance(first, list) else 1
-    return rows, count_elements(inputs)
+    return rows, elements_of("inputs")
 
 
 # -- JSON → numpy (json_tensor.cc FillPredictRequestFromJson) ---------------------------------
@@ -360,7 +443,7 @@ def _shape_of(value: Any) -> list[int]:
     return shape
 
 
-def to_array(value: Any, dtype: int) -> np.ndarray:
+def to_array(value: Any, dtype: int, ranged: frozenset[int] | None = None) -> np.ndarray:
     """Return a JSON value (scalar, nested list, b64 object) as a numpy array of ``dtype``:
     its shape and every leaf's type checked first, in TF Serving's order, then one array of
     that dtype built (numpy never infers a dtype from the client's JSON)."""
@@ -373,17 +456,35 @@ def to_array(value: Any, dtype: int) -> np.ndarray:
             f"Conversion of JSON Value: {debug_string(leaf)} to type: {dtype_name(dtype)}", 501
         )
     shape = _shape_of(value)
-    leaves = _checked_leaves(value, shape, dtype)
+    rows = _checked_rows(value, shape, dtype, _INT_DTYPES if ranged is None else ranged)
     if dtype == DT.DT_STRING:
+        leaves = list(itertools.chain.from_iterable(rows))
         array = np.empty(len(leaves), dtype=object)
         array[:] = [v.encode("utf-8") if isinstance(v, str) else _b64(v) for v in leaves]
-    elif dtype in _FLOATS:  # rapidjson's GetFloat is the double cast to float
-        array = np.array(leaves, dtype=np.float64).astype(np_dtype)
-    elif dtype in _INT32_WIDE:  # an int32 stored in an int8/int16/uint8 tensor: cast, as TF does
-        array = np.array(leaves, dtype=np.int64).astype(np_dtype)
-    else:
-        array = np.array(leaves, dtype=np_dtype)
-    return array.reshape(shape)
+        return array.reshape(shape)
+    size = math.prod(shape)
+
+    def built(kind: Any) -> np.ndarray:  # the checked leaves, row-major, as ``kind``
+        return np.fromiter(itertools.chain.from_iterable(rows), dtype=kind, count=size)
+
+    if dtype in _FLOATS:  # rapidjson's GetFloat is the double cast to float
+        return built(np.float64).astype(np_dtype).reshape(shape)
+    if dtype not in _INT_RANGES:  # bool
+        return built(np_dtype).reshape(shape)
+    try:  # every leaf is an int: built wide, then held to the dtype's range
+        wide = built(np.uint64 if dtype == DT.DT_UINT64 else np.int64)
+    except OverflowError:  # past the wide type's range, so past the dtype's
+        wide = None
+    low, high = _INT_RANGES[dtype]
+    if wide is None:
+        _check_range(rows, dtype)
+        raise AssertionError("no int was found past the range its array is past")
+    if wide.size and (int(wide.min()) < low or int(wide.max()) > high):
+        at = int(np.flatnonzero((wide < low) | (wide > high))[0])
+        width = len(rows[0])  # every row has as many (a scalar: one row of itself)
+        raise _type_error(rows[at // width][at % width], dtype)
+    # an int32 stored in an int8/int16/uint8 tensor is cast, as TF does
+    return wide.astype(np_dtype).reshape(shape)
 
 
 # The JSON leaves each dtype takes (bools are not numbers, ints are; json_tensor.cc).
@@ -395,15 +496,19 @@ _LEAF_TYPES: dict[int, frozenset[type]] = {
 }
 
 
-def _checked_leaves(value: Any, shape: list[int], dtype: int) -> list[Any]:
-    """Return the leaves of ``value`` in row-major order after checking, without recursion,
-    that it is a dense tensor of ``shape`` whose leaves ``dtype`` takes; the first fault in
-    document order is the error, worded as TF Serving words it."""
+def _checked_rows(
+    value: Any, shape: list[int], dtype: int, ranged: frozenset[int]
+) -> list[list[Any]]:
+    """Return the innermost lists of ``value`` in row-major order (a scalar: one of itself)
+    after checking, without recursion, that it is a dense tensor of ``shape`` whose leaves
+    ``dtype`` takes; the first fault in document order is the error, worded as TF Serving
+    words it. Leaves' types are checked in C, a list at a time; ints' range only before a
+    fault here (the array built after this checks the others' at once)."""
     rank = len(shape)
     if rank == 0:
-        _check_leaves([value], dtype, 0)
-        return [value]
-    leaves: list[Any] = []
+        _check_leaves([value], dtype, 0, [], ranged)
+        return [[value]]
+    rows: list[list[Any]] = []
     stack = [iter((value,))]
     while stack:
         level = len(stack) - 1
@@ -412,47 +517,183 @@ def _checked_leaves(value: Any, shape: list[int], dtype: int) -> list[Any]:
             stack.pop()
             continue
         if not isinstance(item, list):
+            _check_range(rows, dtype, ranged)
             raise TfsError(
                 f"JSON Value: {debug_string(item)} found at incorrect level: {level} in the "
                 f"JSON DOM. Expected at level: {rank}"
             )
         if len(item) != shape[level]:
+            _check_range(rows, dtype, ranged)
             raise TfsError(
                 f"Encountered list at unexpected size: {len(item)} at level: {level} expected "
                 f"size: {shape[level]}"
             )
+        if level + 2 == rank:  # its items are rows: checked together, in C
+            _check_rows(item, level + 1, shape, dtype, rows, ranged)
+            continue
         if level + 1 < rank:
             stack.append(iter(item))
             continue
-        _check_leaves(item, dtype, rank)
-        leaves.extend(item)
-    return leaves
+        _check_leaves(item, dtype, rank, rows, ranged)
+        rows.append(item)
+    return rows
+
+
+def _check_rows(
+    items: list[Any], level: int, shape: list[int], dtype: int, rows: list[list[Any]],
+    ranged: frozenset[int],
+) -> None:  # fmt: skip
+    """Check ``items`` (at ``level``: rows of ``shape[level]`` leaves each, by the shape) as
+    ``_checked_rows`` would one at a time, and add them to ``rows``: the first that is not a
+    list of that many leaves, every row before it checked first, is the error."""
+    size = shape[level]
+    if len(items) <= 64:  # a few rows: one at a time (a fault in a row's head is found there)
+        for row in items:
+            if not isinstance(row, list) or len(row) != size:
+                _bad_row(row, level, shape, dtype, rows, ranged)
+            _check_leaves(row, dtype, level + 1, rows, ranged)
+            rows.append(row)
+        return
+    kinds = list(map(type, items))
+    stop = len(items) if kinds.count(list) == len(kinds) else _first_not(kinds, _LIST)
+    if stop:
+        sizes = list(map(len, items[:stop]))
+        if sizes.count(size) != stop:
+            stop = _first_not_equal(sizes, size)
+    good = items[:stop]
+    leaves = list(itertools.chain.from_iterable(good))
+    allowed = _LEAF_TYPES[dtype]
+    types = list(map(type, leaves))
+    if sum(map(types.count, allowed)) != len(types):
+        at = _first_not(types, allowed) // size
+        rows.extend(good[:at])
+        _check_leaves(good[at], dtype, level + 1, rows, ranged)
+        raise AssertionError("a row's fault was not found again")
+    rows.extend(good)
+    if stop < len(items):
+        _bad_row(items[stop], level, shape, dtype, rows, ranged)
+
+
+def _bad_row(
+    item: Any, level: int, shape: list[int], dtype: int, rows: list[list[Any]],
+    ranged: frozenset[int],
+) -> NoReturn:  # fmt: skip
+    """Raise the error for ``item``, at ``level`` where a row of ``shape[level]`` leaves is
+    expected, after the range of ``rows``' ints (checked before it)."""
+    _check_range(rows, dtype, ranged)
+    if not isinstance(item, list):
+        raise TfsError(
+            f"JSON Value: {debug_string(item)} found at incorrect level: {level} in the "
+            f"JSON DOM. Expected at level: {len(shape)}"
+        )
+    raise TfsError(
+        f"Encountered list at unexpected size: {len(item)} at level: {level} expected size: "
+        f"{shape[level]}"
+    )
+
+
+_LIST = frozenset((list,))
+
+
+def _first_not_equal(values: list[int], value: int) -> int:
+    """Return the index of the first of ``values`` (one is) that is not ``value``."""
+    low, high = 0, len(values)
+    while high - low > 32:
+        middle = (low + high) // 2
+        if values[low:middle].count(value) == middle - low:
+            low = middle
+        else:
+            high = middle
+    return next(at for at in range(low, high) if values[at] != value)
 
 
 _END = object()
 
 
-def _check_leaves(items: list[Any], dtype: int, level: int) -> None:
+def _check_leaves(
+    items: list[Any], dtype: int, level: int, before: list[list[Any]], ranged: frozenset[int]
+) -> None:
     """Raise TF Serving's error for the first of ``items`` (leaves at ``level``) that ``dtype``
-    does not take: their types checked in one pass, values in range by their extremes."""
+    does not take, their types checked in C (``before``: the rows checked so far, whose ints'
+    range is checked first when one of these is a fault and ``dtype`` is in ``ranged``)."""
     allowed = _LEAF_TYPES[dtype]
-    fine = set(map(type, items)) <= allowed
-    if fine and dtype in _INT_RANGES and items:
-        low, high = _INT_RANGES[dtype]
-        fine = low <= min(items) and max(items) <= high
-    if fine:
-        return
-    for item in items:
+    head = items if len(items) <= 16 else items[:16]
+    if set(map(type, head)) <= allowed:  # else the fault is found in those
+        if head is items:
+            return
+        types = list(map(type, items))
+        if sum(map(types.count, allowed)) == len(types):  # in C, at a pointer's compare each
+            return
+        first = _first_not(types, allowed)
+    else:
+        first = 0
+    if dtype == DT.DT_STRING:  # a malformed b64 object before the fault is the error
+        first = 0  # (strings are few: GATEWAY_TFS_MAX_VALUES)
+    else:
+        _check_range([*before, items[:first]], dtype, ranged)
+    for item in items[first:]:
         if isinstance(item, list):
             raise TfsError(
                 f"JSON Value: {debug_string(item)} found at incorrect level: {level + 1} in the "
                 f"JSON DOM. Expected at level: {level}"
             )
-        convert_leaf(item, dtype)  # raises for the first one it does not take
+        convert_leaf(item, dtype)  # raises for the first one ``dtype`` does not take
+    raise AssertionError(f"no leaf of {items[:8]!r}... was refused as {dtype_name(dtype)}")
 
 
-def decode_predict(doc: Any, sig: Any, sig_label: str) -> tuple[dict[str, np.ndarray], bool]:
-    """Return (inputs by alias, row_format) of a parsed predict body for a SignatureDef."""
+def _first_not(types: list[type], allowed: frozenset[type]) -> int:
+    """Return the index of the first of ``types`` not in ``allowed`` (one is), halving the
+    span that holds it: ``list.count`` on a slice (a pointer's compare each, in C)."""
+    low, high = 0, len(types)
+    while high - low > 32:
+        middle = (low + high) // 2
+        part = types[low:middle]
+        if sum(map(part.count, allowed)) == len(part):
+            low = middle
+        else:
+            high = middle
+    return next(at for at in range(low, high) if types[at] not in allowed)
+
+
+def _check_range(rows: list[list[Any]], dtype: int, ranged: frozenset[int] | None = None) -> None:
+    """Raise the error for the first int of ``rows`` (of ints) past ``dtype``'s range, looked
+    for in numpy: as int64s, or past that as doubles (exact within 2**53; one at a bound past
+    that is checked as the int it is)."""
+    if dtype not in (_INT_DTYPES if ranged is None else ranged) or not rows:
+        return
+    low, high = _INT_RANGES[dtype]
+    leaves = list(itertools.chain.from_iterable(rows))
+    try:
+        wide = np.fromiter(leaves, dtype=np.int64, count=len(leaves))
+        if not len(wide) or (int(wide.min()) >= low and int(wide.max()) <= high):
+            return
+        bad = (wide < low) | (wide > high)
+    except OverflowError:  # past int64: as doubles (ints under 2**64 fit)
+        doubles = np.fromiter(leaves, dtype=np.float64, count=len(leaves))
+        bad = doubles < low if -low <= 2**53 else doubles <= low
+        bad |= doubles > high if high <= 2**53 else doubles >= high
+    for at in np.flatnonzero(bad).tolist():
+        if not low <= leaves[at] <= high:
+            raise _type_error(leaves[at], dtype)
+
+
+_INT_DTYPES = frozenset(_INT_RANGES)
+_DIGITS = bytes(ord("0") if ord("0") <= byte <= ord("9") else ord(" ") for byte in range(256))
+
+
+def int_ranges_to_check(text: bytes | None) -> frozenset[int]:
+    """Return the int dtypes whose range an int of the JSON ``text`` may be past (each, when
+    the text is not known): one needs 10 digits, or a '-' for the unsigned ones (in C)."""
+    if text is None or text.translate(_DIGITS).find(b"0" * 10) >= 0:
+        return _INT_DTYPES
+    return frozenset((DT.DT_UINT32, DT.DT_UINT64)) if b"-" in text else frozenset()
+
+
+def decode_predict(
+    doc: Any, sig: Any, sig_label: str, text: bytes | None = None
+) -> tuple[dict[str, np.ndarray], bool]:
+    """Return (inputs by alias, row_format) of a parsed predict body for a SignatureDef
+    (``text``: the body, if known: its ints' range is checked only where it may be past)."""
     if not isinstance(doc, dict):
         raise TfsError(f"JSON Value: {debug_string(doc)} Is not object")
     if not sig.inputs:
@@ -464,9 +705,9 @@ def decode_predict(doc: Any, sig: Any, sig_label: str) -> tuple[dict[str, np.nda
             "'inputs' or 'instances' keys to exist "
         )
     if has_instances:
-        return _decode_instances(doc["instances"], sig), True
+        return _decode_instances(doc["instances"], sig, int_ranges_to_check(text)), True
     if has_inputs:
-        return _decode_inputs(doc["inputs"], sig), False
+        return _decode_inputs(doc["inputs"], sig, int_ranges_to_check(text)), False
     raise TfsError("Missing 'inputs' or 'instances' key")
 
 
@@ -474,7 +715,7 @@ def _is_b64(value: Any) -> bool:
     return isinstance(value, dict) and list(value) == ["b64"]
 
 
-def _decode_instances(instances: Any, sig: Any) -> dict[str, np.ndarray]:
+def _decode_instances(instances: Any, sig: Any, ranged: frozenset[int]) -> dict[str, np.ndarray]:
     if not isinstance(instances, list):
         raise TfsError("Expecting 'instances' to be an list/array")
     if not instances:
@@ -508,7 +749,7 @@ def _decode_instances(instances: Any, sig: Any) -> dict[str, np.ndarray]:
         for name in names:
             where = f"{index} key: {name}" if objects else f"{index}"
             try:
-                array = to_array(row[name], sig.inputs[name].dtype)
+                array = to_array(row[name], sig.inputs[name].dtype, ranged)
                 if columns[name] and array.shape != columns[name][0].shape:
                     first = columns[name][0]
                     if array.size != first.size:
@@ -528,7 +769,7 @@ def _decode_instances(instances: Any, sig: Any) -> dict[str, np.ndarray]:
     return {name: np.stack(parts) for name, parts in columns.items()}
 
 
-def _decode_inputs(inputs: Any, sig: Any) -> dict[str, np.ndarray]:
+def _decode_inputs(inputs: Any, sig: Any, ranged: frozenset[int]) -> dict[str, np.ndarray]:
     names = sorted(sig.inputs)
     if not isinstance(inputs, dict) or _is_b64(inputs):
         if len(names) > 1:
@@ -536,12 +777,12 @@ def _decode_inputs(inputs: Any, sig: Any) -> dict[str, np.ndarray]:
                 "inputs is a plain value/list, but expecting an object as multiple input "
                 "tensors required as per tensorinfo_map"
             )
-        return {names[0]: to_array(inputs, sig.inputs[names[0]].dtype)}
+        return {names[0]: to_array(inputs, sig.inputs[names[0]].dtype, ranged)}
     out = {}
     for name in names:  # extra keys are ignored, as TF Serving only walks the signature
         if name not in inputs:
             raise TfsError(f"Missing named input: {name} in 'inputs' object.")
-        out[name] = to_array(inputs[name], sig.inputs[name].dtype)
+        out[name] = to_array(inputs[name], sig.inputs[name].dtype, ranged)
     return out
 
 

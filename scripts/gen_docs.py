@@ -99,6 +99,18 @@ SETTING_MEANINGS: dict[str, str] = {
     "GATEWAY_TFS_MAX_ELEMENTS": "tensor elements (numbers, strings, b64 values) one `/tfs` body "
     "may hold, counted before the call: 413 naming it past that "
     "([coming from TF Serving](../guides/coming-from-other-servers.md))",
+    "GATEWAY_TFS_MAX_BODY_BYTES": "bytes of one `/tfs` body (within `GATEWAY_MAX_BODY_BYTES`): "
+    "413 naming it past that, before the body is read. TF Serving's JSON is parsed whole (a "
+    "parse error anywhere comes first, as there), each number a Python object, and checked in one "
+    "pass: 1 MiB of numbers (524,000) cost a worker 50-80 ms of CPU on a loaded 2-core machine, "
+    "512 KiB 40-60 ms, the default 256 KiB at most 30 ms "
+    "([coming from TF Serving](../guides/coming-from-other-servers.md))",
+    "GATEWAY_TFS_MAX_VALUES": "strings, lists and objects one `/tfs` body may hold, counted in "
+    "its bytes before it is parsed (outside strings, member names included): 413 naming it past "
+    "that. Each costs the parser tens of bytes and the checks a step (a 1 MiB body of `[],` is "
+    "350,000 lists: ~30 MiB and ~0.4 s of a worker); numbers are not counted "
+    "(`GATEWAY_TFS_MAX_ELEMENTS` bounds them). The default fits 512 rows of 8 "
+    "([coming from TF Serving](../guides/coming-from-other-servers.md))",
     "GATEWAY_MAX_ANSWER_BYTES": "bytes the answer of one embedding request (`:embed`, "
     "`/v1/embeddings`, `/v2/embed`) may take, and the model server's reply to it, estimated per "
     "output kind from the tokenized rows before the model runs (multi-vectors: rows × dims numbers "

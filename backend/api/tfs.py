@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, g
+from flask import Blueprint, Response, g, request
 
 from backend import timing
 from backend.api import current_gateway, request_body
 from backend.errors import ERROR_SHAPES, PATH_SHAPES, GatewayError, UpstreamStatus
 from backend.passthrough import Answer
-from backend.tfs_json import TfsError, error_body, parse_body
+from backend.tfs_json import TfsError, error_body, read_body
 
 bp = Blueprint("tfs", __name__, url_prefix="/tfs/v1/models")
 
@@ -59,15 +59,20 @@ def infer(model: str, verb: str, version: int | None = None, label: str | None =
     """TF Serving's :predict, :classify and :regress, limits and routing added."""
     passthrough = current_gateway().passthrough()
     with timing.stage("validate"):
+        most = passthrough.settings.tfs_max_body_bytes
+        if (request.content_length or 0) > most:  # refused before it is read
+            return _error(_body_too_large(request.content_length or 0, most))
         body = request_body()
+        if len(body) > most:
+            return _error(_body_too_large(len(body), most))
         if _too_big(version):
             return _error(_version_error(version))
         try:  # as TF Serving's parser reads it; what can't be read and counted goes no further
-            doc = parse_body(body)
+            doc, size = read_body(body, passthrough.settings.tfs_max_values)
         except TfsError as exc:
             return _error(exc)
         target = passthrough.target(model, version, label)
-    answer = _answered_raw(lambda p: p.infer(verb, target, body, doc), model)
+    answer = _answered_raw(lambda p: p.infer(verb, target, body, doc, size), model)
     if isinstance(answer, Response):
         return answer
     if verb == "predict":
@@ -94,6 +99,12 @@ def _answered_raw(call: Any, model: str) -> Answer | Response:
     if answer.version is not None and g.served_model != "other":
         g.served_version = answer.version
     return answer
+
+
+def _body_too_large(size: int, most: int) -> TfsError:
+    return TfsError(
+        f"the body has {size} bytes, over the limit of {most} (GATEWAY_TFS_MAX_BODY_BYTES)", 413
+    )
 
 
 def _too_big(version: int | None) -> bool:

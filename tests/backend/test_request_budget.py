@@ -579,10 +579,17 @@ TFS_PREDICT = f"/tfs/v1/models/{EMBED}:predict"
 TFS_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the export's int32 inputs
 
 
-def _tfs_shapes() -> Iterator[tuple[str, bytes]]:
-    """Yield (case, body) of /tfs :predict bodies just under the 1 MiB cap: every item type
-    (first, then as many fillers as fit) as rows, as one row's input, as a column; numbers then
-    one long string (numpy once made an N x 4·len unicode array of them); nesting no tensor has."""
+TFS_MAX_VALUES = Settings().tfs_max_values  # the stack's (GATEWAY_TFS_MAX_VALUES unset)
+TFS_BODY = Settings().tfs_max_body_bytes  # and GATEWAY_TFS_MAX_BODY_BYTES
+
+
+def _tfs_shapes() -> Iterator[tuple[str, bytes, str | None]]:
+    """Yield (case, body, the setting its 413 must name, if any) of /tfs :predict bodies just
+    under GATEWAY_TFS_MAX_BODY_BYTES (1 MiB of numbers: over it): every item type (first, then
+    as many fillers as fit) as rows, as one row's input, as a column; as many lists, objects or
+    strings as GATEWAY_TFS_MAX_VALUES allows, then numbers; numbers with one fault last (a
+    string, a list, a bool, an int past int32); numbers then one long string (numpy once made
+    an N x 4·len unicode array of them); nesting no tensor has."""
     others = b", ".join(b'"%s": [[1]]' % name.encode() for name in TFS_INPUTS[1:])
     forms = {
         "rows": (b'{"instances": [', b"]}"),
@@ -591,30 +598,43 @@ def _tfs_shapes() -> Iterator[tuple[str, bytes]]:
     }
     for n, filler in enumerate(ITEMS):
         first = ITEMS[(n + 3) % len(ITEMS)]
+        costly = isinstance(filler, str | list | dict)  # 1 MiB of them: over the values limit
         for form, (head, tail) in forms.items():
             one = orjson.dumps(filler)
-            count = (MIB - 200) // (len(one) + 1)
+            count = (TFS_BODY - 200) // (len(one) + 1)
             items = orjson.dumps(first) + b"," + b",".join([one] * count)
-            yield f"{form}: {first!r}, then {filler!r}...", head + items + tail
+            yield (f"{form}: {first!r}, then {filler!r}...", head + items + tail,
+                   "GATEWAY_TFS_MAX_VALUES" if costly else None)  # fmt: skip
     for form, (head, tail) in forms.items():
+        numbers = b"7," * ((MIB - 200) // 2)
+        over = "GATEWAY_TFS_MAX_BODY_BYTES"
+        yield f"{form}: 1 MiB of numbers", head + numbers + b"7" + tail, over
+        room = TFS_BODY - 200 - len(head) - len(tail)
+        for name, one, values in (("lists [7]", b"[7]", 1), ("lists [[7]]", b"[[7]]", 2),
+                                  ("objects {}", b"{}", 1), ("strings", b'"a"', 1)):  # fmt: skip
+            start = b",".join([one] * ((TFS_MAX_VALUES - 64) // values))
+            numbers = b",7" * ((room - len(start)) // 2)
+            yield f"{form}: {name} up to the values limit, then numbers", (
+                head + start + numbers + tail), None  # fmt: skip
+        for name, last in (("a string", b'"a"'), ("a list", b"[7]"), ("true", b"true"),
+                           ("2**31", b"2147483648")):  # fmt: skip
+            numbers = b"7," * ((room - len(last)) // 2)
+            yield f"{form}: numbers, then {name} last", head + numbers + last + tail, None
         numbers = b"7," * 2_000 + b'"' + b"x" * 50_000 + b'"'  # 54 KB: 400 MB as numpy's unicode
-        yield f"{form}: 2,000 numbers then a 50,000-character string", head + numbers + tail
-    yield "nested 100,000 deep", b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        yield f"{form}: 2,000 numbers then a 50,000-character string", head + numbers + tail, None
+    yield "nested 100,000 deep", b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None
     yield "nested 100,000 deep, with Inf", b'{"instances": ' + b"[" * 100_000 + b"Inf" + (
-        b"]" * 100_000) + b"}"  # fmt: skip
-
-
-# The shapes whose cost the checks bound (the others are parsed whole: see the test's docstring).
-TFS_BOUNDED = ("numbers then a", "nested")
+        b"]" * 100_000) + b"}", None  # fmt: skip
 
 
 def test_every_tfs_body_shape_is_counted_and_checked_before_it_is_built(gateway: Gateway) -> None:
     """/tfs over gRPC: whatever a body's lists hold, it is a 4xx in TF Serving's shape, never a
-    5xx (a RecursionError was one); numbers then one long string and deep nesting cost the
-    worker at most 50 ms of CPU and 20 MiB (numpy made a 400 MB unicode array of the first).
-    The others are printed, not bounded: /tfs parses a body whole before counting it, and 1 MiB
-    of small items is 350,000 Python objects (~30 MiB, ~0.2-0.9 s with the walks); bounding
-    them needs a parse that stops at the limits, as the other routes' does."""
+    5xx (a RecursionError was one), and costs the worker at most 50 ms of CPU and 20 MiB (numpy
+    made a 400 MB unicode array of numbers then a long string; 1 MiB of small lists, objects or
+    strings, parsed whole, was 350,000 Python objects: up to 0.37 s and +23 MiB). Those are
+    counted in the body's bytes and refused before the parse (413, GATEWAY_TFS_MAX_VALUES); the
+    rest is walked once, each leaf's type looked at in C, and a fault anywhere found as fast;
+    a body is at most GATEWAY_TFS_MAX_BODY_BYTES (1 MiB of numbers cost 50-80 ms)."""
     worst_cpu: tuple[float, str] = (0.0, "")
     worst_rss: tuple[float, str] = (0.0, "")
     failures = []
@@ -622,7 +642,7 @@ def test_every_tfs_body_shape_is_counted_and_checked_before_it_is_built(gateway:
     session.get(f"{gateway.url}/healthz", timeout=10)
     worker = _worker(gateway)
     url = f"{gateway.url}{TFS_PREDICT}"
-    for case, data in _tfs_shapes():
+    for case, data, setting in _tfs_shapes():
         assert len(data) <= MIB, (case, len(data))
         reply, cpu, grown = _measured_cpu(session, url, data, worker)
         for _ in range(2):  # over the CPU bound: measured again (10 ms ticks, a busy machine)
@@ -631,14 +651,15 @@ def test_every_tfs_body_shape_is_counted_and_checked_before_it_is_built(gateway:
             cpu = min(cpu, _measured_cpu(session, url, data, worker)[1])
         worst_cpu = max(worst_cpu, (cpu, case))
         worst_rss = max(worst_rss, (grown, case))
-        shaped = reply.headers.get("Content-Type") == "application/json" and set(
-            orjson.loads(reply.content)
-        ) == {"error"}
-        bounded = not any(part in case for part in TFS_BOUNDED) or (
-            cpu <= CPU_SHAPE_BOUND_S and grown <= RSS_SHAPE_BOUND_MIB
+        json_body = reply.headers.get("Content-Type") == "application/json"
+        error = orjson.loads(reply.content) if json_body else None
+        shaped = isinstance(error, dict) and set(error) == {"error"}
+        named = setting is None or (
+            reply.status_code == 413 and shaped and setting in str(reply.content)
         )
         print(f"/tfs {case}: {reply.status_code}, CPU {cpu * 1000:.0f} ms, RSS +{grown:.1f} MiB")
-        if not (400 <= reply.status_code < 500 and shaped and bounded):
+        if not (400 <= reply.status_code < 500 and shaped and named and cpu <= CPU_SHAPE_BOUND_S
+                and grown <= RSS_SHAPE_BOUND_MIB):  # fmt: skip
             failures.append(f"{case}: {reply.status_code} {reply.text[:120]!r}, CPU "
                             f"{cpu * 1000:.0f} ms, RSS +{grown:.1f} MiB")  # fmt: skip
     print(f"worst of the /tfs bodies: CPU {worst_cpu[0] * 1000:.0f} ms ({worst_cpu[1]}), "
