@@ -311,12 +311,22 @@ class Passthrough:
         return left
 
     def _grpc(self, method: str, request: Any, target: Target, deadline: float) -> Any:
+        """Return the model server's reply to one call; a 413 for a reply over the answer budget
+        (the channel refuses one over the budget plus its margin before reading it in; between
+        the two it is read, then counted here, before any answer is built from it)."""
         client: Any = self.gateway.client
         with timing.stage("call"):
-            return client.forward(
+            reply = client.forward(
                 method, request, model=target.model, version=target.version,
                 timeout_s=self._left(deadline),
             )  # fmt: skip
+        most = self.settings.max_answer_bytes
+        if most > 0 and reply.ByteSize() > most:
+            raise PayloadTooLarge(
+                f"the model server's reply is {reply.ByteSize()} bytes, over the limit of {most} "
+                "bytes per answer (GATEWAY_MAX_ANSWER_BYTES)"
+            )
+        return reply
 
     def _forward(
         self, method: str, target: Target, suffix: str, body: bytes | None, deadline: float,

@@ -121,6 +121,8 @@ def read_body(body: bytes, most_values: int | None = None) -> tuple[Any, tuple[i
     except orjson.JSONDecodeError:
         # NaN/Inf, trailing bytes, a number past double's range, or an error to word as rapidjson
         doc, region = _parse_slowly(body)
+    if type(doc) is not dict:  # TF Serving's first check of a parsed body; nothing to walk
+        raise TfsError(f"JSON Value: {debug_string(doc)} Is not object")
     keys, elements = _walk(doc, region.count(b"[") + region.count(b"{"))
     if keys and _raw_keys(region, keys) != keys:
         raise TfsError(

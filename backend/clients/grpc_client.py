@@ -95,8 +95,7 @@ class Stubs:
     def open(cls, target: str, max_receive_bytes: int = -1) -> Stubs:
         """Return the stubs of a new channel to ``target`` receiving replies of at most
         ``max_receive_bytes`` (-1: any size)."""
-        options = [(name, max_receive_bytes if name == "grpc.max_receive_message_length" else value)
-                   for name, value in CHANNEL_OPTIONS]  # fmt: skip
+        options = [*CHANNEL_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
         channel = grpc.insecure_channel(target, options=options)
         return cls(
             channel,

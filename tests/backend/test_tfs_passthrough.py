@@ -448,7 +448,11 @@ def test_the_body_is_read_as_tf_servings_parser_reads_it(body: bytes, value: Any
      (b'{"x": [NaN, 1e999]}', "Number too big"),
      (b"[" * 100_000 + b"]" * 100_000, "nested deeper than"),
      (b"[" * 100_000 + b"NaN" + b"]" * 100_000, "nested deeper than"),
-     (b'{"instances": [1.0, Inf', "JSON Parse error")],
+     (b'{"instances": [1.0, Inf', "JSON Parse error"),
+     (b"true", "JSON Value: true Is not object"),  # a bare value was a 500 (schemathesis)
+     (b"-4.767266435005891e-83", "Is not object"),
+     (b"null", "Is not object"),
+     (b"[[1.0]]", "Is not object")],
 )  # fmt: skip
 def test_what_the_gateway_would_count_otherwise_than_tf_serving_is_a_400(
     body: bytes, words: str
