@@ -350,10 +350,16 @@ def exported(path: Path, base: Path, precision: str) -> tuple[dict, Callable[...
     import tensorflow as tf
 
     from export.build import build
+    from export.gates import Tolerance
     from export.model import run
 
+    # bf16 where the CPU has no native bf16 (AVX2: TensorFlow's emulated kernels) moves the tiny
+    # random PyLate model's worst token vector of the gate's probe to cosine 0.9988 (>= 0.999
+    # on AVX-512 with avx512_bf16): these random weights' gate, as test_architectures.py's
+    # 16-bit rows have theirs; the parity below still holds each kind to 0.999
+    tolerance = Tolerance(min_cosine=0.998) if precision == "bf16" else None
     result = build(path, "m", base, task="embed", precision=precision, max_seq_len=SEQ,
-                   warmup=False)  # fmt: skip
+                   warmup=False, tolerance=tolerance)  # fmt: skip
     loaded = tf.saved_model.load(str(result.path))
 
     def serve(input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> dict:
